@@ -1,0 +1,52 @@
+# Two commands on a fresh machine: `make run` (the whole pipeline) and `make test`.
+# Every target bootstraps what it needs; the stamps make re-runs cheap.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP_PY  := $(VENV)/.installed
+STAMP_NPM := node_modules/.installed
+
+.PHONY: run test soak lint typecheck compile schemas bench devnet bootstrap clean
+
+bootstrap: $(STAMP_PY) $(STAMP_NPM)
+
+$(STAMP_PY): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+$(STAMP_NPM): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: bootstrap
+	$(BIN)/escrowd run $(ARGS)
+
+devnet: bootstrap
+	$(BIN)/escrowd devnet
+
+test: bootstrap
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+soak: bootstrap
+	$(BIN)/python -m pytest -q -m soak $(PYTEST_ARGS)
+
+lint: bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check . || true
+
+typecheck: bootstrap
+	$(BIN)/mypy indexer relayer schemas escrowd
+
+compile: $(STAMP_NPM)
+	node scripts/compile_contracts.js
+
+schemas: bootstrap
+	$(BIN)/escrowd schemas export
+
+bench: bootstrap
+	$(BIN)/python -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache

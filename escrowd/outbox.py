@@ -1,0 +1,222 @@
+"""The transactional outbox: rows written with the effects that caused them, drained to Kafka.
+
+Writers call `enqueue` inside the transaction that makes their effect durable. One
+`OutboxPublisher` per database (an advisory lock elects it) sends pending rows in `seq`
+order, awaits every send of a batch, then marks the batch published. A crash between the
+send and the mark republishes the batch: consumers deduplicate on `ce_id`, so the effect is
+exactly once. Rows that carry a chain block wait until that block is `confirmations` deep
+(the depth is the one the indexer stored on its cursor row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+from aiokafka import AIOKafkaProducer
+from prometheus_client import Counter, Gauge, Histogram
+
+from escrowd.db import is_connection_error
+from escrowd.kafka import encode_headers
+
+log = structlog.get_logger(__name__)
+
+NOTIFY_CHANNEL = "escrowd_outbox"
+_PUBLISHER_LOCK = 0x6F757462  # "outb"
+
+OUTBOX_PUBLISHED = Counter(
+    "escrowd_outbox_published_total", "Outbox messages sent to Kafka and marked published", ["topic"]
+)
+OUTBOX_PENDING = Gauge("escrowd_outbox_pending", "Outbox rows not yet published")
+OUTBOX_OLDEST_AGE = Gauge(
+    "escrowd_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row"
+)
+OUTBOX_SEND_ERRORS = Counter("escrowd_outbox_send_errors_total", "Failed outbox batch sends")
+OUTBOX_BATCH_SECONDS = Histogram(
+    "escrowd_outbox_batch_seconds",
+    "Time to send and mark one outbox batch",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One message to publish."""
+
+    message_id: str
+    topic: str
+    key: bytes | None
+    payload: bytes
+    headers: dict[str, str]
+    chain_id: int | None = None
+    block_number: int | None = None
+    event_id: str | None = None
+
+    def as_record(self) -> tuple[Any, ...]:
+        """Column values in `OUTBOX_COLUMNS` order (for COPY)."""
+        return (
+            self.message_id,
+            self.topic,
+            self.key,
+            orjson.dumps(self.headers).decode(),
+            self.payload,
+            self.chain_id,
+            self.block_number,
+            self.event_id,
+        )
+
+
+OUTBOX_COLUMNS = (
+    "message_id",
+    "topic",
+    "key",
+    "headers",
+    "payload",
+    "chain_id",
+    "block_number",
+    "event_id",
+)
+
+
+async def enqueue(conn: asyncpg.Connection, messages: list[OutboxMessage], *, notify: bool = True) -> None:
+    """Insert outbox rows inside the caller's transaction (a duplicate message id is ignored)."""
+    if not messages:
+        return
+    await conn.executemany(
+        "INSERT INTO outbox (message_id, topic, key, headers, payload, chain_id, block_number, event_id)"
+        " VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7, $8) ON CONFLICT (topic, message_id) DO NOTHING",
+        [m.as_record() for m in messages],
+    )
+    if notify:
+        await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+
+
+async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessage]) -> None:
+    """Bulk-insert outbox rows with COPY (ids must be new: the indexer's are, by construction)."""
+    if not messages:
+        return
+    await conn.copy_records_to_table(
+        "outbox", records=[m.as_record() for m in messages], columns=OUTBOX_COLUMNS
+    )
+    await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+
+
+_PENDING_SQL = """
+SELECT o.seq, o.topic, o.key, o.headers, o.payload
+FROM outbox o
+LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
+WHERE o.published_at IS NULL
+  AND (o.block_number IS NULL OR o.block_number <= c.head_number - c.confirmations)
+ORDER BY o.seq
+LIMIT $1
+"""
+
+
+class OutboxPublisher:
+    """Drains the outbox to Kafka. Run one per database; extra instances wait as standbys."""
+
+    def __init__(
+        self,
+        database_url: str,
+        producer: AIOKafkaProducer,
+        *,
+        batch_size: int = 2000,
+        idle_poll_seconds: float = 0.25,
+    ) -> None:
+        self._database_url = database_url
+        self._producer = producer
+        self._batch_size = batch_size
+        self._idle_poll_seconds = idle_poll_seconds
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Ask `run` to return after the batch in flight."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Publish until stopped, reconnecting to the database and the broker as needed."""
+        from escrowd.db import connect
+
+        while not self._stopping.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await connect(self._database_url)
+                await conn.execute("SELECT pg_advisory_lock($1)", _PUBLISHER_LOCK)
+                await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
+                log.info("outbox_publisher_started")
+                await self._drain_forever(conn)
+            except Exception as exc:
+                if not (is_connection_error(exc) or _is_kafka_error(exc)):
+                    raise
+                OUTBOX_SEND_ERRORS.inc()
+                log.warning("outbox_publisher_retry", error=repr(exc))
+                await asyncio.sleep(0.5)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+
+    def _on_notify(self, *_: object) -> None:
+        self._wake.set()
+
+    async def _drain_forever(self, conn: asyncpg.Connection) -> None:
+        last_gauge = 0.0
+        while not self._stopping.is_set():
+            sent = await self.publish_batch(conn)
+            now = time.monotonic()
+            if now - last_gauge > 1.0:
+                await self._update_gauges(conn)
+                last_gauge = now
+            if sent == 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._idle_poll_seconds)
+
+    async def publish_batch(self, conn: asyncpg.Connection) -> int:
+        """Send one batch of publishable rows, await every ack, mark them; return how many."""
+        rows = await conn.fetch(_PENDING_SQL, self._batch_size)
+        if not rows:
+            return 0
+        started = time.perf_counter()
+        futures = []
+        for row in rows:
+            futures.append(
+                await self._producer.send(
+                    row["topic"],
+                    value=row["payload"],
+                    key=row["key"],
+                    headers=encode_headers(row["headers"]),
+                )
+            )
+        await asyncio.gather(*futures)
+        await conn.execute(
+            "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
+            [row["seq"] for row in rows],
+        )
+        for row in rows:
+            OUTBOX_PUBLISHED.labels(row["topic"]).inc()
+        OUTBOX_BATCH_SECONDS.observe(time.perf_counter() - started)
+        return len(rows)
+
+    async def _update_gauges(self, conn: asyncpg.Connection) -> None:
+        row = await conn.fetchrow(
+            "SELECT count(*) AS pending, extract(epoch FROM now() - min(created_at)) AS age"
+            " FROM outbox WHERE published_at IS NULL"
+        )
+        if row is not None:
+            OUTBOX_PENDING.set(row["pending"])
+            OUTBOX_OLDEST_AGE.set(float(row["age"] or 0.0))
+
+
+def _is_kafka_error(exc: BaseException) -> bool:
+    from aiokafka.errors import KafkaError
+
+    return isinstance(exc, KafkaError)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import orjson
 import pydantic
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -34,6 +33,7 @@ from prometheus_client import Counter, Gauge
 from escrowd.db import connect, is_connection_error
 from escrowd.kafka import cloudevent_headers, decode_headers
 from escrowd.outbox import OutboxMessage, enqueue
+from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +83,8 @@ class InboundMessage:
     def json(self) -> Any:
         """The payload parsed as JSON, or a PermanentError naming why it is not JSON."""
         try:
-            return orjson.loads(self.value)
-        except orjson.JSONDecodeError as exc:
+            return jsoncodec.loads(self.value)
+        except ValueError as exc:
             raise PermanentError(f"payload is not JSON: {exc}") from None
 
 

@@ -11,8 +11,9 @@ import importlib.resources
 from collections.abc import Sequence
 
 import asyncpg
-import orjson
 import structlog
+
+from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
 
@@ -56,14 +57,14 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "jsonb",
-        encoder=lambda value: orjson.dumps(value).decode(),
-        decoder=orjson.loads,
+        encoder=jsoncodec.dumps_str,
+        decoder=jsoncodec.loads,
         schema="pg_catalog",
     )
     await conn.set_type_codec(
         "json",
-        encoder=lambda value: orjson.dumps(value).decode(),
-        decoder=orjson.loads,
+        encoder=jsoncodec.dumps_str,
+        decoder=jsoncodec.loads,
         schema="pg_catalog",
     )
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter, Gauge, Histogram
 
 from escrowd.db import is_connection_error
 from escrowd.kafka import encode_headers
+from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +36,9 @@ OUTBOX_PUBLISHED = Counter(
 OUTBOX_PENDING = Gauge("escrowd_outbox_pending", "Outbox rows not yet published")
 OUTBOX_OLDEST_AGE = Gauge(
     "escrowd_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row"
+)
+PUBLISHED_BLOCK = Gauge(
+    "escrowd_indexer_published_block", "Highest block whose events were published", ["chain_id"]
 )
 OUTBOX_SEND_ERRORS = Counter("escrowd_outbox_send_errors_total", "Failed outbox batch sends")
 OUTBOX_BATCH_SECONDS = Histogram(
@@ -64,7 +67,7 @@ class OutboxMessage:
             self.message_id,
             self.topic,
             self.key,
-            orjson.dumps(self.headers).decode(),
+            jsoncodec.dumps_str(self.headers),
             self.payload,
             self.chain_id,
             self.block_number,
@@ -108,11 +111,11 @@ async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessag
 
 
 _PENDING_SQL = """
-SELECT o.seq, o.topic, o.key, o.headers, o.payload
+SELECT o.seq, o.topic, o.key, o.headers, o.payload, o.chain_id, o.block_number
 FROM outbox o
 LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
 WHERE o.published_at IS NULL
-  AND (o.block_number IS NULL OR o.block_number <= c.head_number - c.confirmations)
+  AND (o.block_number IS NULL OR o.block_number <= c.block_number - c.confirmations)
 ORDER BY o.seq
 LIMIT $1
 """
@@ -201,8 +204,15 @@ class OutboxPublisher:
             "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
             [row["seq"] for row in rows],
         )
+        published_blocks: dict[int, int] = {}
         for row in rows:
             OUTBOX_PUBLISHED.labels(row["topic"]).inc()
+            if row["chain_id"] is not None and row["block_number"] is not None:
+                published_blocks[row["chain_id"]] = max(
+                    published_blocks.get(row["chain_id"], -1), row["block_number"]
+                )
+        for chain_id, block in published_blocks.items():
+            PUBLISHED_BLOCK.labels(str(chain_id)).set(block)
         OUTBOX_BATCH_SECONDS.observe(time.perf_counter() - started)
         return len(rows)
 

@@ -1,0 +1,42 @@
+"""Kafka topic names (versioned) and their shapes; every service takes its names from here.
+
+Each name can be overridden in a service's settings; these are the defaults.
+"""
+
+from __future__ import annotations
+
+from escrowd.kafka import TopicSpec
+
+ESCROW_EVENTS = "escrow.events.v1"
+"""Indexed escrow events and their retractions. Key: `<chain id>:<task id>`."""
+
+VERIFICATION_REQUESTS = "escrow.verification-requests.v1"
+"""Finalize (agent result) and review (poster decision) requests accepted by the API. Key: `<chain id>:<task id>`."""
+
+VERDICTS = "escrow.verdicts.v1"
+"""Signed verdicts for the settlement relayer. Key: `<chain id>:<task id>`."""
+
+TASKS = "escrow.tasks.v1"
+"""Compacted: the latest state of each task. Key: `<chain id>:<task id>`."""
+
+REPUTATION = "escrow.reputation.v1"
+"""Compacted: the latest reputation of each agent. Key: agent address (lower case)."""
+
+TIMERS = "escrow.timers.v1"
+"""Timer events emitted as chain time crosses a window (appeal closed, escalation collectible…)."""
+
+DEAD_LETTERS = "escrow.dlq.v1"
+"""Poison messages with the consumer and the reason in headers (`dlq_reason`, `dlq_consumer`)."""
+
+
+def all_topics(partitions: int = 4) -> list[TopicSpec]:
+    """Every topic with its partition count and clean-up policy."""
+    return [
+        TopicSpec(ESCROW_EVENTS, partitions),
+        TopicSpec(VERIFICATION_REQUESTS, partitions),
+        TopicSpec(VERDICTS, partitions),
+        TopicSpec(TASKS, partitions, compacted=True),
+        TopicSpec(REPUTATION, partitions, compacted=True),
+        TopicSpec(TIMERS, partitions),
+        TopicSpec(DEAD_LETTERS, 1),
+    ]

@@ -1,0 +1,501 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+/// @dev The subset of ERC-20 the escrow calls. Return values are read through low-level
+///      calls (see `_safeTransfer`) so tokens that return nothing are supported too.
+interface IERC20Like {
+    function transfer(address to, uint256 amount) external returns (bool);
+    function transferFrom(address from, address to, uint256 amount) external returns (bool);
+    function balanceOf(address account) external view returns (uint256);
+}
+
+/// @title AgentEscrow
+/// @notice Escrow for agent work: a poster funds a task, an agent takes it and submits
+///         evidence (up to 3 times, before the deadline), and a verifier's verdict pays the
+///         agent 90% and the platform 10%. Failed work can be disputed; unjudged work can be
+///         escalated and collected after 14 days unless the arbiter rules first.
+/// @dev Status codes are part of the public interface (consumers store them): never reorder.
+///      Every state change emits exactly one task event carrying the resulting `status`.
+///      All time comparisons use `block.timestamp`; see docs/contract.md for the boundaries.
+contract AgentEscrow {
+    // ------------------------------------------------------------------ status codes
+    uint8 public constant STATUS_OPEN = 0;
+    uint8 public constant STATUS_ACCEPTED = 1;
+    uint8 public constant STATUS_SUBMITTED = 2;
+    uint8 public constant STATUS_FAILED = 3;
+    uint8 public constant STATUS_COMPLETED = 4;
+    uint8 public constant STATUS_DISPUTED = 5;
+    uint8 public constant STATUS_ESCALATED = 6;
+    uint8 public constant STATUS_REFUNDED = 7;
+    uint8 public constant STATUS_CANCELLED = 8;
+    uint8 public constant STATUS_RESOLVED = 9;
+
+    // ------------------------------------------------------------------ parameters
+    uint8 public constant MAX_SUBMISSIONS = 3;
+    uint64 public constant APPEAL_WINDOW = 3 days;
+    uint64 public constant ESCALATION_DELAY = 14 days;
+    uint16 public constant FEE_BPS = 1000; // 10% of every amount paid to an agent
+    uint16 public constant BPS_DENOMINATOR = 10_000;
+    uint8 public constant MAX_SCORE = 100;
+
+    // ------------------------------------------------------------------ storage
+    /// @dev Packed into 6 slots. `verifier` is zero for marketplace-verified tasks.
+    ///      `judgedMask` bit (n-1) is set once attempt n received a verdict.
+    struct Task {
+        address poster;
+        uint64 deadline;
+        uint8 status;
+        uint8 attempts;
+        uint8 judgedMask;
+        bool disputed;
+        address agent;
+        uint64 failedAt;
+        address verifier;
+        uint64 escalatedAt;
+        uint256 reward;
+        bytes32 taskHash;
+        bytes32 lastEvidenceHash;
+    }
+
+    IERC20Like public immutable token;
+    address public owner;
+    address public marketplaceVerifier;
+    address public arbiter;
+    address public feeRecipient;
+
+    uint256 private _taskCount;
+    mapping(uint256 => Task) private _tasks;
+
+    uint256 private _lock = 1;
+
+    // ------------------------------------------------------------------ events
+    event TaskCreated(
+        uint256 indexed taskId,
+        address indexed poster,
+        address indexed verifier,
+        address token,
+        uint256 reward,
+        uint64 deadline,
+        bytes32 taskHash,
+        uint8 status
+    );
+    event TaskCancelled(uint256 indexed taskId, address indexed poster, uint256 refund, uint8 status);
+    event TaskAccepted(uint256 indexed taskId, address indexed agent, uint8 status);
+    event EvidenceSubmitted(
+        uint256 indexed taskId, address indexed agent, uint8 attempt, bytes32 evidenceHash, uint8 status
+    );
+    event VerificationCompleted(
+        uint256 indexed taskId,
+        address indexed verifier,
+        uint8 attempt,
+        bytes32 evidenceHash,
+        bool passed,
+        uint8 score,
+        address agent,
+        uint256 agentPayout,
+        uint256 fee,
+        uint64 failedAt,
+        uint8 status
+    );
+    event DisputeRaised(
+        uint256 indexed taskId, address indexed by, uint8 previousStatus, uint8 attempt, uint8 status
+    );
+    event DisputeResolved(
+        uint256 indexed taskId,
+        address indexed arbiter,
+        uint16 agentShareBps,
+        address agent,
+        uint256 agentAmount,
+        uint256 fee,
+        address poster,
+        uint256 posterAmount,
+        uint8 previousStatus,
+        uint8 status
+    );
+    event TaskRefunded(
+        uint256 indexed taskId, address indexed poster, uint256 amount, uint8 previousStatus, uint8 status
+    );
+    event TaskEscalated(
+        uint256 indexed taskId,
+        address indexed poster,
+        address agent,
+        uint8 attempt,
+        uint64 escalatedAt,
+        uint64 collectibleAt,
+        uint8 status
+    );
+    event EscalationCollected(
+        uint256 indexed taskId, address indexed agent, uint256 agentAmount, uint256 fee, uint8 status
+    );
+    event MarketplaceVerifierChanged(address indexed previousVerifier, address indexed newVerifier);
+    event ArbiterChanged(address indexed previousArbiter, address indexed newArbiter);
+    event FeeRecipientChanged(address indexed previousRecipient, address indexed newRecipient);
+    event OwnershipTransferred(address indexed previousOwner, address indexed newOwner);
+
+    // ------------------------------------------------------------------ errors
+    error TaskNotFound(uint256 taskId);
+    error WrongStatus(uint8 current);
+    error ZeroAddress();
+    error ZeroReward();
+    error ZeroHash();
+    error DeadlineInPast();
+    error VerifierIsPoster();
+    error NotOwner();
+    error NotPoster();
+    error NotAgent();
+    error NotParty();
+    error NotArbiter();
+    error NotVerifier();
+    error PosterCannotAccept();
+    error VerifierCannotAccept();
+    error VerifierIsWorker();
+    error DeadlinePassed();
+    error DeadlineNotReached();
+    error MaxSubmissionsReached();
+    error WrongAttempt(uint8 expected, uint8 given);
+    error EvidenceMismatch();
+    error AlreadyJudged(uint8 attempt);
+    error InvalidScore(uint8 score);
+    error InvalidShare(uint16 agentShareBps);
+    error AppealWindowClosed();
+    error AppealWindowOpen(uint64 closesAt);
+    error EscalationNotMature(uint64 collectibleAt);
+    error Reentrancy();
+    error TokenTransferFailed();
+
+    // ------------------------------------------------------------------ modifiers
+    modifier nonReentrant() {
+        if (_lock != 1) revert Reentrancy();
+        _lock = 2;
+        _;
+        _lock = 1;
+    }
+
+    modifier onlyOwner() {
+        if (msg.sender != owner) revert NotOwner();
+        _;
+    }
+
+    constructor(address token_, address marketplaceVerifier_, address arbiter_, address feeRecipient_) {
+        if (
+            token_ == address(0) || marketplaceVerifier_ == address(0) || arbiter_ == address(0)
+                || feeRecipient_ == address(0)
+        ) revert ZeroAddress();
+        token = IERC20Like(token_);
+        owner = msg.sender;
+        marketplaceVerifier = marketplaceVerifier_;
+        arbiter = arbiter_;
+        feeRecipient = feeRecipient_;
+        // Emitted so an indexer learns the initial configuration from events alone.
+        emit OwnershipTransferred(address(0), msg.sender);
+        emit MarketplaceVerifierChanged(address(0), marketplaceVerifier_);
+        emit ArbiterChanged(address(0), arbiter_);
+        emit FeeRecipientChanged(address(0), feeRecipient_);
+    }
+
+    // ------------------------------------------------------------------ posting
+
+    /// @notice Post a task judged by the marketplace verifier; pulls `reward` from the caller.
+    function createTask(bytes32 taskHash, uint256 reward, uint64 deadline)
+        external
+        nonReentrant
+        returns (uint256 taskId)
+    {
+        return _create(taskHash, reward, deadline, address(0));
+    }
+
+    /// @notice Post a task judged by a named verifier agent (not the poster).
+    function createTaskWithVerifier(bytes32 taskHash, uint256 reward, uint64 deadline, address verifier)
+        external
+        nonReentrant
+        returns (uint256 taskId)
+    {
+        if (verifier == address(0)) revert ZeroAddress();
+        if (verifier == msg.sender) revert VerifierIsPoster();
+        return _create(taskHash, reward, deadline, verifier);
+    }
+
+    function _create(bytes32 taskHash, uint256 reward, uint64 deadline, address verifier)
+        private
+        returns (uint256 taskId)
+    {
+        if (taskHash == bytes32(0)) revert ZeroHash();
+        if (reward == 0) revert ZeroReward();
+        if (deadline <= block.timestamp) revert DeadlineInPast();
+        taskId = ++_taskCount;
+        Task storage t = _tasks[taskId];
+        t.poster = msg.sender;
+        t.deadline = deadline;
+        t.status = STATUS_OPEN;
+        t.verifier = verifier;
+        t.reward = reward;
+        t.taskHash = taskHash;
+        emit TaskCreated(taskId, msg.sender, verifier, address(token), reward, deadline, taskHash, STATUS_OPEN);
+        _pull(msg.sender, reward);
+    }
+
+    /// @notice The poster withdraws an Open task and gets the reward back.
+    function cancel(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != t.poster) revert NotPoster();
+        if (t.status != STATUS_OPEN) revert WrongStatus(t.status);
+        t.status = STATUS_CANCELLED;
+        uint256 amount = t.reward;
+        emit TaskCancelled(taskId, msg.sender, amount, STATUS_CANCELLED);
+        _safeTransfer(msg.sender, amount);
+    }
+
+    // ------------------------------------------------------------------ work
+
+    /// @notice An agent takes an Open task before its deadline.
+    function acceptTask(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (t.status != STATUS_OPEN) revert WrongStatus(t.status);
+        if (msg.sender == t.poster) revert PosterCannotAccept();
+        // The judge may never be the worker: the named verifier, or for marketplace tasks
+        // the marketplace verifier address as it stands now.
+        if (msg.sender == _judgeOf(t)) revert VerifierCannotAccept();
+        if (block.timestamp >= t.deadline) revert DeadlinePassed();
+        t.agent = msg.sender;
+        t.status = STATUS_ACCEPTED;
+        emit TaskAccepted(taskId, msg.sender, STATUS_ACCEPTED);
+    }
+
+    /// @notice The holding agent records its result's hash; attempt numbers are 1, 2, 3.
+    function submitEvidence(uint256 taskId, bytes32 evidenceHash) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != t.agent) revert NotAgent();
+        uint8 status = t.status;
+        if (status != STATUS_ACCEPTED && status != STATUS_FAILED) revert WrongStatus(status);
+        if (block.timestamp >= t.deadline) revert DeadlinePassed();
+        if (t.attempts >= MAX_SUBMISSIONS) revert MaxSubmissionsReached();
+        if (evidenceHash == bytes32(0)) revert ZeroHash();
+        uint8 attempt = t.attempts + 1;
+        t.attempts = attempt;
+        t.lastEvidenceHash = evidenceHash;
+        t.status = STATUS_SUBMITTED;
+        emit EvidenceSubmitted(taskId, msg.sender, attempt, evidenceHash, STATUS_SUBMITTED);
+    }
+
+    /// @notice The verdict on one attempt. Pass pays 90% / 10% now; fail records the time.
+    /// @dev Accepted after the deadline too, as long as the task is still Submitted (not yet
+    ///      escalated): a submission just before the deadline is judged after it.
+    function completeVerification(uint256 taskId, uint8 attempt, bytes32 evidenceHash, bool passed, uint8 score)
+        external
+        nonReentrant
+    {
+        Task storage t = _task(taskId);
+        if (msg.sender != _judgeOf(t)) revert NotVerifier();
+        if (msg.sender == t.agent) revert VerifierIsWorker();
+        if (attempt >= 1 && attempt <= MAX_SUBMISSIONS && (t.judgedMask & (uint8(1) << (attempt - 1))) != 0) {
+            revert AlreadyJudged(attempt);
+        }
+        if (t.status != STATUS_SUBMITTED) revert WrongStatus(t.status);
+        if (attempt != t.attempts) revert WrongAttempt(t.attempts, attempt);
+        if (evidenceHash != t.lastEvidenceHash) revert EvidenceMismatch();
+        if (score > MAX_SCORE) revert InvalidScore(score);
+
+        t.judgedMask |= uint8(1) << (attempt - 1);
+        address agent = t.agent;
+        if (passed) {
+            t.status = STATUS_COMPLETED;
+            (uint256 agentAmount, uint256 fee) = _split(t.reward);
+            emit VerificationCompleted(
+                taskId, msg.sender, attempt, evidenceHash, true, score, agent, agentAmount, fee, 0, STATUS_COMPLETED
+            );
+            _payAgent(agent, agentAmount, fee);
+        } else {
+            uint64 nowTs = uint64(block.timestamp);
+            t.status = STATUS_FAILED;
+            t.failedAt = nowTs;
+            emit VerificationCompleted(
+                taskId, msg.sender, attempt, evidenceHash, false, score, agent, 0, 0, nowTs, STATUS_FAILED
+            );
+        }
+    }
+
+    // ------------------------------------------------------------------ disputes
+
+    /// @notice Before the deadline: poster or agent, on Submitted or Failed. At or after it:
+    ///         only the agent, only on Failed, while block.timestamp <= failedAt + 3 days.
+    function raiseDispute(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        bool isPoster = msg.sender == t.poster;
+        if (!isPoster && msg.sender != t.agent) revert NotParty();
+        uint8 status = t.status;
+        if (status != STATUS_SUBMITTED && status != STATUS_FAILED) revert WrongStatus(status);
+        if (block.timestamp >= t.deadline) {
+            if (isPoster) revert DeadlinePassed();
+            if (status != STATUS_FAILED) revert WrongStatus(status);
+            if (block.timestamp > uint256(t.failedAt) + APPEAL_WINDOW) revert AppealWindowClosed();
+        }
+        t.status = STATUS_DISPUTED;
+        t.disputed = true;
+        emit DisputeRaised(taskId, msg.sender, status, t.attempts, STATUS_DISPUTED);
+    }
+
+    /// @notice The arbiter splits the reward of a Disputed or Escalated task. The agent's
+    ///         share carries the 10% platform fee like any agent payout; the poster's share
+    ///         is refunded whole.
+    function resolveDispute(uint256 taskId, uint16 agentShareBps) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != arbiter) revert NotArbiter();
+        uint8 status = t.status;
+        if (status != STATUS_DISPUTED && status != STATUS_ESCALATED) revert WrongStatus(status);
+        if (agentShareBps > BPS_DENOMINATOR) revert InvalidShare(agentShareBps);
+        t.status = STATUS_RESOLVED;
+        uint256 reward = t.reward;
+        uint256 agentGross = reward * agentShareBps / BPS_DENOMINATOR;
+        (uint256 agentAmount, uint256 fee) = _split(agentGross);
+        uint256 posterAmount = reward - agentGross;
+        address agent = t.agent;
+        address poster = t.poster;
+        emit DisputeResolved(
+            taskId, msg.sender, agentShareBps, agent, agentAmount, fee, poster, posterAmount, status, STATUS_RESOLVED
+        );
+        _payAgent(agent, agentAmount, fee);
+        if (posterAmount != 0) _safeTransfer(poster, posterAmount);
+    }
+
+    // ------------------------------------------------------------------ timeouts
+
+    /// @notice After the deadline (block.timestamp >= deadline) the poster either gets a full
+    ///         refund (never delivered; or failed, appeal window closed) or escalates a task
+    ///         that was delivered but never judged.
+    function claimTimeout(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != t.poster) revert NotPoster();
+        uint8 status = t.status;
+        if (status > STATUS_FAILED) revert WrongStatus(status);
+        if (block.timestamp < t.deadline) revert DeadlineNotReached();
+        if (status == STATUS_SUBMITTED) {
+            uint64 nowTs = uint64(block.timestamp);
+            t.status = STATUS_ESCALATED;
+            t.escalatedAt = nowTs;
+            emit TaskEscalated(
+                taskId, msg.sender, t.agent, t.attempts, nowTs, nowTs + ESCALATION_DELAY, STATUS_ESCALATED
+            );
+            return;
+        }
+        if (status == STATUS_FAILED) {
+            // Complement of raiseDispute's window: closed once block.timestamp > failedAt + 3 days.
+            uint64 closesAt = t.failedAt + APPEAL_WINDOW;
+            if (block.timestamp <= closesAt) revert AppealWindowOpen(closesAt);
+        }
+        t.status = STATUS_REFUNDED;
+        uint256 amount = t.reward;
+        emit TaskRefunded(taskId, msg.sender, amount, status, STATUS_REFUNDED);
+        _safeTransfer(msg.sender, amount);
+    }
+
+    /// @notice The agent collects an escalated reward at or after escalatedAt + 14 days,
+    ///         unless the arbiter ruled first. Same 90% / 10% split as a passed verdict.
+    function collectEscalated(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != t.agent) revert NotAgent();
+        if (t.status != STATUS_ESCALATED) revert WrongStatus(t.status);
+        uint64 collectibleAt = t.escalatedAt + ESCALATION_DELAY;
+        if (block.timestamp < collectibleAt) revert EscalationNotMature(collectibleAt);
+        t.status = STATUS_COMPLETED;
+        (uint256 agentAmount, uint256 fee) = _split(t.reward);
+        emit EscalationCollected(taskId, msg.sender, agentAmount, fee, STATUS_COMPLETED);
+        _payAgent(msg.sender, agentAmount, fee);
+    }
+
+    // ------------------------------------------------------------------ administration
+
+    /// @notice Rotate the key whose verdicts the escrow trusts for marketplace-verified tasks.
+    function setMarketplaceVerifier(address newVerifier) external onlyOwner {
+        if (newVerifier == address(0)) revert ZeroAddress();
+        emit MarketplaceVerifierChanged(marketplaceVerifier, newVerifier);
+        marketplaceVerifier = newVerifier;
+    }
+
+    function setArbiter(address newArbiter) external onlyOwner {
+        if (newArbiter == address(0)) revert ZeroAddress();
+        emit ArbiterChanged(arbiter, newArbiter);
+        arbiter = newArbiter;
+    }
+
+    function setFeeRecipient(address newRecipient) external onlyOwner {
+        if (newRecipient == address(0)) revert ZeroAddress();
+        emit FeeRecipientChanged(feeRecipient, newRecipient);
+        feeRecipient = newRecipient;
+    }
+
+    function transferOwnership(address newOwner) external onlyOwner {
+        if (newOwner == address(0)) revert ZeroAddress();
+        emit OwnershipTransferred(owner, newOwner);
+        owner = newOwner;
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// @notice Every field of a task; reverts TaskNotFound for unknown ids.
+    function getTask(uint256 taskId) external view returns (Task memory) {
+        return _taskView(taskId);
+    }
+
+    /// @notice Number of tasks created; ids run from 1 to taskCount().
+    function taskCount() external view returns (uint256) {
+        return _taskCount;
+    }
+
+    /// @notice True once attempt `attempt` of the task has received a verdict.
+    function isJudged(uint256 taskId, uint8 attempt) external view returns (bool) {
+        Task storage t = _taskView(taskId);
+        if (attempt == 0 || attempt > MAX_SUBMISSIONS) return false;
+        return (t.judgedMask & (uint8(1) << (attempt - 1))) != 0;
+    }
+
+    /// @notice The address whose verdict the task accepts right now.
+    function verifierOf(uint256 taskId) external view returns (address) {
+        return _judgeOf(_taskView(taskId));
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    function _task(uint256 taskId) private view returns (Task storage t) {
+        return _taskView(taskId);
+    }
+
+    function _taskView(uint256 taskId) private view returns (Task storage t) {
+        if (taskId == 0 || taskId > _taskCount) revert TaskNotFound(taskId);
+        t = _tasks[taskId];
+    }
+
+    function _judgeOf(Task storage t) private view returns (address) {
+        address v = t.verifier;
+        return v == address(0) ? marketplaceVerifier : v;
+    }
+
+    /// @dev Agent share rounds up: the fee is floor(amount * 10%), the agent gets the rest.
+    function _split(uint256 amount) private pure returns (uint256 agentAmount, uint256 fee) {
+        fee = amount * FEE_BPS / BPS_DENOMINATOR;
+        agentAmount = amount - fee;
+    }
+
+    function _payAgent(address agent, uint256 agentAmount, uint256 fee) private {
+        if (agentAmount != 0) _safeTransfer(agent, agentAmount);
+        if (fee != 0) _safeTransfer(feeRecipient, fee);
+    }
+
+    /// @dev Pulls exactly `amount`: a fee-on-transfer token would leave tasks underfunded.
+    function _pull(address from, uint256 amount) private {
+        uint256 before = token.balanceOf(address(this));
+        _call(abi.encodeCall(IERC20Like.transferFrom, (from, address(this), amount)));
+        if (token.balanceOf(address(this)) != before + amount) revert TokenTransferFailed();
+    }
+
+    function _safeTransfer(address to, uint256 amount) private {
+        _call(abi.encodeCall(IERC20Like.transfer, (to, amount)));
+    }
+
+    /// @dev Accepts tokens that return nothing; refuses a `false` return or a revert.
+    function _call(bytes memory data) private {
+        (bool ok, bytes memory ret) = address(token).call(data);
+        if (!ok || (ret.length != 0 && (ret.length < 32 || !abi.decode(ret, (bool))))) {
+            revert TokenTransferFailed();
+        }
+    }
+}

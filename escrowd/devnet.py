@@ -329,6 +329,33 @@ class Devnet:
         fixed = [self.owner, self.arbiter, self.marketplace_verifier, self.fee_recipient]
         return fixed + self.posters + self.agents + self.verifier_agents + self.spare
 
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description: endpoints, addresses, actors and their test keys."""
+
+        def actor(a: Actor) -> dict[str, str]:
+            return {"name": a.name, "address": a.address, "private_key": a.private_key}
+
+        return {
+            "rpc_url": self.rpc_url,
+            "ws_url": self.ws_url,
+            "chain_id": self.chain_id,
+            "deploy_block": self.deploy_block,
+            "contracts": {"escrow": self.escrow_address, "token": self.token_address},
+            "token": {"symbol": "mUSDC", "decimals": 6},
+            "actors": {
+                "owner": actor(self.owner),
+                "arbiter": actor(self.arbiter),
+                "marketplace_verifier": actor(self.marketplace_verifier),
+                "fee_recipient": actor(self.fee_recipient),
+                "posters": [actor(a) for a in self.posters],
+                "agents": [actor(a) for a in self.agents],
+                "verifier_agents": [actor(a) for a in self.verifier_agents],
+                "spare": [actor(a) for a in self.spare],
+            },
+            "mnemonic": ANVIL_MNEMONIC,
+            "warning": "well-known anvil test keys: never use them on a real network",
+        }
+
     # ------------------------------------------------------------------ time and blocks
 
     def now(self) -> int:

@@ -6,6 +6,7 @@ no longer canonical. Outcomes are values, not exceptions: the service decides wh
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,7 @@ def check_window(
     if tip_hash is not None and headers[0].parent_hash != tip_hash:
         return Reorged()
     by_number = {h.number: h for h in headers}
-    for previous, current in zip(headers, headers[1:], strict=False):
+    for previous, current in itertools.pairwise(headers):
         if current.number == previous.number + 1 and current.parent_hash != previous.hash:
             return Inconsistent(f"block {current.number} does not link to {previous.number}")
     for number, hashes in logs_by_block.items():

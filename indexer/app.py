@@ -1,0 +1,66 @@
+"""`escrowd index`: every configured chain, the outbox publisher and the metrics endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import structlog
+from prometheus_client import start_http_server
+
+from escrowd.db import migrate_url
+from escrowd.kafka import ensure_topics, make_producer
+from escrowd.outbox import OutboxPublisher
+from indexer.config import IndexerSettings
+from indexer.service import ChainIndexer
+from schemas.topics import all_topics
+
+log = structlog.get_logger(__name__)
+
+
+async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stop`): index every chain and publish the outbox."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop.set)
+    await migrate_url(settings.database_url)
+    topics = list(all_topics(settings.topic_partitions))
+    if settings.events_topic not in {t.name for t in topics}:
+        from escrowd.kafka import TopicSpec
+
+        topics.append(TopicSpec(settings.events_topic, settings.topic_partitions))
+    await ensure_topics(settings.kafka_bootstrap, topics)
+    if settings.metrics_port is not None:
+        start_http_server(settings.metrics_port, addr="0.0.0.0")
+    indexers = [
+        ChainIndexer(chain, database_url=settings.database_url, topic=settings.events_topic)
+        for chain in settings.chains
+    ]
+    tasks = [asyncio.create_task(ix.run(stop), name=f"index-{ix.chain.chain_id}") for ix in indexers]
+    producer = None
+    publisher = None
+    if settings.run_publisher:
+        producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-indexer")
+        await producer.start()
+        publisher = OutboxPublisher(settings.database_url, producer)
+        tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopper and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        stop.set()
+        if publisher is not None:
+            publisher.stop()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 10)
+        stopper.cancel()
+        if producer is not None:
+            await producer.stop()
+        log.info("indexer_stopped")

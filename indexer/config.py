@@ -1,0 +1,103 @@
+"""Indexer configuration: parsed once at start-up, from a YAML/JSON file and `ESCROWD_*` env.
+
+Bad configuration fails at start-up with the offending field named (pydantic does that).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from eth_utils.address import is_address, to_checksum_address
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.topics import ESCROW_EVENTS
+
+
+class ChainConfig(BaseModel):
+    """One chain to follow."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chain_id: int = Field(gt=0, description="EIP-155 chain id; checked against the RPC at start-up")
+    name: str = Field(default="", description="Label for logs and dashboards")
+    rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, tried in order with failover")
+    ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
+    escrow_addresses: list[str] = Field(min_length=1, description="Escrow contracts to index")
+    start_block: int = Field(default=0, ge=0, description="First block to index")
+    confirmations: int = Field(default=0, ge=0, description="Publish events once this many blocks deep")
+    finality_depth: int = Field(
+        default=64, ge=1, description="Blocks deeper than this are fetched in ranges without per-block headers"
+    )
+    initial_range: int = Field(default=200, ge=1, description="First eth_getLogs range size")
+    max_range: int = Field(default=5000, ge=1, description="Largest eth_getLogs range")
+    ranges_in_flight: int = Field(default=4, ge=1, le=64, description="eth_getLogs requests in flight")
+    head_window: int = Field(default=100, ge=1, description="Blocks fetched per step when near the head")
+    poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
+    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
+    keep_blocks: int = Field(default=512, ge=16, description="Recent block hashes kept for reorg walks")
+
+    @field_validator("rpc_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError("each RPC URL must start with http:// or https://")
+        return urls
+
+    @field_validator("ws_url")
+    @classmethod
+    def _ws_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("ws://", "wss://")):
+            raise ValueError("ws_url must start with ws:// or wss://")
+        return url
+
+    @field_validator("escrow_addresses")
+    @classmethod
+    def _addresses(cls, addresses: list[str]) -> list[str]:
+        for address in addresses:
+            if not is_address(address):
+                raise ValueError(f"{address!r} is not an address")
+        return [to_checksum_address(a) for a in addresses]
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ChainConfig:
+        if self.initial_range > self.max_range:
+            raise ValueError("initial_range must not exceed max_range")
+        return self
+
+
+class IndexerSettings(BaseSettings):
+    """Everything `escrowd index` needs."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="forbid", env_nested_delimiter="__")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    events_topic: str = Field(default=ESCROW_EVENTS, description="Topic for escrow events")
+    topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
+    chains: list[ChainConfig] = Field(min_length=1, description="Chains to follow")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
+    log_json: bool = Field(default=True, description="JSON log lines (false: console)")
+    run_publisher: bool = Field(default=True, description="Run the outbox publisher in this process")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:
+    """Settings from an optional YAML/JSON file, then environment, then explicit overrides."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        loaded = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{config_file}: expected a mapping at the top level")
+        data.update(loaded.get("indexer", loaded))
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return IndexerSettings(**data)

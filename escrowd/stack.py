@@ -1,0 +1,54 @@
+"""The local stack for `escrowd run` and `escrowd devnet`: PostgreSQL, Kafka and anvil.
+
+Embedded defaults: a throwaway PostgreSQL unless `DATABASE_URL` is set, a Tansu broker
+unless `KAFKA_BOOTSTRAP` is set, and always a fresh anvil devnet with the escrow deployed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from escrowd.devnet import Devnet, deploy_devnet
+from escrowd.services.anvil import AnvilProcess
+from escrowd.services.kafka import KafkaService, start_kafka
+from escrowd.services.postgres import PostgresService, start_postgres
+
+
+@dataclass
+class LocalStack:
+    """Running local services; `stop` stops what was started here."""
+
+    postgres: PostgresService
+    kafka: KafkaService
+    anvil: AnvilProcess
+    devnet: Devnet
+
+    def stop(self) -> None:
+        """Stop anvil, the broker and the database (in reverse order of start)."""
+        with contextlib.suppress(Exception):
+            self.anvil.stop()
+        with contextlib.suppress(Exception):
+            self.kafka.stop()
+        with contextlib.suppress(Exception):
+            self.postgres.stop()
+
+
+def start_stack(*, database_url: str | None = None, kafka_bootstrap: str | None = None) -> LocalStack:
+    """Start (or attach to) PostgreSQL and Kafka, start anvil and deploy the escrow."""
+    postgres = start_postgres(database_url, prefix="escrowd_run")
+    try:
+        kafka = start_kafka(kafka_bootstrap)
+    except Exception:
+        postgres.stop()
+        raise
+    anvil = AnvilProcess()
+    try:
+        anvil.start()
+        devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)
+    except Exception:
+        anvil.stop()
+        kafka.stop()
+        postgres.stop()
+        raise
+    return LocalStack(postgres=postgres, kafka=kafka, anvil=anvil, devnet=devnet)

@@ -1,0 +1,171 @@
+"""The whole pipeline in one process, for `escrowd run`: every service as an asyncio task.
+
+In production each service runs as its own process (`escrowd index run`, `escrowd relay
+run`, …) against shared PostgreSQL and Kafka; here they share one event loop, which is
+enough for a laptop and proves the wiring end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import structlog
+from prometheus_client import start_http_server
+
+from escrowd.db import connect, migrate_url
+from escrowd.devnet import Devnet
+from escrowd.kafka import ensure_topics, make_producer
+from escrowd.outbox import OutboxPublisher
+from indexer.config import ChainConfig
+from indexer.service import ChainIndexer
+from schemas.topics import ESCROW_EVENTS, all_topics
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PipelineConfig:
+    """Where everything is and which ports to serve on."""
+
+    database_url: str
+    kafka_bootstrap: str
+    devnet: Devnet
+    api_port: int
+    metrics_port: int
+    confirmations: int = 0
+
+
+@dataclass
+class Component:
+    """A named long-running task and how to ask it to stop."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+    stop: Callable[[], None] = lambda: None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class Pipeline:
+    """Starts and stops every service of the pipeline."""
+
+    config: PipelineConfig
+    components: list[Component] = field(default_factory=list)
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    _producer: Any = None
+    _conn: asyncpg.Connection | None = None
+
+    async def start(self) -> None:
+        """Migrate, create topics, start every component."""
+        cfg = self.config
+        await migrate_url(cfg.database_url)
+        await ensure_topics(cfg.kafka_bootstrap, all_topics())
+        start_http_server(cfg.metrics_port, addr="127.0.0.1")
+        dn = cfg.devnet
+        chain = ChainConfig(
+            chain_id=dn.chain_id,
+            name="devnet",
+            rpc_urls=[dn.rpc_url],
+            ws_url=dn.ws_url,
+            escrow_addresses=[dn.escrow_address],
+            start_block=dn.deploy_block,
+            confirmations=cfg.confirmations,
+            finality_depth=64,
+            poll_interval=0.5,
+        )
+        indexer = ChainIndexer(chain, database_url=cfg.database_url, topic=ESCROW_EVENTS)
+        self.components.append(Component("indexer", lambda: indexer.run(self.stop_event)))
+        self._producer = make_producer(cfg.kafka_bootstrap, client_id="escrowd-run")
+        await self._producer.start()
+        publisher = OutboxPublisher(cfg.database_url, self._producer)
+        self.components.append(Component("outbox-publisher", publisher.run, publisher.stop))
+        for extra in await self._optional_components():
+            self.components.append(extra)
+        for component in self.components:
+            component.task = asyncio.create_task(self._guard(component), name=component.name)
+        self._conn = await connect(cfg.database_url)
+
+    async def _optional_components(self) -> list[Component]:
+        from escrowd import pipeline_parts
+
+        return await pipeline_parts.components(self.config, self.stop_event)
+
+    async def _guard(self, component: Component) -> None:
+        try:
+            await component.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("component_crashed", component=component.name)
+            raise
+
+    def failed(self) -> list[str]:
+        """Components that stopped with an error."""
+        return [
+            c.name
+            for c in self.components
+            if c.task is not None and c.task.done() and not c.task.cancelled() and c.task.exception()
+        ]
+
+    async def stop(self) -> None:
+        """Stop every component, then the producer."""
+        self.stop_event.set()
+        for component in self.components:
+            with contextlib.suppress(Exception):
+                component.stop()
+        for component in self.components:
+            if component.task is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(component.task, 10)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Numbers for the progress display."""
+        assert self._conn is not None
+        row = await self._conn.fetchrow(
+            "SELECT (SELECT count(*) FROM escrow_events) AS events,"
+            " (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_pending,"
+            " (SELECT coalesce(max(head_number - block_number), 0) FROM chain_cursor) AS lag,"
+            " (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed_block,"
+            " (SELECT count(*) FROM escrow_events WHERE event_name = 'VerificationCompleted') AS verdicts"
+        )
+        statuses = await self._conn.fetch(
+            "SELECT status, count(*) AS n FROM ("
+            "  SELECT DISTINCT ON (task_id) task_id, (args->>'status')::int AS status FROM escrow_events"
+            "  WHERE task_id IS NOT NULL AND args ? 'status'"
+            "  ORDER BY task_id, block_number DESC, log_index DESC) latest GROUP BY status ORDER BY status"
+        )
+        assert row is not None
+        return {**dict(row), "tasks_by_status": {r["status"]: r["n"] for r in statuses}}
+
+    async def wait_indexed(self, block: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109
+        """Until the indexer's cursor reaches `block` and the outbox is drained."""
+        assert self._conn is not None
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            row = await self._conn.fetchrow(
+                "SELECT (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed,"
+                " (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS pending"
+            )
+            assert row is not None
+            if row["indexed"] >= block and row["pending"] == 0:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"indexer at {row['indexed']} (want {block}), {row['pending']} unpublished")
+            await asyncio.sleep(0.1)
+
+    async def indexed_event_ids(self) -> set[tuple[int, int]]:
+        """(block number, log index) of every stored event."""
+        assert self._conn is not None
+        rows = await self._conn.fetch("SELECT block_number, log_index FROM escrow_events")
+        return {(r["block_number"], r["log_index"]) for r in rows}

@@ -1,0 +1,251 @@
+"""The traffic generator of `escrowd run`: posters, agents and verifiers playing every path.
+
+Each planned task follows one path; chain actions go through the devnet library (in a
+worker thread, since web3 is synchronous), off-chain ones (task terms, finalize, review)
+through the HTTP API, exactly as a marketplace client would. Chain time moves in phases:
+
+1. **interactive** (before any deadline): posting, accepting, submitting, verdicts through
+   the pipeline, agent-review verdicts, disputes and rulings, cancellations;
+2. **past the short deadlines**: timeouts are claimed (refund when never delivered,
+   escalation when delivered but never judged);
+3. **past the appeal window and the escalation delay**: failed tasks are refunded and
+   escalated rewards collected.
+
+Every task records the status it must end in; `escrowd.invariants` checks that against
+the chain afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from escrowd.devnet import APPEAL_WINDOW, DAY, ESCALATION_DELAY, USDC, Devnet, text_hash
+from escrowd.invariants import PlannedTask
+
+log = structlog.get_logger(__name__)
+
+LONG_DEADLINE = 30 * DAY
+SHORT_DEADLINE = 1 * DAY
+
+
+class OffChain:
+    """The off-chain side a path may need (the HTTP API). None in a chain-only run."""
+
+    async def register_terms(self, poster_key: str, terms: dict[str, Any]) -> bytes:  # pragma: no cover
+        raise NotImplementedError
+
+    async def finalize(self, agent_key: str, task_id: int, result: Any) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    async def review(self, poster_key: str, task_id: int, passed: bool, reasons: list[str]) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class TaskPlan:
+    """One task's path and what it must end as."""
+
+    index: int
+    path: str
+    task_id: int | None = None
+    final_status: int = -1
+    agent: str | None = None
+    failed_rounds: int = 0
+    passed_rounds: int = 0
+    done: bool = False
+
+    def planned(self) -> PlannedTask:
+        assert self.task_id is not None
+        return PlannedTask(
+            task_id=self.task_id,
+            path=self.path,
+            final_status=self.final_status,
+            agent=self.agent,
+            failed_rounds=self.failed_rounds,
+            passed_rounds=self.passed_rounds,
+        )
+
+
+@dataclass
+class TrafficStats:
+    """Counters for the progress display."""
+
+    planned: int = 0
+    posted: int = 0
+    finished: int = 0
+    by_path: dict[str, int] = field(default_factory=dict)
+
+
+class TrafficGenerator:
+    """Drives planned tasks through their paths on a devnet."""
+
+    CHAIN_ONLY_PATHS = (
+        "agent_review_pass",
+        "agent_review_fail_resubmit",
+        "dispute_and_ruling",
+        "cancellation",
+        "timeout_refund",
+        "escalation_and_collection",
+    )
+    PIPELINE_PATHS = ("auto_pass", "auto_fail_resubmit", "manual_review", "auto_fail_refund")
+
+    def __init__(
+        self,
+        devnet: Devnet,
+        *,
+        offchain: OffChain | None = None,
+        seed: int = 0,
+        wait_judged: Callable[[int, int], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.dn = devnet
+        self.offchain = offchain
+        self.random = random.Random(seed)
+        self.stats = TrafficStats()
+        self._wait_judged = wait_judged
+        self._lock = asyncio.Lock()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Paths this run can play (the pipeline paths need the API)."""
+        if self.offchain is None:
+            return self.CHAIN_ONLY_PATHS
+        return self.PIPELINE_PATHS + self.CHAIN_ONLY_PATHS
+
+    def plan(self, count: int) -> list[TaskPlan]:
+        """`count` tasks spread over every path, in a seeded order."""
+        paths = self.paths
+        plans = [TaskPlan(index=i, path=paths[i % len(paths)]) for i in range(count)]
+        self.random.shuffle(plans)
+        self.stats.planned += count
+        for plan in plans:
+            self.stats.by_path[plan.path] = self.stats.by_path.get(plan.path, 0) + 1
+        return plans
+
+    async def _chain(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # One devnet call at a time: actors share nonces, and anvil automines each tx.
+        async with self._lock:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # -- the phases ------------------------------------------------------------------
+
+    async def run(self, plans: list[TaskPlan], *, concurrency: int = 8) -> list[PlannedTask]:
+        """Play every plan through all phases; return what each task must end as."""
+        semaphore = asyncio.Semaphore(concurrency)
+
+        async def interactive(plan: TaskPlan) -> None:
+            async with semaphore:
+                await getattr(self, f"_phase1_{plan.path}")(plan)
+
+        await asyncio.gather(*(interactive(p) for p in plans))
+        await self._chain(self.dn.increase_time, SHORT_DEADLINE + 1)
+        for plan in plans:
+            step = getattr(self, f"_phase2_{plan.path}", None)
+            if step is not None:
+                await step(plan)
+        await self._chain(self.dn.increase_time, max(APPEAL_WINDOW, ESCALATION_DELAY) + 1)
+        for plan in plans:
+            step = getattr(self, f"_phase3_{plan.path}", None)
+            if step is not None:
+                await step(plan)
+        for plan in plans:
+            plan.done = True
+            self.stats.finished += 1
+        return [p.planned() for p in plans]
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _actors(self, plan: TaskPlan) -> tuple[Any, Any]:
+        poster = self.dn.posters[plan.index % len(self.dn.posters)]
+        agent = self.dn.agents[plan.index % len(self.dn.agents)]
+        plan.agent = agent.address.lower()
+        return poster, agent
+
+    async def _post(self, plan: TaskPlan, *, duration: int, verifier: Any = None, task_hash: bytes | None = None) -> int:
+        poster, _ = self._actors(plan)
+        task_id: int = await self._chain(
+            self.dn.post_task, poster, reward=(5 + plan.index % 20) * USDC, duration=duration,
+            verifier=verifier, task_hash=task_hash,
+        )
+        plan.task_id = task_id
+        self.stats.posted += 1
+        return task_id
+
+    async def _accept_and_submit(self, plan: TaskPlan, evidence: bytes) -> None:
+        _, agent = self._actors(plan)
+        assert plan.task_id is not None
+        task = await self._chain(self.dn.get_task, plan.task_id)
+        if task.status == 0:
+            await self._chain(self.dn.accept_task, plan.task_id, sender=agent)
+        await self._chain(self.dn.submit_evidence, plan.task_id, evidence, sender=agent)
+
+    # -- chain-only paths ---------------------------------------------------------------
+
+    async def _phase1_agent_review_pass(self, plan: TaskPlan) -> None:
+        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
+        evidence = text_hash(f"review pass {task}")
+        await self._accept_and_submit(plan, evidence)
+        await self._chain(self.dn.complete_verification, task, 1, evidence, True, 95, sender=verifier)
+        plan.passed_rounds, plan.final_status = 1, 4
+
+    async def _phase1_agent_review_fail_resubmit(self, plan: TaskPlan) -> None:
+        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
+        first = text_hash(f"review first {task}")
+        await self._accept_and_submit(plan, first)
+        await self._chain(self.dn.complete_verification, task, 1, first, False, 30, sender=verifier)
+        second = text_hash(f"review second {task}")
+        await self._accept_and_submit(plan, second)
+        await self._chain(self.dn.complete_verification, task, 2, second, True, 90, sender=verifier)
+        plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
+
+    async def _phase1_dispute_and_ruling(self, plan: TaskPlan) -> None:
+        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
+        evidence = text_hash(f"disputed {task}")
+        await self._accept_and_submit(plan, evidence)
+        await self._chain(self.dn.complete_verification, task, 1, evidence, False, 10, sender=verifier)
+        _, agent = self._actors(plan)
+        await self._chain(self.dn.raise_dispute, task, sender=agent)
+        await self._chain(self.dn.resolve_dispute, task, self.random.choice((0, 2_500, 5_000, 10_000)))
+        plan.failed_rounds, plan.final_status = 1, 9
+
+    async def _phase1_cancellation(self, plan: TaskPlan) -> None:
+        poster, _ = self._actors(plan)
+        task = await self._post(plan, duration=LONG_DEADLINE)
+        await self._chain(self.dn.cancel, task, sender=poster)
+        plan.agent, plan.final_status = None, 8
+
+    async def _phase1_timeout_refund(self, plan: TaskPlan) -> None:
+        task = await self._post(plan, duration=SHORT_DEADLINE)
+        _, agent = self._actors(plan)
+        await self._chain(self.dn.accept_task, task, sender=agent)
+
+    async def _phase2_timeout_refund(self, plan: TaskPlan) -> None:
+        poster, _ = self._actors(plan)
+        assert plan.task_id is not None
+        await self._chain(self.dn.claim_timeout, plan.task_id, sender=poster)
+        plan.final_status = 7
+
+    async def _phase1_escalation_and_collection(self, plan: TaskPlan) -> None:
+        task = await self._post(plan, duration=SHORT_DEADLINE)
+        # Delivered on chain, never finalized: nothing judges it.
+        await self._accept_and_submit(plan, text_hash(f"never finalized {task}"))
+
+    async def _phase2_escalation_and_collection(self, plan: TaskPlan) -> None:
+        poster, _ = self._actors(plan)
+        assert plan.task_id is not None
+        await self._chain(self.dn.claim_timeout, plan.task_id, sender=poster)
+
+    async def _phase3_escalation_and_collection(self, plan: TaskPlan) -> None:
+        _, agent = self._actors(plan)
+        assert plan.task_id is not None
+        await self._chain(self.dn.collect_escalated, plan.task_id, sender=agent)
+        plan.passed_rounds, plan.final_status = 0, 4
+

@@ -1,0 +1,1 @@
+"""Test support: fault-injecting proxies and a harness to run and observe the indexer."""

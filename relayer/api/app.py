@@ -1,0 +1,107 @@
+"""The HTTP API: `create_app(settings)` builds the FastAPI application.
+
+OpenAPI is published at `/openapi.json` (Swagger UI at `/docs`). Routers of other packages
+are included when they are installed: `relayer.settlement.routes:router`
+(`GET /health/bridge`) and `relayer.lifecycle.routes:router` (task state, what can whom do
+now, reputation). They find the shared resources on `request.app.state`: `settings`
+(ApiSettings), `pool` (asyncpg pool with the project's JSON codecs) and `clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from fastapi import APIRouter, FastAPI
+
+from escrowd.db import create_pool
+from relayer.api.auth import forget_expired_nonces
+from relayer.api.errors import install_error_handlers
+from relayer.api.settings import ApiSettings
+from relayer.api.tasks import router as tasks_router
+from relayer.verification.registry import VerifierRegistry
+
+log = structlog.get_logger(__name__)
+
+OPTIONAL_ROUTERS: tuple[tuple[str, str], ...] = (
+    ("relayer.settlement.routes", "router"),
+    ("relayer.lifecycle.routes", "router"),
+)
+
+
+def _optional_router(module_name: str, attr: str) -> APIRouter | None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only "the module is not there (yet)" is optional; a broken import inside it is not.
+        if exc.name and module_name.startswith(exc.name):
+            return None
+        raise
+    router = getattr(module, attr, None)
+    return router if isinstance(router, APIRouter) else None
+
+
+async def _forget_nonces_forever(app: FastAPI) -> None:
+    while True:
+        await asyncio.sleep(60)
+        try:
+            async with app.state.pool.acquire() as conn:
+                await forget_expired_nonces(conn)
+        except Exception as exc:
+            log.warning("nonce_cleanup_failed", error_type=type(exc).__name__)
+
+
+def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The API application; resources open in its lifespan."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.pool = await create_pool(settings.database_url, max_size=settings.db_pool_size)
+        background: list[asyncio.Task[None]] = [asyncio.create_task(_forget_nonces_forever(app))]
+        producer = None
+        publisher = None
+        if settings.kafka_bootstrap and settings.api_run_publisher:
+            from escrowd.kafka import make_producer
+            from escrowd.outbox import OutboxPublisher
+
+            producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-api")
+            await producer.start()
+            publisher = OutboxPublisher(settings.database_url, producer)
+            background.append(asyncio.create_task(publisher.run()))
+        try:
+            yield
+        finally:
+            if publisher is not None:
+                publisher.stop()
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+            await app.state.pool.close()
+
+    app = FastAPI(
+        title="escrowd API",
+        version="1",
+        description="Task terms, finalize, review and verification results of the agent-work escrow.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.clock = clock
+    app.state.registry = VerifierRegistry(
+        allowed_plugin_packages=settings.plugin_packages, allowed_endpoint_hosts=settings.endpoint_hosts
+    )
+    install_error_handlers(app)
+    app.include_router(tasks_router)
+    for module_name, attr in OPTIONAL_ROUTERS:
+        router = _optional_router(module_name, attr)
+        if router is not None:
+            app.include_router(router)
+    return app

@@ -1,0 +1,37 @@
+"""`escrowd api serve`: run the HTTP API with uvicorn (settings from `ESCROWD_*` variables)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The HTTP API: task terms, finalize, review, results.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Listen address (default: ESCROWD_API_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: ESCROWD_API_PORT or 8080)")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
+    import uvicorn
+
+    from escrowd.logging import configure_logging
+    from relayer.api.app import create_app
+    from relayer.api.settings import ApiSettings
+
+    configure_logging(json=log_json)
+    try:
+        settings = ApiSettings()
+    except Exception as exc:
+        typer.echo(f"configuration error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.api_host,
+        port=port if port is not None else settings.api_port,
+        log_config=None,
+        access_log=False,
+    )

@@ -1,0 +1,70 @@
+"""Refusals as values with a status and a stable code, rendered as `{"error": {code, message}}`."""
+
+from __future__ import annotations
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = structlog.get_logger(__name__)
+
+
+class ApiProblem(Exception):
+    """A refusal the client can act on: HTTP status, upper-case code, one sentence."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    """The JSON body of every error response."""
+    return {"error": {"code": code, "message": message}}
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "the request is invalid"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+    return f"{where}: {first.get('msg', 'invalid')}"[:500]
+
+
+_STATUS_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error, expected or not, in the one error shape (no internals leak)."""
+
+    @app.exception_handler(ApiProblem)
+    async def _problem(_request: Request, exc: ApiProblem) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body("INVALID_REQUEST", _validation_message(exc)), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The exception text can hold SQL or configuration: log its type, never return it.
+        log.error("api_unexpected_error", path=request.url.path, error_type=type(exc).__name__)
+        return JSONResponse(error_body("INTERNAL", "internal error"), status_code=500)

@@ -1,0 +1,64 @@
+"""The API server's settings (`ESCROWD_*` environment variables), parsed once at start-up."""
+
+from __future__ import annotations
+
+from eth_utils.address import is_address, to_checksum_address
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import topics
+
+
+class ApiSettings(BaseSettings):
+    """Everything `escrowd api serve` needs."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str | None = Field(
+        default=None, description="Kafka bootstrap servers; with it the API runs a (standby) outbox publisher"
+    )
+    api_host: str = Field(default="127.0.0.1", description="Address the API listens on")
+    api_port: int = Field(default=8080, ge=0, le=65535, description="Port the API listens on")
+    verification_requests_topic: str = Field(
+        default=topics.VERIFICATION_REQUESTS, description="Topic finalize / review / report requests go to"
+    )
+    api_run_publisher: bool = Field(
+        default=True, description="Run an outbox publisher in the API process when kafka_bootstrap is set"
+    )
+    evidence_wait_seconds: float = Field(
+        default=10.0, ge=0, description="How long finalize waits for the agent's submitEvidence to be indexed"
+    )
+    finalize_wait_seconds: float = Field(
+        default=5.0, ge=0, description="How long finalize waits for the auto-check verdict before answering 202"
+    )
+    signature_max_ttl_seconds: int = Field(
+        default=900, ge=10, description="Latest X-Escrowd-Expires-At accepted, in seconds from now"
+    )
+    marketplace_verifier_address: str | None = Field(
+        default=None, description="The marketplace verifier address: it may never finalize as an agent"
+    )
+    plugin_packages: list[str] = Field(
+        default_factory=list, description="Packages plugin verifiers may come from (checked at registration)"
+    )
+    endpoint_hosts: list[str] = Field(
+        default_factory=list, description="Hosts endpoint verifiers may be on (checked at registration)"
+    )
+    executions_limit: int = Field(default=200, ge=1, le=10_000, description="Most executions one list returns")
+    db_pool_size: int = Field(default=8, ge=1, description="Database connections of the API")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
+    @field_validator("marketplace_verifier_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not is_address(value):
+            raise ValueError("marketplace_verifier_address is not an address")
+        return str(to_checksum_address(value))

@@ -65,7 +65,8 @@ class InvalidSignature(ValueError):
     """The signature is malformed, not canonical, or recovers no key."""
 
 
-def _checksum(value: str) -> str:
+def checksum_address(value: str) -> str:
+    """EIP-55 form of a 0x address; ValueError for anything else."""
     if not isinstance(value, str) or not _ADDRESS.match(value):
         raise ValueError("must be a 0x-prefixed 20-byte hex address")
     return str(to_checksum_address(value))
@@ -93,7 +94,7 @@ class Verdict(BaseModel):
     @field_validator("escrow")
     @classmethod
     def _escrow_address(cls, value: str) -> str:
-        return _checksum(value)
+        return checksum_address(value)
 
     @field_validator("evidence_hash")
     @classmethod
@@ -129,7 +130,7 @@ class SignedVerdict(BaseModel):
     @field_validator("signer")
     @classmethod
     def _signer_address(cls, value: str) -> str:
-        return _checksum(value)
+        return checksum_address(value)
 
 
 def _word(value: int) -> bytes:
@@ -148,7 +149,7 @@ def domain_separator(chain_id: int, escrow: str) -> bytes:
         + _NAME_HASH
         + _VERSION_HASH
         + _word(chain_id)
-        + _address_word(_checksum(escrow))
+        + _address_word(checksum_address(escrow))
     )
 
 

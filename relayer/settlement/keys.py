@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from coincurve import PrivateKey
 from eth_utils.address import to_checksum_address
@@ -77,7 +77,7 @@ class SecretKey:
     def __format__(self, spec: str) -> str:
         return repr(self)
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> str | tuple[Any, ...]:
         raise TypeError("SecretKey cannot be pickled")
 
     def __copy__(self) -> SecretKey:

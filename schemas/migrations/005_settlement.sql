@@ -86,9 +86,12 @@ CREATE TABLE settlement_transactions (
     updated_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (chain_id, sender, nonce)
 );
--- A verdict has at most one live nonce: it is never sent twice under two nonces.
+-- A verdict has at most one live nonce: it is never sent under two nonces at once. A slot
+-- stops counting when its nonce went to someone else's transaction (lost) or when it was
+-- mined and reverted (the verdict may then be queued again, e.g. after a key rotation).
 CREATE UNIQUE INDEX settlement_transactions_one_live_per_verdict
-    ON settlement_transactions (verdict_id) WHERE state <> 'lost' AND kind = 'verdict';
+    ON settlement_transactions (verdict_id)
+    WHERE kind = 'verdict' AND state <> 'lost' AND receipt_status IS DISTINCT FROM 0;
 CREATE INDEX settlement_transactions_open_idx ON settlement_transactions (chain_id, sender, state)
     WHERE state IN ('pending', 'mined');
 

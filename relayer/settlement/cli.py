@@ -1,0 +1,83 @@
+"""`escrowd relay`: run the settlement relayer, or write an encrypted keystore for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Settlement relayer: signed verdicts in, completeVerification out.", no_args_is_help=True)
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML/JSON settings file (default: $ESCROWD_CONFIG)")
+    ] = None,
+) -> None:
+    """Run the relayer until SIGINT/SIGTERM."""
+    from pydantic import ValidationError
+
+    from escrowd.logging import configure_logging
+    from relayer.settlement.config import RelayerSettings
+    from relayer.settlement.keys import KeyLoadError
+    from relayer.settlement.service import run_relayer
+
+    try:
+        settings = RelayerSettings.load(config)
+    except (ValidationError, FileNotFoundError) as exc:
+        # pydantic hides SecretStr values in its messages; nothing else here is secret.
+        typer.echo(f"invalid relayer settings: {exc}", err=True)
+        raise typer.Exit(2) from None
+    configure_logging(json=settings.log_json)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run_relayer(settings)
+
+    try:
+        asyncio.run(main())
+    except KeyLoadError as exc:
+        typer.echo(f"relayer key: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("keystore")
+def keystore(
+    out: Annotated[Path, typer.Argument(help="Keystore file to write (mode 0600)")],
+    key_env: Annotated[str, typer.Option(help="Environment variable holding the raw key")] = "ESCROWD_RELAYER_KEY",
+) -> None:
+    """Encrypt the raw key from the environment into a keystore file (password prompted)."""
+    from relayer.settlement.keys import KeyLoadError, SecretKey, write_keystore
+
+    raw = os.environ.get(key_env)
+    if not raw:
+        typer.echo(f"${key_env} is not set", err=True)
+        raise typer.Exit(2)
+    try:
+        key = SecretKey.from_hex(raw)
+    except KeyLoadError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    password = getpass.getpass("keystore password: ")
+    if password != getpass.getpass("again: "):
+        typer.echo("passwords differ", err=True)
+        raise typer.Exit(2)
+    write_keystore(key, out, password)
+    typer.echo(f"wrote {out} for {key.address}")
+
+
+if __name__ == "__main__":  # `python -m relayer.settlement.cli run`
+    sys.exit(app())

@@ -1,0 +1,179 @@
+"""Settings of `escrowd relay`, parsed once at the entry point and passed down explicitly.
+
+Sources, highest first: keyword arguments, the configuration file (`--config` or
+`ESCROWD_CONFIG`, YAML or JSON), environment variables with the prefix `ESCROWD_`, and the
+defaults below. Keys and passwords belong in the environment or in files mounted as
+secrets, never in the configuration file.
+
+`chains` has the same shape as the indexer's, so one `ESCROWD_CHAINS` value can serve both;
+fields the relayer does not use are ignored.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from relayer.settlement.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
+from schemas.topics import DEAD_LETTERS, VERDICTS
+from schemas.verdict import checksum_address
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("relayer_config_file", default=None)
+
+
+class ChainSettings(BaseModel):
+    """One chain the relayer sends verdicts to."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    chain_id: int = Field(gt=0, description="EIP-155 chain id; checked against the RPC at start-up")
+    name: str = Field(default="", description="Label for logs")
+    rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, failover in order")
+    ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
+    escrow_addresses: list[str] = Field(min_length=1, description="Escrows whose verdicts we send")
+    confirmations: int = Field(
+        default=1, ge=0, description="Blocks (including its own) before a verdict tx counts as confirmed; 0 = 1"
+    )
+    poll_interval: float = Field(default=0.5, gt=0, description="Head polling period without WebSocket")
+    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
+
+    @field_validator("escrow_addresses")
+    @classmethod
+    def _checksummed(cls, values: list[str]) -> list[str]:
+        return [checksum_address(v) for v in values]
+
+    @property
+    def depth(self) -> int:
+        """Confirmation depth with 0 read as 1 (mined)."""
+        return max(1, self.confirmations)
+
+
+class RelayerSettings(BaseSettings):
+    """Everything `escrowd relay` needs."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore", frozen=True)
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
+    chains: list[ChainSettings] = Field(min_length=1, description="Chains to send to")
+    verdicts_topic: str = Field(default=VERDICTS, description="Topic of signed verdicts")
+    dlq_topic: str = Field(default=DEAD_LETTERS, description="Dead-letter topic")
+    relayer_consumer_group: str = Field(default="settlement-relayer", description="Kafka consumer group")
+    relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+
+    relayer_key: SecretStr | None = Field(default=None, description="Raw 0x key (devnet only)")
+    relayer_keystore: Path | None = Field(default=None, description="Encrypted keystore file")
+    relayer_keystore_password: SecretStr | None = Field(default=None, description="Keystore password")
+    relayer_keystore_password_file: Path | None = Field(default=None, description="File holding the password")
+    relayer_trusted_signers: Annotated[list[str], NoDecode] = Field(
+        min_length=1, description="Verification-service signer addresses (JSON list or comma-separated)"
+    )
+
+    relayer_fee_cap_wei: int = Field(default=500 * GWEI, gt=0, description="max_fee_per_gas never above this")
+    relayer_min_priority_fee_wei: int = Field(default=1, ge=0)
+    relayer_max_priority_fee_wei: int = Field(default=50 * GWEI, ge=0)
+    relayer_base_fee_multiplier_bps: int = Field(default=20_000, ge=10_000)
+    relayer_fee_bump_bps: int = Field(default=1_250, ge=NODE_MIN_BUMP_BPS, description="Replacement bump")
+    relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
+
+    relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
+    relayer_batch_size: int = Field(default=128, ge=1, description="Verdicts signed per round")
+    relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
+    relayer_poll_interval: float = Field(default=5.0, gt=0, description="Health / key-match check period")
+    relayer_replace_after_seconds: float = Field(
+        default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"
+    )
+    relayer_reorg_watch_blocks: int = Field(
+        default=64, ge=1, description="Blocks a confirmed tx is still watched for reorgs"
+    )
+    relayer_evidence_wait_seconds: float = Field(
+        default=3600.0, gt=0, description="How long a verdict may wait for its attempt to be indexed"
+    )
+    relayer_host: str = Field(default="127.0.0.1", description="Bind address of /health/bridge and /metrics")
+    relayer_port: int | None = Field(default=9465, ge=0, le=65535, description="Port; none disables")
+    log_json: bool = Field(default=True, description="JSON log lines (false: console)")
+    relayer_fault_injection: str | None = Field(
+        default=None, description="Tests only: 'point:probability,...' kill -9 at named crash points"
+    )
+
+    @field_validator("relayer_trusted_signers", mode="before")
+    @classmethod
+    def _split_signers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("relayer_trusted_signers")
+    @classmethod
+    def _checksum_signers(cls, values: list[str]) -> list[str]:
+        return [checksum_address(v) for v in values]
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> RelayerSettings:
+        if self.relayer_key is not None and self.relayer_keystore is not None:
+            raise ValueError("set relayer_keystore or relayer_key, not both")
+        if self.relayer_key is None and self.relayer_keystore is None:
+            raise ValueError("no relayer key: set relayer_keystore (+ password) or relayer_key")
+        if self.relayer_min_priority_fee_wei > self.relayer_max_priority_fee_wei:
+            raise ValueError("relayer_min_priority_fee_wei exceeds relayer_max_priority_fee_wei")
+        ids = [c.chain_id for c in self.chains]
+        if len(set(ids)) != len(ids):
+            raise ValueError("each chain_id may appear once in chains")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then the config file, then the environment."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings]
+        path = _CONFIG_FILE.get()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        sources += [env_settings, file_secret_settings]
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> RelayerSettings:
+        """Read the settings; `config_file` defaults to `$ESCROWD_CONFIG` when set."""
+        path = config_file
+        if path is None and os.environ.get("ESCROWD_CONFIG"):
+            path = Path(os.environ["ESCROWD_CONFIG"])
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"configuration file {path} not found")
+        token = _CONFIG_FILE.set(path)
+        try:
+            return cls(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
+
+    def fee_policy(self) -> FeePolicy:
+        """The fee policy these settings describe."""
+        return FeePolicy(
+            fee_cap=self.relayer_fee_cap_wei,
+            min_priority_fee=self.relayer_min_priority_fee_wei,
+            max_priority_fee=self.relayer_max_priority_fee_wei,
+            base_fee_multiplier_bps=self.relayer_base_fee_multiplier_bps,
+            bump_bps=self.relayer_fee_bump_bps,
+        )

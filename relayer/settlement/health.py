@@ -1,0 +1,352 @@
+"""Bridge health: is each chain reachable, is the indexer keeping up, and does the escrow
+trust the key the relayer signs with (`chains[].verifier.verifierMatches`, seed 000)?
+
+`BridgeHealthChecker` computes a report from the chain (head, balance, the escrow's
+`marketplaceVerifier()`) and the database (indexer cursor, pending transactions); it
+needs no key, only the relayer's address, so the API server can serve it too.
+`HealthMonitor` runs it every poll interval inside the relayer and drives the send gates:
+when the escrow trusts another address, or the check cannot be made, sending stops (fail
+closed), the report says why, `escrowd_relayer_verifier_key_match` drops to 0 and the
+mismatch counter fires; when the key matches again sending resumes by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+import asyncpg
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from relayer.settlement import metrics, store
+from relayer.settlement.config import ChainSettings
+from relayer.settlement.rpc import EthRpc, RpcError
+from relayer.settlement.txs import marketplace_verifier_data
+from schemas.verdict import checksum_address
+
+log = structlog.get_logger(__name__)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class RpcHealth(_Model):
+    """The chain's RPC as seen now."""
+
+    reachable: bool
+    head: int | None = None
+    error: str | None = None
+
+
+class IndexerHealth(_Model):
+    """How far the indexer is behind the head."""
+
+    cursor_block: int | None = None
+    lag_blocks: int | None = None
+
+
+class RelayerHealth(_Model):
+    """The sending side."""
+
+    address: str
+    balance_wei: str | None = Field(default=None, description="Decimal string (exceeds 2^53)")
+    pending_transactions: int = 0
+    next_nonce: int | None = None
+    sending: bool = False
+    paused_reason: str | None = None
+
+
+class EscrowVerifier(_Model):
+    """One escrow's trusted marketplace verifier."""
+
+    escrow: str
+    marketplace_verifier: str | None = None
+    verifier_matches: bool | None = None
+
+
+class VerifierHealth(_Model):
+    """Whether the escrow(s) trust our key; `verifierMatches` is the field to alert on."""
+
+    escrow: str
+    marketplace_verifier: str | None = None
+    relayer_address: str
+    verifier_matches: bool = False
+    reason: str | None = None
+    escrows: list[EscrowVerifier] = Field(default_factory=list)
+
+
+class ChainHealth(_Model):
+    """Everything about one chain."""
+
+    chain_id: int
+    name: str = ""
+    rpc: RpcHealth
+    indexer: IndexerHealth
+    relayer: RelayerHealth
+    verifier: VerifierHealth
+
+
+class BridgeHealth(_Model):
+    """The `/health/bridge` document."""
+
+    status: Literal["ok", "degraded", "failing"]
+    checked_at: datetime
+    chains: list[ChainHealth]
+
+
+def key_match(trusted: Sequence[str | None], relayer: str) -> tuple[bool, str | None]:
+    """(matches, reason): every escrow must name `relayer`; an unknown answer is a no."""
+    if not trusted:
+        return False, "no escrow configured"
+    for address in trusted:
+        if address is None:
+            return False, "the escrow's verifier could not be read"
+        if address.lower() != relayer.lower():
+            return False, f"the escrow trusts {address}, the relayer signs as {relayer}"
+    return True, None
+
+
+def overall_status(chains: Sequence[ChainHealth]) -> Literal["ok", "degraded", "failing"]:
+    """failing when any chain cannot send; degraded when an indexer lag is unknown."""
+    if any(not c.verifier.verifier_matches or not c.rpc.reachable for c in chains):
+        return "failing"
+    if any(c.indexer.lag_blocks is None for c in chains):
+        return "degraded"
+    return "ok"
+
+
+class BridgeHealthChecker:
+    """Computes the bridge health report from the chains and the database."""
+
+    def __init__(
+        self,
+        *,
+        chains: Sequence[ChainSettings],
+        rpcs: Mapping[int, EthRpc],
+        pool: asyncpg.Pool,
+        relayer_address: str,
+        gates: Mapping[int, object] | None = None,
+    ) -> None:
+        self._chains = list(chains)
+        self._rpcs = rpcs
+        self._pool = pool
+        self.relayer_address = checksum_address(relayer_address)
+        self._gates = gates or {}
+
+    async def check_chain(self, chain: ChainSettings) -> ChainHealth:
+        """One chain's report (never raises for chain or database faults)."""
+        rpc = self._rpcs[chain.chain_id]
+        head: int | None = None
+        error: str | None = None
+        balance: int | None = None
+        trusted: list[str | None] = []
+        try:
+            calls: list[tuple[str, list[object]]] = [
+                ("eth_blockNumber", []),
+                ("eth_getBalance", [self.relayer_address, "latest"]),
+            ]
+            calls += [
+                ("eth_call", [{"to": e, "data": "0x" + marketplace_verifier_data().hex()}, "latest"])
+                for e in chain.escrow_addresses
+            ]
+            replies = await rpc.batch(calls)
+            if not isinstance(replies[0], Exception):
+                head = int(str(replies[0]), 16)
+            else:
+                error = type(replies[0]).__name__
+            if not isinstance(replies[1], Exception):
+                balance = int(str(replies[1]), 16)
+            for reply in replies[2:]:
+                if isinstance(reply, Exception) or len(str(reply)) < 42:
+                    trusted.append(None)
+                else:
+                    trusted.append(checksum_address("0x" + str(reply)[-40:]))
+        except RpcError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            trusted = [None for _ in chain.escrow_addresses]
+        cursor: int | None = None
+        pending = 0
+        next_nonce: int | None = None
+        with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+            async with self._pool.acquire() as conn:
+                cursor = await store.indexer_cursor(conn, chain.chain_id)
+                pending = await store.pending_count(conn, chain.chain_id, self.relayer_address)
+                next_nonce = await store.next_nonce(conn, chain.chain_id, self.relayer_address)
+        matches, reason = key_match(trusted, self.relayer_address)
+        if head is None and reason is not None:
+            reason = f"RPC unreachable ({error}); {reason}"
+        gate = self._gates.get(chain.chain_id)
+        sending = bool(getattr(gate, "is_open", False)) if gate is not None else matches
+        paused = getattr(gate, "reason", None) if gate is not None else reason
+        return ChainHealth(
+            chain_id=chain.chain_id,
+            name=chain.name,
+            rpc=RpcHealth(reachable=head is not None, head=head, error=error),
+            indexer=IndexerHealth(
+                cursor_block=cursor,
+                lag_blocks=None if cursor is None or head is None else max(0, head - cursor),
+            ),
+            relayer=RelayerHealth(
+                address=self.relayer_address,
+                balance_wei=None if balance is None else str(balance),
+                pending_transactions=pending,
+                next_nonce=next_nonce,
+                sending=sending,
+                paused_reason=None if sending else paused,
+            ),
+            verifier=VerifierHealth(
+                escrow=chain.escrow_addresses[0],
+                marketplace_verifier=trusted[0] if trusted else None,
+                relayer_address=self.relayer_address,
+                verifier_matches=matches,
+                reason=reason,
+                escrows=[
+                    EscrowVerifier(
+                        escrow=e,
+                        marketplace_verifier=t,
+                        verifier_matches=None if t is None else t.lower() == self.relayer_address.lower(),
+                    )
+                    for e, t in zip(chain.escrow_addresses, trusted, strict=True)
+                ],
+            ),
+        )
+
+    async def check(self) -> BridgeHealth:
+        """Every chain's report."""
+        chains = list(await asyncio.gather(*(self.check_chain(c) for c in self._chains)))
+        return BridgeHealth(status=overall_status(chains), checked_at=datetime.now(UTC), chains=chains)
+
+
+class CachedHealth:
+    """A health source for the API server: checks on demand, at most every `max_age` seconds."""
+
+    def __init__(self, checker: BridgeHealthChecker, *, max_age: float = 1.0) -> None:
+        self._checker = checker
+        self._max_age = max_age
+        self._report: BridgeHealth | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def report(self) -> BridgeHealth:
+        """The latest report, refreshed when older than `max_age`."""
+        async with self._lock:
+            if self._report is None or time.monotonic() - self._at > self._max_age:
+                self._report = await self._checker.check()
+                self._at = time.monotonic()
+            return self._report
+
+
+class SendGateLike(Protocol):
+    """The part of a SendGate the monitor drives."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    reason: str | None
+
+    def open(self) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class HealthMonitor:
+    """Checks every `interval` seconds, drives the send gates, serves the latest report."""
+
+    def __init__(
+        self, checker: BridgeHealthChecker, gates: Mapping[int, SendGateLike], *, interval: float
+    ) -> None:
+        self._checker = checker
+        self._gates = gates
+        self._interval = interval
+        self._report: BridgeHealth | None = None
+        self._wake = asyncio.Event()
+        self._matched: dict[int, bool | None] = {}
+
+    def request_check(self) -> None:
+        """Check now (e.g. the escrow just refused our key)."""
+        self._wake.set()
+
+    async def report(self) -> BridgeHealth:
+        """The latest report (checks once if none yet)."""
+        if self._report is None:
+            await self.check_once()
+        assert self._report is not None
+        return self._report
+
+    async def check_once(self) -> BridgeHealth:
+        """Run one check and apply it to the gates and metrics."""
+        report = await self._checker.check()
+        for chain in report.chains:
+            self._apply(chain)
+        # Re-read the gate state so the report shows the decision just taken.
+        chains = [c.model_copy(update={"relayer": self._relayer_view(c)}) for c in report.chains]
+        self._report = report.model_copy(update={"chains": chains})
+        return self._report
+
+    def _relayer_view(self, chain: ChainHealth) -> RelayerHealth:
+        gate = self._gates.get(chain.chain_id)
+        if gate is None:
+            return chain.relayer
+        return chain.relayer.model_copy(
+            update={"sending": gate.is_open, "paused_reason": None if gate.is_open else gate.reason}
+        )
+
+    def _apply(self, chain: ChainHealth) -> None:
+        label = str(chain.chain_id)
+        gate = self._gates.get(chain.chain_id)
+        matches = chain.verifier.verifier_matches
+        reachable = chain.rpc.reachable
+        metrics.RPC_UP.labels(label).set(1 if reachable else 0)
+        if chain.rpc.head is not None:
+            metrics.HEAD_BLOCK.labels(label).set(chain.rpc.head)
+        if chain.indexer.lag_blocks is not None:
+            metrics.INDEXER_LAG.labels(label).set(chain.indexer.lag_blocks)
+        if chain.relayer.balance_wei is not None:
+            metrics.BALANCE.labels(label).set(int(chain.relayer.balance_wei))
+        known = chain.verifier.marketplace_verifier is not None
+        metrics.KEY_MATCH.labels(label).set(1 if matches else (0 if known else -1))
+        previous = self._matched.get(chain.chain_id)
+        self._matched[chain.chain_id] = matches
+        if gate is None:
+            return
+        if matches:
+            if not gate.is_open:
+                log.info("sending_resumed", chain_id=chain.chain_id, verifier=chain.verifier.marketplace_verifier)
+                metrics.SENDING_PAUSED.labels(label, "verifier_mismatch").set(0)
+                metrics.SENDING_PAUSED.labels(label, "check_failed").set(0)
+            gate.open()
+            return
+        reason = chain.verifier.reason or "the escrow does not trust the relayer key"
+        why = "verifier_mismatch" if known else "check_failed"
+        if gate.is_open or previous is not False or gate.reason != reason:
+            log.error(
+                "sending_stopped",
+                chain_id=chain.chain_id,
+                reason=reason,
+                verifier=chain.verifier.marketplace_verifier,
+                relayer=chain.verifier.relayer_address,
+            )
+        if known and previous is not False:
+            metrics.KEY_MISMATCH_EVENTS.labels(label).inc()
+        metrics.SENDING_PAUSED.labels(label, why).set(1)
+        gate.close(reason)
+
+    async def run(self) -> None:
+        """Check forever; a failing check closes the gates rather than stopping the loop."""
+        while True:
+            try:
+                await self.check_once()
+            except Exception as exc:  # health must outlive any single fault
+                log.error("health_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+                for gate in self._gates.values():
+                    gate.close("health check failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)

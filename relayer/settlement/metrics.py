@@ -1,0 +1,103 @@
+"""Prometheus metrics of the settlement relayer, all named `escrowd_relayer_*`.
+
+Defined once here; the Grafana dashboards and alert rules use these names. Labels are
+chain ids, outcomes and error names: never addresses of users, never anything secret.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+VERDICTS_RECEIVED = Counter(
+    "escrowd_relayer_verdicts_received_total",
+    "Signed verdicts consumed, by outcome (accepted, awaiting_evidence, rejected, duplicate)",
+    ["outcome"],
+)
+SIGNATURE_REJECTIONS = Counter(
+    "escrowd_relayer_signature_rejections_total",
+    "Verdicts refused because of their signature (invalid, untrusted signer, signer mismatch)",
+    ["reason"],
+)
+VERDICT_REJECTIONS = Counter(
+    "escrowd_relayer_verdict_rejections_total",
+    "Verdicts refused for any reason, signature included",
+    ["reason"],
+)
+TX_SENT = Counter(
+    "escrowd_relayer_tx_sent_total", "Transactions broadcast for the first time", ["chain_id", "kind"]
+)
+TX_REPLACED = Counter(
+    "escrowd_relayer_tx_replaced_total", "Fee-bumped replacements broadcast", ["chain_id"]
+)
+TX_RESENT = Counter(
+    "escrowd_relayer_tx_resent_total",
+    "Unchanged transactions broadcast again (restart, reorg, dropped)",
+    ["chain_id", "reason"],
+)
+TX_CONFIRMED = Counter(
+    "escrowd_relayer_tx_confirmed_total", "Verdict transactions confirmed", ["chain_id"]
+)
+TX_REVERTED = Counter(
+    "escrowd_relayer_tx_reverted_total",
+    "Verdicts refused by the escrow (preflight or mined), by custom error",
+    ["chain_id", "error"],
+)
+ALREADY_JUDGED = Counter(
+    "escrowd_relayer_already_judged_total",
+    "Verdicts not sent (or cancelled) because the attempt was judged already",
+    ["chain_id"],
+)
+REORGS = Counter(
+    "escrowd_relayer_reorgs_detected_total",
+    "Reorgs that removed one of our mined transactions",
+    ["chain_id"],
+)
+NONCE_RECONCILIATIONS = Counter(
+    "escrowd_relayer_nonce_reconciliations_total",
+    "Nonce reconciliations with the chain, by trigger",
+    ["chain_id", "trigger"],
+)
+GAPS_FILLED = Counter(
+    "escrowd_relayer_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"]
+)
+FEE_CAP_REACHED = Counter(
+    "escrowd_relayer_fee_cap_reached_total",
+    "Replacements skipped because the fee cap left no valid bump",
+    ["chain_id"],
+)
+RPC_ERRORS = Counter(
+    "escrowd_relayer_rpc_errors_total",
+    "JSON-RPC failures, by method and kind (transient, refused)",
+    ["chain_id", "method", "kind"],
+)
+CONFIRMATION_SECONDS = Histogram(
+    "escrowd_relayer_verdict_confirmation_seconds",
+    "Time from a verdict's arrival to its transaction's confirmation",
+    ["chain_id"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+PENDING_TX = Gauge(
+    "escrowd_relayer_pending_transactions", "Our transactions not yet mined", ["chain_id"]
+)
+NEXT_NONCE = Gauge("escrowd_relayer_nonce", "The next nonce the relayer will use", ["chain_id"])
+BALANCE = Gauge("escrowd_relayer_balance_wei", "Balance of the relayer address, wei", ["chain_id"])
+KEY_MATCH = Gauge(
+    "escrowd_relayer_verifier_key_match",
+    "1 when the escrow trusts the relayer's key, 0 when not (sending stopped), -1 unknown",
+    ["chain_id"],
+)
+KEY_MISMATCH_EVENTS = Counter(
+    "escrowd_relayer_verifier_key_mismatch_total",
+    "Times the relayer found the escrow trusting another verifier address",
+    ["chain_id"],
+)
+SENDING_PAUSED = Gauge(
+    "escrowd_relayer_sending_paused",
+    "1 while sending is stopped (fail closed), with the reason as a label",
+    ["chain_id", "reason"],
+)
+HEAD_BLOCK = Gauge("escrowd_relayer_head_block", "Latest block the relayer saw", ["chain_id"])
+INDEXER_LAG = Gauge(
+    "escrowd_relayer_indexer_lag_blocks", "Chain head minus the indexer's cursor", ["chain_id"]
+)
+RPC_UP = Gauge("escrowd_relayer_rpc_up", "1 when the chain's RPC answered the last check", ["chain_id"])

@@ -1,0 +1,578 @@
+"""The settlement relayer's SQL, in one place (tables in `schemas/migrations/005_settlement.sql`).
+
+Every function takes a connection and runs inside the caller's transaction unless it says
+otherwise; the callers decide the transaction boundaries, because they are the crash-safety
+argument (see docs/relayer.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from relayer.settlement.fees import Fees
+from relayer.settlement.txs import SignedTx
+from schemas import jsoncodec
+
+NOTIFY_CHANNEL = "escrowd_settlement"
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """An accepted verdict, as the sender needs it."""
+
+    id: int
+    chain_id: int
+    escrow: str
+    task_id: int
+    attempt: int
+    evidence_hash: str
+    passed: bool
+    score: int
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class TxVersion:
+    """One signed version of a transaction."""
+
+    tx_hash: str
+    raw_hex: str
+    fees: Fees
+    gas_limit: int
+    version: int
+    kind: str
+
+
+@dataclass
+class SlotRow:
+    """One nonce we hold, with its versions, as stored."""
+
+    nonce: int
+    kind: str
+    state: str
+    verdict: VerdictRow | None
+    versions: list[TxVersion] = field(default_factory=list)
+    mined_hash: str | None = None
+    block_number: int | None = None
+    block_hash: str | None = None
+    receipt_status: int | None = None
+
+
+@dataclass(frozen=True)
+class IndexedTask:
+    """What the indexed events say about one task (for verdict checks)."""
+
+    named_verifier: str | None
+    latest_attempt: int
+    latest_evidence_hash: str | None
+    judged_attempts: frozenset[int]
+
+
+# ---------------------------------------------------------------------------- indexed state
+
+
+async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, task_id: int) -> IndexedTask | None:
+    """Fold the task's indexed TaskCreated / EvidenceSubmitted / VerificationCompleted events."""
+    rows = await conn.fetch(
+        "SELECT event_name, args FROM escrow_events"
+        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = $3"
+        "   AND event_name IN ('TaskCreated', 'EvidenceSubmitted', 'VerificationCompleted')"
+        " ORDER BY block_number, log_index",
+        chain_id,
+        task_id,
+        escrow.lower(),
+    )
+    if not rows:
+        return None
+    verifier: str | None = None
+    attempt = 0
+    evidence: str | None = None
+    judged: set[int] = set()
+    for row in rows:
+        args = row["args"]
+        name = row["event_name"]
+        if name == "TaskCreated":
+            named = str(args.get("verifier") or ZERO_ADDRESS)
+            verifier = None if int(named, 16) == 0 else named
+        elif name == "EvidenceSubmitted":
+            attempt = int(args["attempt"])
+            evidence = str(args["evidenceHash"]).lower()
+        elif name == "VerificationCompleted":
+            judged.add(int(args["attempt"]))
+    return IndexedTask(verifier, attempt, evidence, frozenset(judged))
+
+
+async def indexer_cursor(conn: asyncpg.Connection, chain_id: int) -> int | None:
+    """The indexer's cursor block for a chain (None before it stored anything)."""
+    value = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", chain_id)
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------------- verdicts in
+
+
+async def insert_verdict(
+    conn: asyncpg.Connection,
+    *,
+    chain_id: int,
+    escrow: str,
+    task_id: int,
+    attempt: int,
+    evidence_hash: str,
+    passed: bool,
+    score: int,
+    message_id: str,
+    signer: str,
+    signed_verdict: dict[str, Any],
+    status: str,
+    issued_at: datetime,
+    wait_until: datetime | None,
+) -> int | None:
+    """Insert the idempotency row; None when the attempt already has one."""
+    value = await conn.fetchval(
+        "INSERT INTO settlement_verdicts (chain_id, escrow, task_id, attempt, evidence_hash, passed,"
+        " score, message_id, signer, signed_verdict, status, issued_at, wait_until)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13)"
+        " ON CONFLICT (chain_id, escrow, task_id, attempt) DO NOTHING RETURNING id",
+        chain_id,
+        escrow.lower(),
+        task_id,
+        attempt,
+        evidence_hash.lower(),
+        passed,
+        score,
+        message_id,
+        signer,
+        jsoncodec.dumps_str(signed_verdict),
+        status,
+        issued_at,
+        wait_until,
+    )
+    return None if value is None else int(value)
+
+
+async def insert_rejection(
+    conn: asyncpg.Connection,
+    *,
+    dedup_key: str,
+    message_id: str | None,
+    reason: str,
+    detail: str | None,
+    payload: bytes | None,
+    chain_id: int | None = None,
+    escrow: str | None = None,
+    task_id: int | None = None,
+    attempt: int | None = None,
+    signer: str | None = None,
+) -> bool:
+    """Record a refused verdict; False when this exact refusal was recorded before."""
+    value = await conn.fetchval(
+        "INSERT INTO settlement_rejections (dedup_key, message_id, reason, detail, payload, chain_id,"
+        " escrow, task_id, attempt, signer) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        " ON CONFLICT (dedup_key) DO NOTHING RETURNING 1",
+        dedup_key,
+        message_id,
+        reason,
+        detail,
+        payload,
+        chain_id,
+        escrow.lower() if escrow else None,
+        task_id,
+        attempt,
+        signer,
+    )
+    return value is not None
+
+
+async def release_inbox(conn: asyncpg.Connection, consumer: str, message_id: str) -> None:
+    """Forget that `message_id` was processed, so a correctly signed copy can still pass.
+
+    Used only for signature refusals: a verdict re-issued after its signer was registered
+    carries the same message id and must not be taken for a duplicate.
+    """
+    await conn.execute(
+        "DELETE FROM consumer_inbox WHERE consumer = $1 AND message_id = $2", consumer, message_id
+    )
+
+
+async def notify_sender(conn: asyncpg.Connection, chain_id: int) -> None:
+    """Wake the sender of a chain once the caller's transaction commits."""
+    await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(chain_id))
+
+
+@dataclass(frozen=True)
+class WaitingVerdict:
+    """A verdict whose attempt was not indexed when it arrived."""
+
+    id: int
+    chain_id: int
+    escrow: str
+    task_id: int
+    attempt: int
+    evidence_hash: str
+    message_id: str
+    signer: str
+    received_at: datetime
+    signed_verdict: dict[str, Any]
+
+
+async def waiting_verdicts(conn: asyncpg.Connection, limit: int = 1000) -> list[WaitingVerdict]:
+    """Verdicts waiting for their attempt to be indexed, oldest first."""
+    rows = await conn.fetch(
+        "SELECT id, chain_id, escrow, task_id, attempt, evidence_hash, message_id, signer, received_at,"
+        " signed_verdict FROM settlement_verdicts WHERE status = 'awaiting_evidence' ORDER BY id LIMIT $1",
+        limit,
+    )
+    return [
+        WaitingVerdict(
+            id=r["id"],
+            chain_id=r["chain_id"],
+            escrow=r["escrow"],
+            task_id=int(r["task_id"]),
+            attempt=r["attempt"],
+            evidence_hash=r["evidence_hash"],
+            message_id=r["message_id"],
+            signer=r["signer"],
+            received_at=r["received_at"],
+            signed_verdict=r["signed_verdict"],
+        )
+        for r in rows
+    ]
+
+
+async def promote_waiting(conn: asyncpg.Connection, verdict_id: int, status: str) -> None:
+    """A waiting verdict's attempt is indexed: queue it (or record it as already judged)."""
+    await conn.execute(
+        "UPDATE settlement_verdicts SET status = $2, wait_until = NULL, updated_at = now()"
+        " WHERE id = $1 AND status = 'awaiting_evidence'",
+        verdict_id,
+        status,
+    )
+
+
+async def drop_waiting(conn: asyncpg.Connection, verdict_id: int) -> None:
+    """Remove a waiting verdict that turned out wrong (its rejection is recorded separately)."""
+    await conn.execute(
+        "DELETE FROM settlement_verdicts WHERE id = $1 AND status = 'awaiting_evidence'", verdict_id
+    )
+
+
+# ---------------------------------------------------------------------------- sender: verdicts
+
+
+def _verdict_row(r: asyncpg.Record, prefix: str = "") -> VerdictRow:
+    return VerdictRow(
+        id=r[f"{prefix}id"],
+        chain_id=r[f"{prefix}chain_id"],
+        escrow=r[f"{prefix}escrow"],
+        task_id=int(r[f"{prefix}task_id"]),
+        attempt=r[f"{prefix}attempt"],
+        evidence_hash=r[f"{prefix}evidence_hash"],
+        passed=r[f"{prefix}passed"],
+        score=r[f"{prefix}score"],
+        received_at=r[f"{prefix}received_at"],
+    )
+
+
+async def queued_verdicts(conn: asyncpg.Connection, chain_id: int, limit: int) -> list[VerdictRow]:
+    """Verdicts ready to send on a chain, oldest first."""
+    rows = await conn.fetch(
+        "SELECT id, chain_id, escrow, task_id, attempt, evidence_hash, passed, score, received_at"
+        " FROM settlement_verdicts WHERE chain_id = $1 AND status = 'queued' ORDER BY id LIMIT $2",
+        chain_id,
+        limit,
+    )
+    return [_verdict_row(r) for r in rows]
+
+
+async def set_verdict_outcome(
+    conn: asyncpg.Connection,
+    verdict_id: int,
+    status: str,
+    *,
+    error: str | None = None,
+    error_args: Sequence[Any] | None = None,
+) -> None:
+    """Final (or re-queued) status of a verdict, with the escrow's error when refused."""
+    await conn.execute(
+        "UPDATE settlement_verdicts SET status = $2, error = $3, error_args = $4::text::jsonb,"
+        " updated_at = now() WHERE id = $1",
+        verdict_id,
+        status,
+        error,
+        None if error_args is None else jsoncodec.dumps_str([_jsonable(a) for a in error_args]),
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, int | str | bool) or value is None:
+        return value
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- sender: nonces
+
+
+async def lock_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, floor: int) -> int:
+    """Lock the counter row for this transaction and return the next nonce (at least `floor`)."""
+    await conn.execute(
+        "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
+        " ON CONFLICT (chain_id, address) DO NOTHING",
+        chain_id,
+        address.lower(),
+        floor,
+    )
+    value = await conn.fetchval(
+        "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
+        chain_id,
+        address.lower(),
+    )
+    return max(int(value), floor)
+
+
+async def set_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, next_nonce: int) -> None:
+    """Store the counter; it only ever moves forward."""
+    await conn.execute(
+        "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
+        " ON CONFLICT (chain_id, address) DO UPDATE SET"
+        " next_nonce = GREATEST(settlement_nonces.next_nonce, EXCLUDED.next_nonce), updated_at = now()",
+        chain_id,
+        address.lower(),
+        next_nonce,
+    )
+
+
+async def next_nonce(conn: asyncpg.Connection, chain_id: int, address: str) -> int | None:
+    """The stored counter (None when this database never used the address)."""
+    value = await conn.fetchval(
+        "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2",
+        chain_id,
+        address.lower(),
+    )
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------------- sender: slots
+
+
+async def record_new_slots(
+    conn: asyncpg.Connection,
+    chain_id: int,
+    sender: str,
+    slots: Sequence[tuple[SignedTx, int | None, str]],
+    next_nonce: int,
+) -> None:
+    """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter."""
+    address = sender.lower()
+    await conn.executemany(
+        "INSERT INTO settlement_transactions (chain_id, sender, nonce, verdict_id, kind, state)"
+        " VALUES ($1, $2, $3, $4, $5, 'pending')",
+        [(chain_id, address, tx.nonce, verdict_id, kind) for tx, verdict_id, kind in slots],
+    )
+    await conn.executemany(
+        "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
+        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8, $9)",
+        [
+            (
+                tx.tx_hash,
+                chain_id,
+                address,
+                tx.nonce,
+                kind,
+                tx.raw_hex,
+                tx.fees.max_fee_per_gas,
+                tx.fees.max_priority_fee_per_gas,
+                tx.gas_limit,
+            )
+            for tx, _, kind in slots
+        ],
+    )
+    verdict_ids = [verdict_id for _, verdict_id, kind in slots if verdict_id is not None and kind == "verdict"]
+    if verdict_ids:
+        await conn.execute(
+            "UPDATE settlement_verdicts SET status = 'sent', sent_at = now(), updated_at = now()"
+            " WHERE id = ANY($1::bigint[])",
+            verdict_ids,
+        )
+    await set_next_nonce(conn, chain_id, sender, next_nonce)
+
+
+async def record_version(
+    conn: asyncpg.Connection, chain_id: int, sender: str, tx: SignedTx, version: int, kind: str
+) -> None:
+    """Store a replacement (same nonce, higher fees; a filler when cancelling)."""
+    await conn.execute(
+        "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
+        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        tx.tx_hash,
+        chain_id,
+        sender.lower(),
+        tx.nonce,
+        version,
+        kind,
+        tx.raw_hex,
+        tx.fees.max_fee_per_gas,
+        tx.fees.max_priority_fee_per_gas,
+        tx.gas_limit,
+    )
+
+
+async def convert_to_filler(conn: asyncpg.Connection, chain_id: int, sender: str, nonce: int) -> None:
+    """The slot now cancels its verdict: a filler replaces the verdict transaction."""
+    await conn.execute(
+        "UPDATE settlement_transactions SET kind = 'filler', updated_at = now()"
+        " WHERE chain_id = $1 AND sender = $2 AND nonce = $3",
+        chain_id,
+        sender.lower(),
+        nonce,
+    )
+
+
+async def mark_broadcast(conn: asyncpg.Connection, tx_hashes: Sequence[str]) -> None:
+    """Note the first broadcast time of versions (informational)."""
+    await conn.execute(
+        "UPDATE settlement_tx_versions SET broadcast_at = now()"
+        " WHERE tx_hash = ANY($1::text[]) AND broadcast_at IS NULL",
+        list(tx_hashes),
+    )
+
+
+@dataclass(frozen=True)
+class MinedUpdate:
+    """A slot's transaction found in a block (or, with state 'pending', found missing)."""
+
+    nonce: int
+    state: str
+    mined_hash: str | None
+    block_number: int | None
+    block_hash: str | None
+    receipt_status: int | None
+
+
+async def update_slots(conn: asyncpg.Connection, chain_id: int, sender: str, updates: Sequence[MinedUpdate]) -> None:
+    """Write slot states after receipts were checked."""
+    if not updates:
+        return
+    await conn.executemany(
+        "UPDATE settlement_transactions SET state = $4, mined_hash = $5, block_number = $6,"
+        " block_hash = $7, receipt_status = $8, updated_at = now()"
+        " WHERE chain_id = $1 AND sender = $2 AND nonce = $3",
+        [
+            (chain_id, sender.lower(), u.nonce, u.state, u.mined_hash, u.block_number, u.block_hash, u.receipt_status)
+            for u in updates
+        ],
+    )
+
+
+async def confirm_verdicts(
+    conn: asyncpg.Connection, rows: Sequence[tuple[int, str, int, str]]
+) -> None:
+    """(verdict id, tx hash, block number, block hash): the verdict is on chain, deep enough."""
+    await conn.executemany(
+        "UPDATE settlement_verdicts SET status = 'confirmed', tx_hash = $2, block_number = $3,"
+        " block_hash = $4, confirmed_at = now(), error = NULL, error_args = NULL, updated_at = now()"
+        " WHERE id = $1",
+        list(rows),
+    )
+
+
+async def reorged_verdicts(conn: asyncpg.Connection, verdict_ids: Sequence[int]) -> None:
+    """A reorg removed these verdicts' transactions: back to sent, counted."""
+    await conn.execute(
+        "UPDATE settlement_verdicts SET status = 'sent', tx_hash = NULL, block_number = NULL,"
+        " block_hash = NULL, confirmed_at = NULL, reorgs = reorgs + 1, updated_at = now()"
+        " WHERE id = ANY($1::bigint[])",
+        list(verdict_ids),
+    )
+
+
+async def requeue_verdict(conn: asyncpg.Connection, verdict_id: int, reason: str) -> None:
+    """The verdict's nonce went elsewhere (or it reverted for a reason that may pass): queue it."""
+    await conn.execute(
+        "UPDATE settlement_verdicts SET status = 'queued', error = $2, updated_at = now() WHERE id = $1",
+        verdict_id,
+        reason,
+    )
+
+
+async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch_from_block: int) -> list[SlotRow]:
+    """Slots still pending or mined, and confirmed ones still inside the reorg watch window."""
+    rows = await conn.fetch(
+        "SELECT t.nonce, t.kind, t.state, t.mined_hash, t.block_number, t.block_hash, t.receipt_status,"
+        " v.id AS v_id, v.chain_id AS v_chain_id, v.escrow AS v_escrow, v.task_id AS v_task_id,"
+        " v.attempt AS v_attempt, v.evidence_hash AS v_evidence_hash, v.passed AS v_passed,"
+        " v.score AS v_score, v.received_at AS v_received_at"
+        " FROM settlement_transactions t LEFT JOIN settlement_verdicts v ON v.id = t.verdict_id"
+        " WHERE t.chain_id = $1 AND t.sender = $2"
+        "   AND (t.state IN ('pending', 'mined') OR (t.state = 'confirmed' AND t.block_number >= $3))"
+        " ORDER BY t.nonce",
+        chain_id,
+        sender.lower(),
+        watch_from_block,
+    )
+    slots = {
+        r["nonce"]: SlotRow(
+            nonce=r["nonce"],
+            kind=r["kind"],
+            state=r["state"],
+            verdict=_verdict_row(r, "v_") if r["v_id"] is not None else None,
+            mined_hash=r["mined_hash"],
+            block_number=r["block_number"],
+            block_hash=r["block_hash"],
+            receipt_status=r["receipt_status"],
+        )
+        for r in rows
+    }
+    if not slots:
+        return []
+    versions = await conn.fetch(
+        "SELECT nonce, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas, gas_limit, version, kind"
+        " FROM settlement_tx_versions WHERE chain_id = $1 AND sender = $2 AND nonce = ANY($3::bigint[])"
+        " ORDER BY nonce, version",
+        chain_id,
+        sender.lower(),
+        list(slots),
+    )
+    for v in versions:
+        slots[v["nonce"]].versions.append(
+            TxVersion(
+                tx_hash=v["tx_hash"],
+                raw_hex=v["raw_tx"],
+                fees=Fees(int(v["max_fee_per_gas"]), int(v["max_priority_fee_per_gas"])),
+                gas_limit=v["gas_limit"],
+                version=v["version"],
+                kind=v["kind"],
+            )
+        )
+    return list(slots.values())
+
+
+async def pending_count(conn: asyncpg.Connection, chain_id: int, sender: str | None) -> int:
+    """Our transactions not yet mined on a chain."""
+    if sender is None:
+        value = await conn.fetchval(
+            "SELECT count(*) FROM settlement_transactions WHERE chain_id = $1 AND state = 'pending'", chain_id
+        )
+    else:
+        value = await conn.fetchval(
+            "SELECT count(*) FROM settlement_transactions WHERE chain_id = $1 AND sender = $2 AND state = 'pending'",
+            chain_id,
+            sender.lower(),
+        )
+    return int(value or 0)
+
+
+def advisory_lock_key(chain_id: int, address: str) -> int:
+    """A 63-bit advisory lock id for one (chain, sender): one sending process per key and chain."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"relayer:{chain_id}:{address.lower()}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF

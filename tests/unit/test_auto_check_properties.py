@@ -244,8 +244,10 @@ def test_deeply_nested_results_never_raise() -> None:
         verdict = auto_check(result, {"required_fields": ["k"], "min_length": 5})
         assert 0 <= verdict.score <= 100
     verdict = auto_check(nested_dict, {"expected_schema": {"required": ["k"]}})
-    # Too deep to parse (30,000 levels) is no JSON object: scored 0, not an exception.
-    assert [(i.name, i.score) for i in verdict.breakdown][0] == ("expected_schema", 0.0)
+    # Whether 30,000 levels parse depends on the JSON parser's depth limit (an object too
+    # deep to parse counts as no object); either way the item is scored, never raised.
+    assert verdict.breakdown[0].name == "expected_schema"
+    assert verdict.breakdown[0].score in (0.0, 1.0)
     shallow = auto_check({"k": {"k": "v"}}, {"expected_schema": {"required": ["k"]}})
     assert shallow.breakdown[0].score == 1.0
 

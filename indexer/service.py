@@ -267,13 +267,20 @@ class ChainIndexer:
                 self._bound.info("window_inconsistent", reason=outcome.reason)
                 return progressed
             timestamps = {r.number: r.timestamp for r in refs}
+            # Logs without `blockTimestamp` (many providers omit it): the time comes from the
+            # headers of their blocks, which must be the blocks the logs claim.
+            missing = sorted(
+                {int(raw["blockNumber"], 16) for raw in logs if raw.get("blockTimestamp") is None}
+                - timestamps.keys()
+            )
+            if missing:
+                found = [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]
+                checked = check_window(None, found, _hashes_by_block(logs, set(missing)))
+                if len(found) != len(missing) or isinstance(checked, Inconsistent):
+                    self._bound.info("window_inconsistent", reason="headers of logs without timestamps")
+                    return progressed
+                timestamps.update((ref.number, ref.timestamp) for ref in found)
             events = self._decode(logs, timestamps)
-            if any(e.block_number not in timestamps for e in events):
-                # Ranges deep in the chain: logs carry blockTimestamp; fall back to headers.
-                missing = sorted({e.block_number for e in events if e.block_number not in timestamps})
-                for ref in [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]:
-                    timestamps[ref.number] = ref.timestamp
-                events = self._decode(logs, timestamps)
             await self._store(conn, events, [refs[-1]], refs[-1])
             metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
             self.sizer = self.sizer.observe(logs=len(logs), seconds=seconds)

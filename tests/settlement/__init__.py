@@ -1,0 +1,1 @@
+"""Tests of the settlement relayer (issue 7)."""

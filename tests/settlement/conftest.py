@@ -1,0 +1,362 @@
+"""Fixtures for the settlement relayer tests: a devnet per test, the real indexer, the relayer.
+
+The chain: a fresh anvil per test (`escrowd.services.anvil.AnvilProcess`) with the escrow
+deployed by `escrowd.devnet`. The indexed state the relayer re-reads (`escrow_events`) is
+written by the real indexer (`indexer.service.ChainIndexer`) running in the test's event
+loop, exactly as in production. The relayer runs either in-process (`RelayerRun`, for
+tests that inspect it) or as a subprocess (the kill -9 test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaProducer
+
+from escrowd.devnet import Actor, Devnet, deploy_devnet, text_hash
+from escrowd.kafka import encode_headers
+from escrowd.services.anvil import AnvilProcess
+from escrowd.services.ports import free_port
+from relayer.settlement.config import ChainSettings, RelayerSettings
+from relayer.settlement.keys import SecretKey
+from relayer.settlement.service import Relayer
+from schemas.verdict import (
+    SignedVerdict,
+    Verdict,
+    sign_verdict,
+    verdict_headers,
+    verdict_key,
+    verdict_payload,
+)
+
+
+@pytest.fixture
+def anvil() -> Iterator[AnvilProcess]:
+    """A fresh anvil for one test (automine slows as the chain grows)."""
+    process = AnvilProcess()
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def devnet(anvil: AnvilProcess) -> Devnet:
+    """The escrow and token deployed on the test's anvil."""
+    return deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url, posters=2, agents=3, spare=3)
+
+
+@pytest.fixture
+def service_signer(devnet: Devnet) -> Actor:
+    """The registered verification service's key (a spare devnet account)."""
+    return devnet.spare[0]
+
+
+@pytest.fixture
+def rogue_signer(devnet: Devnet) -> Actor:
+    """A key nobody registered."""
+    return devnet.spare[1]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A task with evidence submitted: what a verdict must name."""
+
+    task_id: int
+    attempt: int
+    evidence_hash: str
+
+
+def submit_tasks(devnet: Devnet, count: int, *, prefix: str = "r") -> list[Submitted]:
+    """Post, accept and submit evidence for `count` marketplace-verified tasks."""
+    out = []
+    for i in range(count):
+        poster = devnet.posters[i % len(devnet.posters)]
+        agent = devnet.agents[i % len(devnet.agents)]
+        task_id = devnet.post_task(poster)
+        devnet.accept_task(task_id, sender=agent)
+        evidence = text_hash(f"{prefix}:{task_id}:{i}")
+        devnet.submit_evidence(task_id, evidence, sender=agent)
+        out.append(Submitted(task_id, 1, "0x" + evidence.hex()))
+    return out
+
+
+def make_verdict(
+    devnet: Devnet, item: Submitted, *, passed: bool = True, score: int = 90, **changes: Any
+) -> Verdict:
+    """A verdict on `item` (fields overridable)."""
+    fields: dict[str, Any] = {
+        "chain_id": devnet.chain_id,
+        "escrow": devnet.escrow_address,
+        "task_id": item.task_id,
+        "attempt": item.attempt,
+        "evidence_hash": item.evidence_hash,
+        "passed": passed,
+        "score": score,
+        "reasons": ["all checks passed"] if passed else ["missing section"],
+        "verifier_kind": "auto-check",
+        "mode": "auto",
+        "issued_at": datetime.now(UTC),
+    }
+    fields.update(changes)
+    return Verdict(**fields)
+
+
+def signed_verdicts(devnet: Devnet, items: Sequence[Submitted], signer: Actor) -> list[SignedVerdict]:
+    """Verdicts on `items`, alternately passed and failed, signed by `signer`."""
+    return [
+        sign_verdict(make_verdict(devnet, item, passed=i % 3 != 2, score=60 + i % 40), signer.private_key)
+        for i, item in enumerate(items)
+    ]
+
+
+async def publish(bootstrap: str, topic: str, verdicts: Sequence[SignedVerdict], **header_overrides: str) -> None:
+    """Publish signed verdicts the way the verification service does (awaited)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1)
+    await producer.start()
+    try:
+        futures = []
+        for signed in verdicts:
+            headers = {**verdict_headers(signed), **header_overrides}
+            futures.append(
+                await producer.send(
+                    topic, value=verdict_payload(signed), key=verdict_key(signed.verdict), headers=encode_headers(headers)
+                )
+            )
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def publish_raw(bootstrap: str, topic: str, value: bytes, headers: dict[str, str], key: bytes) -> None:
+    """Publish one arbitrary message (for malformed-input tests)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value=value, key=key, headers=encode_headers(headers))
+    finally:
+        await producer.stop()
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], *, timeout: float, interval: float = 0.1, what: str = "condition"
+) -> float:
+    """Poll `predicate` until true; returns the seconds it took (AssertionError on timeout)."""
+    started = time.monotonic()
+    while True:
+        if await predicate():
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def fetch(database_url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one query on a fresh connection."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def fetchval(database_url: str, query: str, *args: Any) -> Any:
+    """One value from one query."""
+    rows = await fetch(database_url, query, *args)
+    return rows[0][0] if rows else None
+
+
+async def verdict_statuses(database_url: str) -> dict[int, str]:
+    """task id -> status of every accepted verdict."""
+    rows = await fetch(database_url, "SELECT task_id, status FROM settlement_verdicts")
+    return {int(r["task_id"]): r["status"] for r in rows}
+
+
+# ---------------------------------------------------------------------------- indexer
+
+
+class IndexerRun:
+    """The real indexer, following the devnet in the test's event loop."""
+
+    def __init__(self, devnet: Devnet, database_url: str, topic: str) -> None:
+        from indexer.config import ChainConfig
+        from indexer.service import ChainIndexer
+
+        config = ChainConfig(
+            chain_id=devnet.chain_id,
+            rpc_urls=[devnet.rpc_url],
+            ws_url=devnet.ws_url,
+            escrow_addresses=[devnet.escrow_address],
+            start_block=devnet.deploy_block,
+            poll_interval=0.2,
+        )
+        self.devnet = devnet
+        self.database_url = database_url
+        self._indexer = ChainIndexer(config, database_url=database_url, topic=topic)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Run in the background."""
+        self._task = asyncio.create_task(self._indexer.run(self._stop))
+
+    async def stop(self) -> None:
+        """Stop and wait."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, 10)
+
+    async def caught_up(self, timeout: float = 30.0) -> None:
+        """Wait until the cursor reaches the chain's current head."""
+        target = self.devnet.block_number()
+
+        async def reached() -> bool:
+            if self._task is not None and self._task.done():
+                self._task.result()  # surface the indexer's exception
+            cursor = await fetchval(
+                self.database_url, "SELECT block_number FROM chain_cursor WHERE chain_id = $1", self.devnet.chain_id
+            )
+            return cursor is not None and cursor >= target
+
+        await wait_until(reached, timeout=timeout, what=f"indexer at block {target}")
+
+
+@pytest_asyncio.fixture
+async def indexer(devnet: Devnet, database_url: str, topic_prefix: str) -> AsyncIterator[IndexerRun]:
+    """The indexer following the test's devnet into the test's database."""
+    run = IndexerRun(devnet, database_url, f"{topic_prefix}escrow.events.v1")
+    await run.start()
+    try:
+        yield run
+    finally:
+        await run.stop()
+
+
+# ---------------------------------------------------------------------------- relayer
+
+
+def relayer_env(
+    *,
+    devnet: Devnet,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    trusted: Sequence[str],
+    port: int | None = None,
+    confirmations: int = 1,
+    **extra: Any,
+) -> dict[str, str]:
+    """The relayer's settings as environment variables (also used for the subprocess)."""
+    import json
+
+    chains = [
+        {
+            "chain_id": devnet.chain_id,
+            "rpc_urls": [devnet.rpc_url],
+            "ws_url": devnet.ws_url,
+            "escrow_addresses": [devnet.escrow_address],
+            "confirmations": confirmations,
+        }
+    ]
+    env = {
+        "ESCROWD_DATABASE_URL": database_url,
+        "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "ESCROWD_CHAINS": json.dumps(chains),
+        "ESCROWD_VERDICTS_TOPIC": f"{topic_prefix}escrow.verdicts.v1",
+        "ESCROWD_DLQ_TOPIC": f"{topic_prefix}escrow.dlq.v1",
+        "ESCROWD_RELAYER_CONSUMER_GROUP": f"{topic_prefix}settlement",
+        "ESCROWD_RELAYER_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "ESCROWD_RELAYER_KEY": devnet.marketplace_verifier.private_key,
+        "ESCROWD_RELAYER_TRUSTED_SIGNERS": ",".join(trusted),
+        "ESCROWD_RELAYER_POLL_INTERVAL": "0.5",
+        "ESCROWD_RELAYER_PORT": str(port if port is not None else free_port()),
+        "ESCROWD_LOG_JSON": "true",
+    }
+    env.update({f"ESCROWD_{k.upper()}": str(v) for k, v in extra.items()})
+    return env
+
+
+def settings_from_env(env: dict[str, str]) -> RelayerSettings:
+    """Parse `relayer_env` output exactly as the CLI would (without touching os.environ)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return RelayerSettings.load()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class RelayerRun:
+    """The relayer running in the test's event loop."""
+
+    def __init__(self, settings: RelayerSettings) -> None:
+        assert settings.relayer_key is not None
+        self.settings = settings
+        self.key = SecretKey.from_hex(settings.relayer_key.get_secret_value())
+        self.relayer = Relayer(settings, self.key)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        """The HTTP port of /health/bridge and /metrics."""
+        assert self.settings.relayer_port is not None
+        return self.settings.relayer_port
+
+    async def start(self) -> None:
+        """Start, and wait until every sender reconciled with its chain."""
+        self._task = asyncio.create_task(self.relayer.run())
+
+        async def started() -> bool:
+            if self._task is not None and self._task.done():
+                self._task.result()
+            return bool(self.relayer.senders) and all(s.started.is_set() for s in self.relayer.senders.values())
+
+        await wait_until(started, timeout=30, what="relayer start")
+
+    def check_alive(self) -> None:
+        """Raise the relayer's exception if it died."""
+        if self._task is not None and self._task.done():
+            self._task.result()
+
+    async def stop(self) -> None:
+        """Cancel and wait."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, 10)
+
+
+def chain_chain_settings(devnet: Devnet) -> ChainSettings:
+    """The relayer's view of the test chain."""
+    return ChainSettings(
+        chain_id=devnet.chain_id,
+        rpc_urls=[devnet.rpc_url],
+        ws_url=devnet.ws_url,
+        escrow_addresses=[devnet.escrow_address],
+    )
+
+
+def verdict_events(devnet: Devnet) -> dict[tuple[int, int], int]:
+    """(task, attempt) -> number of VerificationCompleted events on the canonical chain."""
+    counts: dict[tuple[int, int], int] = {}
+    for event in devnet.logs():
+        if event.name == "VerificationCompleted":
+            key = (int(event["taskId"]), int(event["attempt"]))
+            counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -1,0 +1,68 @@
+"""The relayer end to end on anvil + PostgreSQL + Kafka: verdicts in, verdicts on chain."""
+
+from __future__ import annotations
+
+import httpx
+
+from escrowd.devnet import Devnet
+from tests.settlement.conftest import (
+    IndexerRun,
+    RelayerRun,
+    fetch,
+    publish,
+    relayer_env,
+    settings_from_env,
+    signed_verdicts,
+    submit_tasks,
+    verdict_events,
+    verdict_statuses,
+    wait_until,
+)
+
+
+async def test_verdicts_are_relayed_and_confirmed(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    """Signed verdicts from Kafka end up judged on chain exactly once, confirmed in the database."""
+    items = submit_tasks(devnet, 12)
+    await indexer.caught_up()
+    env = relayer_env(
+        devnet=devnet,
+        database_url=database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        trusted=[service_signer.address],
+        confirmations=2,
+    )
+    run = RelayerRun(settings_from_env(env))
+    await run.start()
+    try:
+        verdicts = signed_verdicts(devnet, items, service_signer)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], verdicts)
+
+        async def all_confirmed() -> bool:
+            run.check_alive()
+            devnet.mine()  # a live chain keeps producing blocks: confirmations need them
+            statuses = await verdict_statuses(database_url)
+            return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+        await wait_until(all_confirmed, timeout=60, what="all verdicts confirmed")
+        events = verdict_events(devnet)
+        assert events == {(i.task_id, 1): 1 for i in items}
+        for item, signed in zip(items, verdicts, strict=True):
+            task = devnet.get_task(item.task_id)
+            assert task.judged_mask == 1
+            assert int(task.status) == (4 if signed.verdict.passed else 3)
+        rows = await fetch(database_url, "SELECT count(*) AS n, count(DISTINCT nonce) AS d FROM settlement_transactions")
+        assert rows[0]["n"] == rows[0]["d"] == len(items)
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(f"http://127.0.0.1:{run.port}/health/bridge")).json()
+            metrics = (await client.get(f"http://127.0.0.1:{run.port}/metrics")).text
+        chain = health["chains"][0]
+        assert chain["verifier"]["verifierMatches"] is True
+        assert chain["relayer"]["address"] == devnet.marketplace_verifier.address
+        assert chain["relayer"]["pendingTransactions"] == 0
+        assert "escrowd_relayer_tx_confirmed_total" in metrics
+        assert 'escrowd_relayer_verifier_key_match{chain_id="31337"} 1.0' in metrics
+    finally:
+        await run.stop()

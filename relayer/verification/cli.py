@@ -20,6 +20,7 @@ import typer
 
 from relayer.verification.auto_check import auto_check
 from relayer.verification.criteria_validation import MODES, validate_criteria
+from relayer.verification.structured import json_nesting_exceeds
 
 EXIT_USAGE = 2
 
@@ -45,7 +46,10 @@ def _read_json(path: Path, what: str) -> object:
     except OSError as error:
         _fail(f"cannot read {what} file {str(path)!r}: {error.strerror or error}")
     try:
-        return json.loads(raw, parse_constant=_refuse_constant)
+        text = raw.decode("utf-8")
+        if json_nesting_exceeds(text):
+            _fail(f"{what} file {str(path)!r} is nested too deeply to read")
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         _fail(f"{what} file {str(path)!r} is nested too deeply to read")
     except (UnicodeDecodeError, ValueError) as error:

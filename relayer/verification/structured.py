@@ -3,7 +3,8 @@
 * :func:`extract_json_object` finds a JSON object the way agents deliver one: the whole
   text, else the first fenced code block that is an object, else the first ``{`` (of the
   first 50) where an object parses, with the text embedded around it. Only the first
-  200,000 characters are searched. `NaN`/`Infinity` are not JSON and are refused.
+  200,000 characters are searched. `NaN`/`Infinity` are not JSON and are refused, and
+  a value nesting deeper than 512 levels is not parsed (it counts as no object).
 * A value counts only when it holds something (:func:`has_content`): `""` (or only
   whitespace), `[]`, `{}` and `null` do not; `0` and `false` do. Only the object's own
   keys count.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from relayer.verification.text import js_trim
@@ -41,14 +44,90 @@ def _refuse_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def _as_object(text: str) -> dict[str, Any] | None:
+# The C decoder recurses per nesting level. Processes that raise the recursion limit
+# (py_ecc sets 100,000) would overflow the C stack on hostile input instead of raising
+# RecursionError, so nesting past this depth is never handed to the decoder.
+MAX_JSON_DEPTH = 512
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')
+_BRACKET = re.compile(r"[\[\]{}]")
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_MAX_FRESH_SCANS = 4  # re-pairing quotes costs a scan: bounded per extraction
+
+
+class _Nesting:
+    """Bracket depth of a text outside JSON strings, indexed for repeated queries.
+
+    The bound for a value starting at `start` is the deepest nesting reached anywhere
+    after it: conservative, and O(log n) per query once the text is indexed.
+    """
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        spans = [match.span() for match in _JSON_STRING.finditer(text)]
+        self._string_starts = [start for start, _ in spans]
+        self._string_ends = [end for _, end in spans]
+        masked = _JSON_STRING.sub(lambda match: " " * len(match.group()), text)
+        self._positions = [match.start() for match in _BRACKET.finditer(masked)]
+        steps = map(_BRACKET_STEP.__getitem__, _NOT_BRACKET.sub("", masked))
+        self._depths = list(accumulate(steps))
+        self._deepest_after = list(accumulate(reversed(self._depths), max))[::-1]
+        self._fresh_scans = 0
+
+    def exceeds(self, start: int, limit: int) -> bool:
+        index = bisect_left(self._string_starts, start) - 1  # strings opened before start
+        if index >= 0 and start < self._string_ends[index]:
+            # Inside what reads as a string from the text's start: pair quotes afresh,
+            # a bounded number of times (past that, assume the worst).
+            self._fresh_scans += 1
+            if self._fresh_scans > _MAX_FRESH_SCANS:
+                return True
+            return _Nesting(self._text[start:]).exceeds(0, limit)
+        first = bisect_left(self._positions, start)
+        if first == len(self._positions):
+            return False
+        base = self._depths[first - 1] if first > 0 else 0
+        return self._deepest_after[first] - base > limit
+
+
+def json_nesting_exceeds(text: str, start: int = 0, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when the JSON value at `start` may nest deeper than `limit` levels.
+
+    Conservative (brackets outside anything that reads as a JSON string are counted up
+    to the end of the text); texts with few brackets are cleared without a scan.
+    """
+    if text.count("{", start) + text.count("[", start) <= limit:
+        return False
+    return _Nesting(text).exceeds(start, limit)
+
+
+def _decode_object(source: str, start: int, nesting: _Nesting | None) -> dict[str, Any] | None:
+    """The object that starts at `start`, if one does (None on any failure)."""
+    if nesting is not None and nesting.exceeds(start, MAX_JSON_DEPTH):
+        return None
     try:
-        value, end = _DECODER.raw_decode(text)
+        value, _end = _DECODER.raw_decode(source, start)
     except (ValueError, RecursionError):
         return None
-    if end != len(text) or not isinstance(value, dict):
+    return value if isinstance(value, dict) else None
+
+
+def _whole_object(
+    source: str, start: int, end: int, nesting: _Nesting | None
+) -> dict[str, Any] | None:
+    """`source[start:end]`, trimmed, if it is exactly one JSON object."""
+    text = source[start:end]
+    trimmed = js_trim(text)
+    if not trimmed.startswith("{"):
         return None
-    return value
+    offset = start + text.index(trimmed[0])
+    if nesting is not None and nesting.exceeds(offset, MAX_JSON_DEPTH):
+        return None
+    try:
+        value, used = _DECODER.raw_decode(trimmed)
+    except (ValueError, RecursionError):
+        return None
+    return value if used == len(trimmed) and isinstance(value, dict) else None
 
 
 def extract_json_object(text: str) -> dict[str, Any] | None:
@@ -56,24 +135,22 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
     source = text[:JSON_SCAN_CAP]
     if "{" not in source:
         return None
-    whole = _as_object(js_trim(source))
+    nesting = _Nesting(source) if source.count("{") + source.count("[") > MAX_JSON_DEPTH else None
+    whole = _whole_object(source, 0, len(source), nesting)
     if whole is not None:
         return whole
     if "```" in source:
         for fence in _FENCE.finditer(source):
-            fenced = _as_object(js_trim(fence.group(1)))
+            fenced = _whole_object(source, fence.start(1), fence.end(1), nesting)
             if fenced is not None:
                 return fenced
     start = source.find("{")
     for _ in range(JSON_SCAN_MAX_STARTS):
         if start == -1:
             break
-        try:
-            value, _end = _DECODER.raw_decode(source, start)
-        except (ValueError, RecursionError):
-            value = None
-        if isinstance(value, dict):
-            return value
+        embedded = _decode_object(source, start, nesting)
+        if embedded is not None:
+            return embedded
         start = source.find("{", start + 1)
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -257,3 +258,27 @@ def test_circular_result_never_raises() -> None:
     result["self"] = result
     verdict = auto_check(result, {"required_fields": ["name"]})
     assert verdict.breakdown[0].score == 1.0
+
+
+def test_deep_json_text_is_not_handed_to_the_decoder() -> None:
+    # Some processes raise the recursion limit (py_ecc sets 100,000): the C decoder would
+    # then overflow the C stack on 200,000 levels (a crash) instead of raising.
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, 100_000))
+    try:
+        hostile = '{"summary": ' + "[" * 200_000 + "]" * 200_000 + "}"
+        verdict = auto_check({"output": hostile}, {"required_fields": ["summary"]})
+    finally:
+        sys.setrecursionlimit(previous)
+    assert verdict.breakdown[0].name == "required_fields"
+
+
+def test_json_nesting_cap_is_512_levels() -> None:
+    def nested(depth: int) -> str:
+        return '{"summary": ' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+
+    shallow = auto_check({"output": nested(500)}, {"expected_schema": {"required": ["summary"]}})
+    assert shallow.breakdown[0].score == 1.0
+    deep = auto_check({"output": nested(600)}, {"expected_schema": {"required": ["summary"]}})
+    assert deep.breakdown[0].score == 0.0
+    assert deep.reasons == ("expected_schema: output contains no JSON object",)

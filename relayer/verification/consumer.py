@@ -177,7 +177,7 @@ class VerificationHandler:
     async def _execute(self, conn: asyncpg.Connection, state: TaskState, effect: Any) -> TaskState:
         if isinstance(effect, Judge):
             outcome = await self.judge(state, effect)
-            for follow_up in conclude(effect, outcome, self.retry_policy):
+            for follow_up in conclude(state, effect, outcome, self.retry_policy):
                 state = await self._execute(conn, state, follow_up)
             return state
         if isinstance(effect, RecordResult):

@@ -731,34 +731,42 @@ class RetryPolicy:
         return min(self.max_seconds, self.base_seconds * 2.0 ** max(0, retry_count - 1))
 
 
-def conclude(judge: Judge, outcome: Judged | CouldNotJudge, policy: RetryPolicy) -> list[Effect]:
-    """The effects of a judgement: a signed verdict, or a retry later."""
+def conclude(state: TaskState, judge: Judge, outcome: Judged | CouldNotJudge, policy: RetryPolicy) -> list[Effect]:
+    """The effects of a judgement — a signed verdict, or a retry later — then what follows from it.
+
+    `state` is the task's state when the `Judge` effect ran. Reconciling again afterwards
+    closes the requests the verdict settled, so one message always reaches a fixed point.
+    """
+    plan = _Plan(state)
     if isinstance(outcome, CouldNotJudge):
         count = judge.retry_count + 1
-        return [
+        plan.add(
             ScheduleRetry(
                 request_id=judge.request_id,
                 retry_count=count,
                 delay_seconds=policy.delay(count),
                 error=f"verifier {outcome.verifier} could not answer: {outcome.reason}"[:500],
             )
-        ]
-    result = outcome.result
-    return [
-        RecordResult(
-            attempt=judge.attempt,
-            evidence_hash=judge.evidence_hash,
-            mode="auto",
-            source="auto",
-            passed=result.passed,
-            score=result.score,
-            verification_result=result.to_json_dict(),
-            verifier_kind=outcome.verifier_kind,
-            sign=True,
-            request_id=judge.request_id,
-        ),
-        SetRequestState(judge.request_id, "applied"),
-    ]
+        )
+    else:
+        result = outcome.result
+        plan.add(
+            RecordResult(
+                attempt=judge.attempt,
+                evidence_hash=judge.evidence_hash,
+                mode="auto",
+                source="auto",
+                passed=result.passed,
+                score=result.score,
+                verification_result=result.to_json_dict(),
+                verifier_kind=outcome.verifier_kind,
+                sign=True,
+                request_id=judge.request_id,
+            )
+        )
+        plan.add(SetRequestState(judge.request_id, "applied"))
+    _reconcile(plan)
+    return plan.effects
 
 
 def combine(

@@ -64,5 +64,7 @@ async def test_verdicts_are_relayed_and_confirmed(
         assert chain["relayer"]["pendingTransactions"] == 0
         assert "escrowd_relayer_tx_confirmed_total" in metrics
         assert 'escrowd_relayer_verifier_key_match{chain_id="31337"} 1.0' in metrics
+        secret = devnet.marketplace_verifier.private_key.lower().removeprefix("0x")
+        assert secret not in str(health).lower() and secret not in metrics.lower()
     finally:
         await run.stop()

@@ -284,7 +284,9 @@ def auto_check(
     if len(deliverable) < floor:
         return _hard_fail(f"Output too short: {len(deliverable)} characters, minimum {floor}")
     if not pins_short_answer:
-        distinct = len(set(text.words(deliverable[: failure_language.SCAN_WINDOW])))
+        distinct = text.count_distinct_words(
+            deliverable[: failure_language.SCAN_WINDOW], MIN_DISTINCT_WORDS
+        )
         if distinct < MIN_DISTINCT_WORDS:
             return _hard_fail(
                 f"Output has no real content: {distinct} distinct words, "

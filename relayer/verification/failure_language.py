@@ -169,10 +169,17 @@ def _sentence(text: str, start: int, end: int) -> tuple[int, int]:
     return sentence_start, stop.end() if stop is not None else high
 
 
-def _sentences(text: str, families: tuple[_Family, ...]) -> list[tuple[int, int]]:
+_TRIGGERS = tuple(
+    dict.fromkeys(t for triggers, _ in REFUSAL_FAMILIES + NEUTRAL_FAMILIES for t in triggers)
+)
+
+
+def _sentences(
+    text: str, families: tuple[_Family, ...], present: frozenset[str]
+) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     for triggers, pattern in families:
-        if not any(trigger in text for trigger in triggers):
+        if present.isdisjoint(triggers):
             continue
         position = 0
         while (match := pattern.search(text, position)) is not None:
@@ -201,8 +208,11 @@ def _words_inside(text: str, spans: list[tuple[int, int]]) -> int:
 
 def scan(scanned: str) -> FailureScan:
     """Scan folded text (from :func:`scan_text`) for refusals and neutral failure wording."""
-    refusal_spans = _sentences(scanned, REFUSAL_FAMILIES)
-    neutral_spans = _sentences(scanned, NEUTRAL_FAMILIES)
+    present = frozenset(trigger for trigger in _TRIGGERS if trigger in scanned)
+    if not present:
+        return FailureScan(refusal=False, neutral=False)
+    refusal_spans = _sentences(scanned, REFUSAL_FAMILIES, present)
+    neutral_spans = _sentences(scanned, NEUTRAL_FAMILIES, present)
     if not refusal_spans and not neutral_spans:
         return FailureScan(refusal=False, neutral=False)
     all_words = word_finder(scanned).findall(scanned)

@@ -3,8 +3,10 @@
 * :func:`canonical` is the spec's normalisation with line structure kept: NFKC, CR/CRLF
   to LF, curly apostrophes straight, invisible characters dropped (format characters
   such as zero-width spaces, soft hyphens, bidi marks and BOM, variation selectors, and
-  control characters that are not whitespace), and each run of horizontal whitespace
-  collapsed to one space. :func:`flatten` then collapses every whitespace run, newlines
+  control characters that are not whitespace). Collapsing each run of horizontal
+  whitespace to one space is left to the consumers, which either flatten the text or
+  match any run where the collapsed text has one space: the result is the same and one
+  pass over the text is saved. :func:`flatten` collapses every whitespace run, newlines
   included, to one space and trims: that is the "deliverable" the floor counts.
 * Whitespace means JavaScript's ``\\s`` set throughout, so ``\\x1c``-``\\x1f`` and
   ``\\x85`` (whitespace to Python, not to JavaScript) are dropped as control characters.
@@ -26,21 +28,24 @@ from typing import cast
 
 import regex
 
+from relayer.verification.unicode_tables import FORMAT_CHARACTERS, MARKS, character_class
+
 # JavaScript's \s: what JSON/JS tooling on the other side of the API calls whitespace.
 JS_WHITESPACE = (
     "\t\n\v\f\r \u00a0\u1680"
     + "".join(chr(c) for c in range(0x2000, 0x200B))
     + "\u2028\u2029\u202f\u205f\u3000\ufeff"
 )
-_HSPACE = re.escape(JS_WHITESPACE.replace("\n", ""))
-_HSPACE_NOT_SPACE = re.escape(JS_WHITESPACE.replace("\n", "").replace(" ", ""))
-# Only the runs that change: a space followed by more whitespace, or any other whitespace.
-_HSPACE_RUN = re.compile(f" [{_HSPACE}]+|[{_HSPACE_NOT_SPACE}][{_HSPACE}]*")
-_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
-_INVISIBLE = regex.compile(
-    r"[\p{Cf}\uFE00-\uFE0F\U000E0100-\U000E01EF]|(?![" + re.escape(JS_WHITESPACE) + r"])\p{Cc}"
+# Horizontal whitespace as the normalised text has it: every JS whitespace but "\n".
+HSPACE = "[" + re.escape(JS_WHITESPACE.replace("\n", "")) + "]"
+# Control characters JavaScript does not count as whitespace, and format characters.
+_ASCII_INVISIBLE = bytes([*range(0x09), *range(0x0E, 0x20), 0x7F])
+_INVISIBLE = re.compile(
+    "["
+    + character_class(FORMAT_CHARACTERS)
+    + "\x00-\x08\x0e-\x1f\x7f-\x9f\ufe00-\ufe0f\U000e0100-\U000e01ef]"
 )
-_APOSTROPHES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'"})
+_APOSTROPHES = ("\u2018", "\u2019", "\u02bc")
 
 _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
 _WORD_SOURCE = (
@@ -51,16 +56,16 @@ _ASCII_ANSWER_WORD = re.compile(r"[0-9]+(?:[.,][0-9]+)+(?![a-z0-9])|[a-z0-9]+(?:
 _ANSWER_WORD = regex.compile(r"\p{N}+(?:[.,]\p{N}+)+(?![\p{L}\p{N}])|" + _WORD_SOURCE)
 _NUMBER = regex.compile(r"\p{N}+(?:[.,]\p{N}+)*")
 
-_MARKS = regex.compile(r"\p{M}+")
+_MARKS = re.compile("[" + character_class(MARKS) + "]+")
 # Cyrillic and Greek letters that render like Latin ones (lowercase: fold lowercases first).
-_HOMOGLYPHS = str.maketrans(
+_HOMOGLYPHS = tuple(
     {
         "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c",
         "\u0445": "x", "\u0443": "y", "\u0456": "i", "\u0455": "s", "\u0458": "j",
         "\u051b": "q", "\u051d": "w", "\u04bb": "h", "\u0501": "d", "\u0261": "g",
         "\u03b1": "a", "\u03bf": "o", "\u03b9": "i", "\u03bd": "v", "\u03c1": "p",
         "\u03b5": "e", "\u03ba": "k", "\u03c4": "t", "\u03c5": "u", "\u03c7": "x",
-    }
+    }.items()
 )  # fmt: skip
 
 
@@ -71,16 +76,19 @@ def js_trim(text: str) -> str:
 
 def canonical(text: str) -> str:
     """Normalised text with line structure kept (see the module docstring)."""
-    ascii_only = text.isascii()
-    if not ascii_only:
+    if text.isascii():
+        # bytes.translate deletes in one C pass; a regex scan costs ten times more.
+        text = text.encode("ascii").translate(None, _ASCII_INVISIBLE).decode("ascii")
+    else:
         text = unicodedata.normalize("NFKC", text)
+        for apostrophe in _APOSTROPHES:
+            if apostrophe in text:
+                text = text.replace(apostrophe, "'")
+        if _INVISIBLE.search(text) is not None:
+            text = _INVISIBLE.sub("", text)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if ascii_only:
-        text = _ASCII_CONTROL.sub("", text)
-    else:
-        text = _INVISIBLE.sub("", text.translate(_APOSTROPHES))
-    return _HSPACE_RUN.sub(" ", text)
+    return text
 
 
 def flatten(text: str) -> str:
@@ -96,8 +104,13 @@ def fold(text: str) -> str:
     lowered = text.lower()
     if lowered.isascii():
         return lowered
-    stripped = cast(str, _MARKS.sub("", unicodedata.normalize("NFKD", lowered)))
-    return stripped.translate(_HOMOGLYPHS)
+    folded = unicodedata.normalize("NFKD", lowered)
+    if _MARKS.search(folded) is not None:
+        folded = _MARKS.sub("", folded)
+    for letter, latin in _HOMOGLYPHS:
+        if letter in folded:
+            folded = folded.replace(letter, latin)
+    return folded
 
 
 def words(text: str) -> list[str]:
@@ -106,6 +119,17 @@ def words(text: str) -> list[str]:
     if lowered.isascii():
         return _ASCII_WORD.findall(lowered)
     return cast(list[str], _WORD.findall(lowered))
+
+
+def count_distinct_words(text: str, enough: int) -> int:
+    """Distinct words in `text`, counting no further than `enough`."""
+    lowered = text.lower()
+    seen: set[str] = set()
+    for match in word_finder(lowered).finditer(lowered):
+        seen.add(match.group())
+        if len(seen) >= enough:
+            break
+    return len(seen)
 
 
 def word_finder(lowered: str) -> re.Pattern[str] | regex.Pattern[str]:
@@ -129,14 +153,56 @@ def is_number(word: str) -> bool:
 # "Not done", "Assumptions" or "Not done / assumptions" (joined by /, &, "and" or a comma)
 # at the start of a line: plain, as a heading, as a list item, or bold; then a colon or
 # the end of the line. "Assumptions about growth..." is a sentence, not a section.
+# Where the spec's normalised text has one space, any run of horizontal whitespace
+# matches (see the module docstring).
+_H = HSPACE
 _DISCLOSURE_HEADING = re.compile(
-    r"^ ?(#{1,6})? ?(?:[-*+] |\d{1,3}[.)] )?(?:\*\*|__)? ?"
-    r"(?:not done(?: ?(?:/|&|and|,) ?assumptions)?|assumptions)"
-    r" ?(?:\*\*|__)? ?(?::|$)",
+    rf"{_H}*(#{{1,6}})?{_H}*(?:[-*+]{_H}+|\d{{1,3}}[.)]{_H}+)?(?:\*\*|__)?{_H}*"
+    rf"(?:not{_H}+done(?:{_H}*(?:/|&|and|,){_H}*assumptions)?|assumptions)"
+    rf"{_H}*(?:\*\*|__)?{_H}*(?::|$)",
     re.IGNORECASE | re.MULTILINE,
 )
-_MARKDOWN_HEADING = re.compile(r"^ ?(#{1,6}) \S", re.MULTILINE)
+_DISCLOSURE_WORDS = ("done", "assumptions")
+_MARKDOWN_HEADING = re.compile(rf"{_H}*(#{{1,6}}){_H}+\S")
 _PLAIN_LABEL_LEVEL = 6  # a label that is not a heading ends at any heading
+
+
+def _line_start(text: str, position: int) -> int:
+    return text.rfind("\n", 0, position) + 1
+
+
+def _heading_lines(text: str) -> list[int]:
+    """Starts of the lines that may hold a disclosure heading, in order."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few letters lowercase to two: index the slow way
+        return sorted({_line_start(text, m.start()) for m in _DISCLOSURE_HEADING.finditer(text)})
+    starts: set[int] = set()
+    for word in _DISCLOSURE_WORDS:
+        found = lowered.find(word)
+        while found != -1:
+            line = _line_start(text, found)
+            starts.add(line)
+            line_end = text.find("\n", found)
+            if line_end == -1:
+                break
+            found = lowered.find(word, line_end)
+    return sorted(starts)
+
+
+def _section_end(text: str, after: int, level: int) -> int:
+    """Start of the first Markdown heading of `level` or higher after `after`, or the end."""
+    found = text.find("#", after)
+    while found != -1:
+        line = _line_start(text, found)
+        if line > after and not text[line:found].strip(JS_WHITESPACE):
+            heading = _MARKDOWN_HEADING.match(text, line)
+            if heading is not None and len(heading.group(1)) <= level:
+                return line
+        line_end = text.find("\n", found)
+        if line_end == -1:
+            break
+        found = text.find("#", line_end)
+    return len(text)
 
 
 def split_disclosure(text: str) -> tuple[str, bool]:
@@ -145,27 +211,20 @@ def split_disclosure(text: str) -> tuple[str, bool]:
     A section runs from its heading to the next Markdown heading of the same or a higher
     level, or to the end. Returns the deliverable and whether a section was removed.
     """
-    lowered = text.lower()
-    if "not done" not in lowered and "assumptions" not in lowered:
-        return text, False
     kept: list[str] = []
     position = 0
-    search_from = 0
-    while True:
-        heading = _DISCLOSURE_HEADING.search(text, search_from)
+    for line in _heading_lines(text):
+        if line < position:
+            continue  # inside a section already removed
+        heading = _DISCLOSURE_HEADING.match(text, line)
         if heading is None:
-            break
+            continue
         level = len(heading.group(1)) if heading.group(1) else _PLAIN_LABEL_LEVEL
-        end = len(text)
-        for following in _MARKDOWN_HEADING.finditer(text, heading.end()):
-            if len(following.group(1)) <= level:
-                end = following.start()
-                break
-        kept.append(text[position : heading.start()])
+        end = _section_end(text, heading.end(), level)
+        kept.append(text[position:line])
         position = end
         if end >= len(text):
             break
-        search_from = end
     if not kept:
         return text, False
     kept.append(text[position:])

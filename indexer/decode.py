@@ -81,6 +81,60 @@ def _data_converter(solidity_type: str) -> Any:
     return None
 
 
+def _word_decoder(solidity_type: str) -> Any:
+    """Decoder of one 32-byte ABI word (64 hex chars) of a static type, strict like eth_abi; else None."""
+    if solidity_type == "address":
+
+        def address(word: str) -> str:
+            if word[:24].strip("0"):
+                raise ValueError("address word has non-zero padding")
+            return to_checksum_address("0x" + word[24:])
+
+        return address
+    if solidity_type == "bool":
+
+        def boolean(word: str) -> bool:
+            value = int(word, 16)
+            if value > 1:
+                raise ValueError("bool word is neither 0 nor 1")
+            return value == 1
+
+        return boolean
+    if solidity_type.startswith("uint"):
+        bits = int(solidity_type[4:] or 256)
+
+        def unsigned(word: str) -> int:
+            value = int(word, 16)
+            if value >> bits:
+                raise ValueError(f"value does not fit {solidity_type}")
+            return value
+
+        return unsigned
+    if solidity_type.startswith("int"):
+        bits = int(solidity_type[3:] or 256)
+
+        def signed(word: str) -> int:
+            value = int(word, 16)
+            if value >> 255:
+                value -= 1 << 256
+            if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+                raise ValueError(f"value does not fit {solidity_type}")
+            return value
+
+        return signed
+    if solidity_type.startswith("bytes") and solidity_type != "bytes":
+        size = 2 * int(solidity_type[5:])
+
+        def fixed_bytes(word: str) -> str:
+            if word[size:].strip("0"):
+                raise ValueError(f"{solidity_type} word has non-zero padding")
+            int(word, 16)  # hex digits only
+            return "0x" + word[:size].lower()
+
+        return fixed_bytes
+    return None
+
+
 @dataclass(frozen=True)
 class _EventDecoder:
     name: str
@@ -89,6 +143,9 @@ class _EventDecoder:
     data_types: tuple[str, ...]
     data_converters: tuple[Any, ...]
     order: tuple[str, ...]
+    # One decoder per data word when every data field is a static one-word type (hex
+    # slicing: an order of magnitude faster than eth_abi.decode); None otherwise.
+    words: tuple[tuple[str, Any], ...] | None = None
 
 
 class EscrowLogDecoder:
@@ -104,6 +161,12 @@ class EscrowLogDecoder:
                 (inp["name"], _indexed_converter(inp["type"])) for inp in entry["inputs"] if inp["indexed"]
             )
             data_inputs = [inp for inp in entry["inputs"] if not inp["indexed"]]
+            word_decoders = [_word_decoder(inp["type"]) for inp in data_inputs]
+            words = (
+                tuple((inp["name"], fn) for inp, fn in zip(data_inputs, word_decoders, strict=True))
+                if all(fn is not None for fn in word_decoders)
+                else None
+            )
             self._by_topic[topic0] = _EventDecoder(
                 name=entry["name"],
                 indexed=indexed,
@@ -111,6 +174,7 @@ class EscrowLogDecoder:
                 data_types=tuple(inp["type"] for inp in data_inputs),
                 data_converters=tuple(_data_converter(inp["type"]) for inp in data_inputs),
                 order=tuple(inp["name"] for inp in entry["inputs"]),
+                words=words,
             )
 
     @property
@@ -131,7 +195,16 @@ class EscrowLogDecoder:
         args: dict[str, Any] = {}
         for (name, convert), topic in zip(decoder.indexed, topics[1:], strict=True):
             args[name] = convert(topic[2:])
-        if decoder.data_types:
+        if decoder.words is not None:
+            data: str = log["data"][2:]
+            if len(data) < 64 * len(decoder.words):
+                raise DecodeError(f"{decoder.name}: data is {len(data) // 2} bytes, expected {32 * len(decoder.words)}")
+            try:
+                for i, (name, word) in enumerate(decoder.words):
+                    args[name] = word(data[64 * i : 64 * i + 64])
+            except ValueError as exc:
+                raise DecodeError(f"{decoder.name}: data does not decode: {exc}") from None
+        elif decoder.data_types:
             raw = bytes.fromhex(log["data"][2:])
             try:
                 values = abi_decode(decoder.data_types, raw)

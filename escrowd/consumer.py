@@ -89,6 +89,8 @@ class InboundMessage:
 
 
 Handler = Callable[[asyncpg.Connection, InboundMessage], Awaitable[None]]
+IdleHook = Callable[[asyncpg.Connection, frozenset[TopicPartition]], Awaitable[None]]
+"""Called when every assigned partition is caught up, with the assignment (at most once a second)."""
 
 
 def _from_record(record: ConsumerRecord[bytes, bytes]) -> InboundMessage:
@@ -117,6 +119,8 @@ class IdempotentConsumer:
         dlq_topic: str = DEFAULT_DLQ_TOPIC,
         max_records: int = 500,
         session_timeout_ms: int = 10000,
+        on_idle: IdleHook | None = None,
+        idle_interval: float = 1.0,
     ) -> None:
         self.name = name
         self._topics = list(topics)
@@ -126,6 +130,8 @@ class IdempotentConsumer:
         self._dlq_topic = dlq_topic
         self._max_records = max_records
         self._session_timeout_ms = session_timeout_ms
+        self._on_idle = on_idle
+        self._idle_interval = idle_interval
         self._stopping = asyncio.Event()
         self.processed = 0
 
@@ -172,9 +178,16 @@ class IdempotentConsumer:
                     await consumer.stop()
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
+        last_idle = 0.0
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             batches = await consumer.getmany(timeout_ms=200, max_records=self._max_records)
             if not batches:
+                assignment = frozenset(consumer.assignment())
+                if self._on_idle is not None and assignment and loop.time() - last_idle >= self._idle_interval:
+                    last_idle = loop.time()
+                    async with conn.transaction():
+                        await self._on_idle(conn, assignment)
                 continue
             await self._process(conn, batches)
             await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})

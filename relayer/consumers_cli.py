@@ -1,0 +1,112 @@
+"""`escrowd consume`: run one consumer group member (scale out by running more)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from typing import Annotated
+
+import typer
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from relayer.verification.consumer_cli import app as verification_app
+from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
+
+app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation.", no_args_is_help=True)
+app.add_typer(verification_app, name="verification")
+
+
+class ConsumerSettings(BaseSettings):
+    """What the lifecycle and reputation consumers need (`ESCROWD_*` environment variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
+    events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
+    tasks_topic: str = Field(default=TASKS, description="Compacted task states")
+    timers_topic: str = Field(default=TIMERS, description="Timer events")
+    reputation_topic: str = Field(default=REPUTATION, description="Compacted agent reputations")
+    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+    reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
+    reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
+
+
+async def _run_until_signal(consumer: object, database_url: str, bootstrap: str) -> None:
+    from escrowd.consumer import IdempotentConsumer
+    from escrowd.db import migrate_url
+    from escrowd.kafka import make_producer
+    from escrowd.outbox import OutboxPublisher
+
+    assert isinstance(consumer, IdempotentConsumer)
+    await migrate_url(database_url)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, consumer.stop)
+    producer = make_producer(bootstrap, client_id=consumer.name)
+    await producer.start()
+    publisher = OutboxPublisher(database_url, producer)
+    publishing = asyncio.create_task(publisher.run())
+    try:
+        await consumer.run()
+    finally:
+        publisher.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(publishing, 10)
+        await producer.stop()
+
+
+def _settings() -> ConsumerSettings:
+    try:
+        return ConsumerSettings()
+    except Exception as exc:
+        typer.echo(f"invalid configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def lifecycle(
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The lifecycle consumer: task state, timers, what can whom do now."""
+    from escrowd.logging import configure_logging
+    from relayer.lifecycle.consumer import build_consumer
+
+    settings = _settings()
+    configure_logging(json=log_json)
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        events_topic=settings.events_topic,
+        tasks_topic=settings.tasks_topic,
+        timers_topic=settings.timers_topic,
+        dlq_topic=settings.dead_letter_topic,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap))
+
+
+@app.command()
+def reputation(
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The reputation consumer: per-agent score, dispute count, matching score."""
+    from escrowd.logging import configure_logging
+    from relayer.reputation.consumer import build_consumer
+    from relayer.reputation.rules import ReputationRules
+
+    settings = _settings()
+    configure_logging(json=log_json)
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        events_topic=settings.events_topic,
+        rules=ReputationRules(
+            start_score=settings.reputation_start_score, pass_increase=settings.reputation_pass_increase
+        ),
+        reputation_topic=settings.reputation_topic,
+        dlq_topic=settings.dead_letter_topic,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap))

@@ -1,0 +1,75 @@
+"""HTTP routes of the lifecycle and reputation consumers' state (included by the API app).
+
+- `GET /v1/tasks/{chain_id}/{escrow}/{task_id}/state`: the task's state and "what can whom
+  do now" at the latest chain time the indexer has seen (or `?at=<unix seconds>`);
+- `GET /v1/agents/{address}/reputation`: the agent's reputation and matching score.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, ConfigDict
+
+from relayer.api.errors import ApiProblem
+from relayer.lifecycle.machine import allowed_actions_view
+from relayer.reputation.rules import initial
+from schemas.task_state import AllowedActions, Reputation, TaskState
+
+router = APIRouter(prefix="/v1", tags=["lifecycle"])
+
+
+class TaskStateView(BaseModel):
+    """A task's folded state with what each party may do at `allowed.as_of`."""
+
+    model_config = ConfigDict(frozen=True)
+    state: TaskState
+    allowed: AllowedActions
+
+
+@router.get(
+    "/tasks/{chain_id}/{escrow}/{task_id}/state",
+    response_model=TaskStateView,
+    summary="Task state and what can whom do now (chain time)",
+)
+async def task_state(
+    chain_id: Annotated[int, Path(gt=0)],
+    escrow: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
+    task_id: Annotated[int, Path(ge=1)],
+    request: Request,
+    at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the chain head's time)")] = None,
+) -> TaskStateView:
+    async with request.app.state.pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT s.state, c.head_timestamp FROM task_states s"
+            " LEFT JOIN chain_cursor c ON c.chain_id = s.chain_id"
+            " WHERE s.chain_id = $1 AND s.escrow = $2 AND s.task_id = $3",
+            chain_id,
+            escrow.lower(),
+            task_id,
+        )
+    if row is None:
+        raise ApiProblem(404, "TASK_NOT_FOUND", f"task {task_id} on chain {chain_id} is not indexed (yet)")
+    state = TaskState.model_validate(row["state"])
+    now = at if at is not None else max(int(row["head_timestamp"] or 0), state.last_block_timestamp)
+    return TaskStateView(state=state, allowed=allowed_actions_view(state, now))
+
+
+@router.get(
+    "/agents/{address}/reputation",
+    response_model=Reputation,
+    summary="An agent's 0–100 reputation, dispute count and matching score",
+)
+async def agent_reputation(
+    address: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")], request: Request
+) -> Reputation:
+    async with request.app.state.pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT agent, score, dispute_count, passes, failures, matching_score FROM agent_reputation"
+            " WHERE agent = $1",
+            address.lower(),
+        )
+    if row is None:
+        return initial(address.lower())
+    return Reputation(**dict(row))

@@ -473,8 +473,10 @@ async def finalize(
             if row is not None and row["status"] == "final" and row["evidence_hash"] == evidence:
                 response.status_code = 200
                 return _finalize_response(key, attempt, evidence, "judged", row)
-            if time.monotonic() >= wait_until:
-                state_row = await store.request_row(conn, request_id)
+            state_row = await store.request_row(conn, request_id)
+            # A verifier that could not answer will be retried later: no point holding the client.
+            retrying = state_row is not None and state_row["state"] in ("waiting_retry", "retry_queued")
+            if retrying or time.monotonic() >= wait_until:
                 failures = (await store.task_failures(conn, key)).get(attempt)
                 response.status_code = 202
                 return _finalize_response(key, attempt, evidence, _status_of(terms.mode, state_row, failures), None)

@@ -1,0 +1,637 @@
+"""Indexer benchmark: backfill throughput against raw `eth_getLogs`, and head latency.
+
+`python -m bench.bench_indexer [--events N]` prints one JSON object on stdout (progress goes
+to stderr). In one run it:
+
+1. mines N escrow events on a fresh anvil (`createTask`, `--per-block` per block);
+2. (a) fetches the same block range with plain `eth_getLogs` over aiohttp (several range
+   sizes and concurrencies; the best is the baseline);
+3. (b) runs `escrowd index run` (a child process, the real CLI) from an empty database until
+   every event is in PostgreSQL and published to Kafka: the end-to-end rate;
+4. (c) exports the same transactions' receipts and logs with ethereum-etl in a Python 3.10
+   virtualenv, when it installs (otherwise the reason is recorded);
+5. head latency: on a second, fresh anvil, a steady load of blocks (`--head-tx-per-block`
+   transactions every `--head-interval` seconds) with `confirmations: 0`; for each block, the
+   time from `evm_mine` returning to the block's last event being read from Kafka.
+
+Services: `DATABASE_URL` / `KAFKA_BOOTSTRAP` when set, else the embedded PostgreSQL and a
+Tansu broker from `escrowd.services`. Targets: (b) ≥ 0.5 × (a); head p50 ≤ 20 ms, p99 ≤ 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from escrowd.db import connect, migrate_url
+from escrowd.devnet import Devnet, deploy_devnet
+from escrowd.kafka import TopicSpec, ensure_topics
+from escrowd.logging import configure_logging
+from escrowd.services.anvil import AnvilProcess, anvil_binary
+from escrowd.services.kafka import KafkaService, start_kafka
+from escrowd.services.postgres import PostgresService, start_postgres
+from tests.support.indexer_harness import (
+    IndexerProcess,
+    chain_config,
+    generate_task_events,
+    read_topic,
+    rpc,
+    rpc_batch,
+    write_config,
+)
+
+ETL_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python")
+
+
+def say(message: str) -> None:
+    """Progress on stderr (stdout carries only the result)."""
+    print(f"[bench_indexer] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- (a) raw
+
+
+async def raw_get_logs(
+    url: str, address: str, start: int, end: int, span: int, in_flight: int
+) -> tuple[int, float]:
+    """Fetch [start, end] in `span`-block ranges, `in_flight` at a time; (logs, seconds)."""
+    ranges = [(a, min(end, a + span - 1)) for a in range(start, end + 1, span)]
+    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    for r in ranges:
+        queue.put_nowait(r)
+    total = 0
+    connector = aiohttp.TCPConnector(limit=in_flight)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal total
+            while not queue.empty():
+                a, b = queue.get_nowait()
+                body = orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "eth_getLogs",
+                        "params": [{"address": address, "fromBlock": hex(a), "toBlock": hex(b)}],
+                    }
+                )
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as reply:
+                    logs = orjson.loads(await reply.read())["result"]
+                total += len(logs)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return total, time.perf_counter() - started
+
+
+async def measure_raw(devnet: Devnet, start: int, end: int, events: int) -> dict[str, Any]:
+    """Several shapes of plain `eth_getLogs`; the best logs/s is the baseline."""
+    shapes = [(end - start + 1, 1), (1, 1), (1, 4), (10, 4), (50, 4)]
+    results = []
+    for span, in_flight in shapes:
+        best = 0.0
+        for _ in range(2):
+            logs, seconds = await raw_get_logs(
+                devnet.rpc_url, devnet.escrow_address, start, end, span, in_flight
+            )
+            assert logs == events, (logs, events)
+            best = max(best, logs / seconds)
+        results.append({"range_blocks": span, "in_flight": in_flight, "logs_per_s": round(best)})
+        say(f"raw eth_getLogs span={span} in_flight={in_flight}: {best:,.0f} logs/s")
+    top = max(results, key=lambda r: r["logs_per_s"])
+    return {"best_logs_per_s": top["logs_per_s"], "best_shape": top, "shapes": results}
+
+
+# ---------------------------------------------------------------------------- (b) indexer
+
+
+async def measure_indexer(
+    devnet: Devnet,
+    database_url: str,
+    bootstrap: str,
+    head: int,
+    events: int,
+    workdir: Path,
+    chain: dict[str, Any],
+) -> dict[str, Any]:
+    """`escrowd index run` from an empty database until every event is published."""
+    topic = f"bench{secrets.token_hex(3)}.escrow.events.v1"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4)])
+    config = write_config(
+        workdir / "backfill.yaml",
+        database_url=database_url,
+        kafka_bootstrap=bootstrap,
+        topic=topic,
+        chains=[chain_config(devnet, **chain)],
+        topic_partitions=4,
+    )
+    process = IndexerProcess(config)
+    conn = await connect(database_url)
+    try:
+        process.start()
+        t_cursor = t_db = t_all = None
+        launched = time.perf_counter()
+        while t_all is None:
+            if not process.running:
+                raise RuntimeError(f"indexer exited:\n{process.output()}")
+            row = await conn.fetchrow(
+                "SELECT block_number FROM chain_cursor WHERE chain_id = $1", devnet.chain_id
+            )
+            now = time.perf_counter()
+            if row is not None and t_cursor is None:
+                t_cursor = now
+            if row is not None and row["block_number"] >= head and t_db is None:
+                t_db = now
+            if t_db is not None:
+                pending = await conn.fetchval(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                )
+                if pending == 0:
+                    t_all = time.perf_counter()
+            if now - launched > 1800:
+                raise RuntimeError("indexer did not finish in 30 minutes")
+            await asyncio.sleep(0.01)
+        stored = await conn.fetchval("SELECT count(*) FROM escrow_events")
+        published = await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
+        )
+    finally:
+        process.terminate()
+        process.cleanup()
+        await conn.close()
+    assert t_cursor is not None and t_db is not None
+    assert stored >= events and published == stored, (stored, published, events)
+    records = await read_topic(bootstrap, topic, timeout=600)
+    distinct = len({r.id for r in records})
+    assert distinct == stored, (distinct, stored)
+    e2e = t_all - t_cursor
+    into_db = t_db - t_cursor
+    say(
+        f"indexer: {stored:,} events into PostgreSQL in {into_db:.2f}s, all published after {e2e:.2f}s"
+    )
+    return {
+        "events": stored,
+        "startup_s": round(t_cursor - launched, 2),
+        "into_postgres_s": round(into_db, 3),
+        "end_to_end_s": round(e2e, 3),
+        "postgres_events_per_s": round(stored / into_db),
+        "end_to_end_events_per_s": round(stored / e2e),
+        "kafka_records": len(records),
+        "kafka_distinct_ids": distinct,
+        "config": chain,
+    }
+
+
+# ---------------------------------------------------------------------------- (c) ethereum-etl
+
+
+def measure_etl(
+    devnet: Devnet, start: int, end: int, max_tx: int, workdir: Path, venv: Path | None
+) -> dict[str, Any]:
+    """ethereum-etl `export_receipts_and_logs` over (the first `max_tx`) transactions of the range.
+
+    It fetches one receipt per transaction, which anvil serves slowly from large blocks, so
+    a subset keeps the run short; the rate is what matters.
+    """
+    python = ETL_PYTHON
+    if not python.is_file():
+        return {"skipped": f"no Python 3.10 at {python}"}
+    env_dir = venv or workdir / "etl-venv"
+    etl = env_dir / "bin" / "ethereumetl"
+    if not etl.is_file():
+        say("installing ethereum-etl into a Python 3.10 virtualenv")
+        try:
+            subprocess.run(
+                [str(python), "-m", "venv", str(env_dir)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            subprocess.run(
+                [str(env_dir / "bin" / "pip"), "install", "-q", "ethereum-etl"],
+                check=True,
+                capture_output=True,
+                timeout=900,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            tail = getattr(exc, "stderr", b"") or b""
+            return {
+                "skipped": f"ethereum-etl did not install: {tail.decode(errors='replace')[-300:]}"
+            }
+    logs = rpc(
+        devnet.rpc_url,
+        "eth_getLogs",
+        [{"address": devnet.escrow_address, "fromBlock": hex(start), "toBlock": hex(end)}],
+    )
+    hashes = list(dict.fromkeys(log["transactionHash"] for log in logs))[:max_tx]
+    (workdir / "tx_hashes.txt").write_text("\n".join(hashes) + "\n", encoding="utf-8")
+    started = time.perf_counter()
+    result = subprocess.run(
+        [
+            str(etl),
+            "export_receipts_and_logs",
+            "--transaction-hashes",
+            str(workdir / "tx_hashes.txt"),
+            "--provider-uri",
+            devnet.rpc_url,
+            "--receipts-output",
+            str(workdir / "receipts.csv"),
+            "--logs-output",
+            str(workdir / "logs.csv"),
+            "--batch-size",
+            "100",
+            "--max-workers",
+            "4",
+        ],
+        capture_output=True,
+        timeout=3600,
+        check=False,
+    )
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        return {"skipped": f"ethereum-etl failed: {result.stderr.decode(errors='replace')[-300:]}"}
+    with (workdir / "logs.csv").open("rb") as f:
+        exported = sum(1 for _ in f) - 1
+    escrow = devnet.escrow_address.lower()
+    with (workdir / "logs.csv").open(encoding="utf-8") as f:
+        escrow_logs = sum(1 for line in f if escrow in line.lower())
+    say(f"ethereum-etl: {exported:,} logs ({escrow_logs:,} escrow) in {seconds:.2f}s")
+    return {
+        "command": "export_receipts_and_logs --batch-size 100 --max-workers 4",
+        "transactions": len(hashes),
+        "logs_exported": exported,
+        "escrow_logs_exported": escrow_logs,
+        "seconds": round(seconds, 2),
+        "logs_per_s": round(exported / seconds),
+        "escrow_events_per_s": round(escrow_logs / seconds),
+    }
+
+
+# ---------------------------------------------------------------------------- head latency
+
+
+class BlockLoad(threading.Thread):
+    """Mines a block of `per_block` createTask transactions every `interval` seconds."""
+
+    def __init__(self, devnet: Devnet, per_block: int, interval: float, blocks: int) -> None:
+        super().__init__(name="block-load", daemon=True)
+        self.devnet = devnet
+        self.per_block = per_block
+        self.interval = interval
+        self.blocks = blocks
+        self.mined_at: dict[int, float] = {}
+        self.mined_wall: dict[int, float] = {}
+        self.mine_call_s: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            dn = self.devnet
+            url = dn.rpc_url
+            data = dn._codec.encode_call("createTask", [b"\x42" * 32, 1, 2**40])
+            posters = dn.posters
+            nonces = [
+                int(n, 16)
+                for n in rpc_batch(
+                    url, [("eth_getTransactionCount", [p.address, "pending"]) for p in posters]
+                )
+            ]
+            rpc(url, "evm_setAutomine", [False])
+            number = int(rpc(url, "eth_blockNumber"), 16)
+            next_at = time.perf_counter()
+            for _ in range(self.blocks):
+                calls = []
+                for i in range(self.per_block):
+                    k = i % len(posters)
+                    tx = {
+                        "from": posters[k].address,
+                        "to": dn.escrow_address,
+                        "data": data,
+                        "gas": hex(200_000),
+                    }
+                    tx["nonce"] = hex(nonces[k])
+                    nonces[k] += 1
+                    calls.append(("eth_sendTransaction", [tx]))
+                rpc_batch(url, calls)
+                before = time.perf_counter()
+                rpc(url, "evm_mine")
+                after = time.perf_counter()
+                number += 1
+                self.mined_at[number] = after
+                self.mined_wall[number] = time.time()
+                self.mine_call_s.append(after - before)
+                next_at += self.interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+        except BaseException as exc:
+            self.error = exc
+
+
+async def outbox_stages(database_url: str, mined_wall: dict[int, float]) -> dict[str, float]:
+    """Median wall-clock time from mining to the outbox insert (the indexer's transaction
+    start) and to `published_at` (after the broker acked), per block."""
+    conn = await connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT block_number, extract(epoch FROM max(created_at))::float8 AS stored,"
+            " extract(epoch FROM max(published_at))::float8 AS published"
+            " FROM outbox WHERE block_number IS NOT NULL GROUP BY block_number"
+        )
+    finally:
+        await conn.close()
+    stored, published = [], []
+    for row in rows:
+        mined = mined_wall.get(row["block_number"])
+        if mined is not None and row["published"] is not None:
+            stored.append((row["stored"] - mined) * 1000.0)
+            published.append((row["published"] - mined) * 1000.0)
+    if not stored:
+        return {}
+    return {
+        "mined_to_indexer_commit_start": round(statistics.median(stored), 2),
+        "mined_to_published": round(statistics.median(published), 2),
+    }
+
+
+async def measure_head_latency(
+    database_url: str,
+    bootstrap: str,
+    workdir: Path,
+    *,
+    per_block: int,
+    interval: float,
+    blocks: int,
+) -> dict[str, Any]:
+    """Block mined → its events readable from Kafka, under a steady load, confirmations 0."""
+    topic = f"bench{secrets.token_hex(3)}.escrow.events.v1"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4)])
+    with AnvilProcess(extra_args=("--gas-limit", "1000000000")) as anvil:
+        devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)
+        config = write_config(
+            workdir / "head.yaml",
+            database_url=database_url,
+            kafka_bootstrap=bootstrap,
+            topic=topic,
+            chains=[chain_config(devnet, ws_url=anvil.ws_url, confirmations=0, poll_interval=0.5)],
+            topic_partitions=4,
+        )
+        process = IndexerProcess(config)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+            fetch_min_bytes=1,
+        )
+        await consumer.start()
+        arrivals: dict[int, list[float]] = {}
+        try:
+            tps = [TopicPartition(topic, p) for p in range(4)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            process.start()
+            conn = await connect(database_url)
+            try:
+                head = devnet.block_number()
+                deadline = time.perf_counter() + 60
+                while True:
+                    cursor = await conn.fetchval(
+                        "SELECT block_number FROM chain_cursor WHERE chain_id = $1", devnet.chain_id
+                    )
+                    if cursor is not None and cursor >= head:
+                        break
+                    if time.perf_counter() > deadline or not process.running:
+                        raise RuntimeError(f"indexer did not start:\n{process.output()}")
+                    await asyncio.sleep(0.02)
+            finally:
+                await conn.close()
+            load = BlockLoad(devnet, per_block, interval, blocks)
+            load.start()
+            last_block = head + blocks
+            while True:
+                batch = await consumer.getmany(timeout_ms=50)
+                now = time.perf_counter()
+                for records in batch.values():
+                    for record in records:
+                        payload = orjson.loads(record.value)
+                        arrivals.setdefault(payload["block_number"], []).append(now)
+                if load.error is not None:
+                    raise load.error
+                complete = len(arrivals.get(last_block, [])) >= per_block
+                if complete or (
+                    not load.is_alive()
+                    and time.perf_counter() - load.mined_at.get(last_block, now) > 10
+                ):
+                    break
+            load.join(timeout=10)
+            stages = await outbox_stages(database_url, load.mined_wall)
+        finally:
+            await consumer.stop()
+            process.terminate()
+            process.cleanup()
+    warmup = 5
+    latencies = []
+    for number, mined in sorted(load.mined_at.items())[warmup:]:
+        seen = arrivals.get(number, [])
+        if len(seen) < per_block:
+            raise RuntimeError(f"block {number}: {len(seen)} of {per_block} events read")
+        latencies.append((max(seen) - mined) * 1000.0)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    say(f"head latency over {len(latencies)} blocks: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    return {
+        "blocks": len(latencies),
+        "tx_per_block": per_block,
+        "block_interval_s": interval,
+        "p50_ms": round(p50, 2),
+        "p90_ms": round(latencies[round(0.9 * (len(latencies) - 1))], 2),
+        "p99_ms": round(p99, 2),
+        "max_ms": round(latencies[-1], 2),
+        "evm_mine_call_p50_ms": round(statistics.median(load.mine_call_s) * 1000, 2),
+        "stages_p50_ms": stages,
+    }
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def machine() -> dict[str, Any]:
+    """What this ran on."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    anvil_version = subprocess.run(
+        [str(anvil_binary()), "--version"], capture_output=True, text=True, check=False
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "anvil": anvil_version.stdout.strip().splitlines()[0] if anvil_version.stdout else "",
+    }
+
+
+async def fresh_database(service: PostgresService) -> str:
+    """A new migrated database on the service's server."""
+    name = f"bench_{secrets.token_hex(4)}"
+    conn = await asyncpg.connect(service.admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(service.admin_url)
+    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+    await migrate_url(url)
+    return url
+
+
+async def backfill(
+    args: argparse.Namespace, pg: PostgresService, kafka: KafkaService, workdir: Path
+) -> dict[str, Any]:
+    """(a), (b) and (c) on one chain of `args.events` events."""
+    result: dict[str, Any] = {}
+    with AnvilProcess(extra_args=("--gas-limit", "2000000000")) as anvil:
+        devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)
+        say(f"mining {args.events:,} escrow events, {args.per_block} per block")
+        started = time.perf_counter()
+        first = devnet.block_number() + 1
+        head = generate_task_events(devnet, args.events, per_block=args.per_block)
+        result["chain"] = {
+            "events": args.events,
+            "blocks": head - first + 1,
+            "events_per_block": args.per_block,
+            "generation_s": round(time.perf_counter() - started, 1),
+        }
+        say(f"mined blocks {first}..{head} in {result['chain']['generation_s']}s")
+        result["raw_eth_getLogs"] = await measure_raw(devnet, first, head, args.events)
+        chain = {"finality_depth": args.finality_depth, "rpc_timeout": 60.0}
+        database = await fresh_database(pg)
+        result["indexer_backfill"] = await measure_indexer(
+            devnet, database, kafka.bootstrap, head, args.events, workdir, chain
+        )
+        if args.skip_etl:
+            result["ethereum_etl"] = {"skipped": "--skip-etl"}
+        else:
+            result["ethereum_etl"] = await asyncio.to_thread(
+                measure_etl, devnet, first, head, args.etl_max_tx, workdir, args.etl_venv
+            )
+    a = result["raw_eth_getLogs"]["best_logs_per_s"]
+    b = result["indexer_backfill"]["end_to_end_events_per_s"]
+    etl = result["ethereum_etl"].get("escrow_events_per_s")
+    result["ratios"] = {
+        "indexer_vs_raw": round(b / a, 3),
+        "indexer_postgres_only_vs_raw": round(
+            result["indexer_backfill"]["postgres_events_per_s"] / a, 3
+        ),
+        "indexer_vs_ethereum_etl": round(b / etl, 2) if etl else None,
+    }
+    return result
+
+
+async def run(args: argparse.Namespace, pg: PostgresService, kafka: KafkaService) -> dict[str, Any]:
+    """Every measurement; returns the result document."""
+    workdir = Path(tempfile.mkdtemp(prefix="escrowd-bench-"))
+    result: dict[str, Any] = {"benchmark": "indexer", "machine": machine()}
+    try:
+        async with asyncpg.create_pool(pg.admin_url, min_size=1, max_size=1) as pool:
+            result["machine"]["postgres"] = await pool.fetchval("SHOW server_version")
+        result["machine"]["broker"] = "external" if os.environ.get("KAFKA_BOOTSTRAP") else "tansu"
+        targets: dict[str, bool] = {}
+        if not args.head_only:
+            result.update(await backfill(args, pg, kafka, workdir))
+            targets["backfill_half_of_raw"] = result["ratios"]["indexer_vs_raw"] >= 0.5
+        head = await measure_head_latency(
+            await fresh_database(pg),
+            kafka.bootstrap,
+            workdir,
+            per_block=args.head_tx_per_block,
+            interval=args.head_interval,
+            blocks=args.head_blocks,
+        )
+        result["head_latency"] = head
+        targets["head_p50_le_20ms"] = head["p50_ms"] <= 20.0
+        targets["head_p99_le_100ms"] = head["p99_ms"] <= 100.0
+        result["targets"] = targets
+        result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, print the JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.bench_indexer", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--events", type=int, default=200_000, help="escrow events to mine (default 200000)"
+    )
+    parser.add_argument(
+        "--per-block", type=int, default=1000, help="events per block (default 1000)"
+    )
+    parser.add_argument(
+        "--finality-depth", type=int, default=64, help="indexer finality_depth (default 64)"
+    )
+    parser.add_argument(
+        "--head-blocks", type=int, default=200, help="blocks mined under load (default 200)"
+    )
+    parser.add_argument(
+        "--head-interval", type=float, default=0.1, help="seconds between blocks (default 0.1)"
+    )
+    parser.add_argument(
+        "--head-tx-per-block", type=int, default=20, help="transactions per block (default 20)"
+    )
+    parser.add_argument(
+        "--skip-etl", action="store_true", help="do not install or run ethereum-etl"
+    )
+    parser.add_argument(
+        "--etl-max-tx",
+        type=int,
+        default=20_000,
+        help="transactions ethereum-etl exports (default 20000)",
+    )
+    parser.add_argument("--head-only", action="store_true", help="measure head latency only")
+    parser.add_argument(
+        "--etl-venv", type=Path, default=None, help="reuse this ethereum-etl virtualenv"
+    )
+    args = parser.parse_args(argv)
+    configure_logging(json=True)  # structlog to stderr: stdout carries only the result
+    pg = start_postgres(prefix="escrowd_bench")
+    try:
+        kafka = start_kafka()
+        try:
+            result = asyncio.run(run(args, pg, kafka))
+        finally:
+            kafka.stop()
+    finally:
+        pg.stop()
+    print(orjson.dumps(result).decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -51,7 +52,7 @@ from relayer.verification.js_regex import (
 )
 from relayer.verification.structured import LabelFinder, extract_json_object, share_present
 from schemas.criteria import DEFAULT_PASS_THRESHOLD, ExpectedSchema, VerificationCriteria
-from schemas.verification import ALL_CRITERIA_MET, BreakdownItem, VerificationResult
+from schemas.verification import ALL_CRITERIA_MET, VerificationResult
 
 REASON_CRITERIA_TOO_LARGE = (
     "Verification criteria exceed the supported size — cannot auto-verify against them"
@@ -150,8 +151,25 @@ def _phrase_text(value: str) -> str:
     return text.fold(text.flatten(text.canonical(value)))
 
 
-@lru_cache(maxsize=512)
+_PLANS_BY_IDENTITY: dict[int, tuple[VerificationCriteria, _Plan]] = {}
+_PLANS_BY_IDENTITY_MAX = 256
+
+
 def _plan(criteria: VerificationCriteria) -> _Plan:
+    """The cached plan for `criteria`; the same object skips hashing the whole model."""
+    entry = _PLANS_BY_IDENTITY.get(id(criteria))
+    if entry is not None and entry[0] is criteria:
+        return entry[1]
+    plan = _plan_for(criteria)
+    if len(_PLANS_BY_IDENTITY) >= _PLANS_BY_IDENTITY_MAX:
+        _PLANS_BY_IDENTITY.clear()
+    # Holding the criteria keeps its id from being reused while the entry lives.
+    _PLANS_BY_IDENTITY[id(criteria)] = (criteria, plan)
+    return plan
+
+
+@lru_cache(maxsize=512)
+def _plan_for(criteria: VerificationCriteria) -> _Plan:
     keywords = tuple(k.lower() for k in criteria.contains_keywords or ())
     keyword_words = frozenset(w for k in keywords for w in text.words(k))
     forbidden = tuple(p for p in map(_phrase_text, criteria.forbidden_phrases or ()) if p)
@@ -264,7 +282,7 @@ def auto_check(
         return _hard_fail(REASON_EMPTY)
 
     normalised = text.canonical(output)
-    deliverable_lines, _disclosed = text.split_disclosure(normalised)
+    deliverable_lines, disclosed = text.split_disclosure(normalised)
     deliverable = text.flatten(deliverable_lines)
     scanned = failure_language.scan_text(deliverable)
     if failure_language.has_llm_error_marker(scanned):
@@ -297,14 +315,27 @@ def auto_check(
     if failure.is_excuse:
         return _hard_fail(REASON_EXCUSE)
 
-    return _score(plan, output, normalised, deliverable, regex_matched, failure.found)
+    if not disclosed and len(deliverable) <= 2 * failure_language.SCAN_WINDOW:
+        folded_output = scanned  # the same text, already folded
+    else:
+        folded_output = None
+    return _score(
+        plan, output, normalised, deliverable, folded_output, regex_matched, failure.found
+    )
+
+
+class _Scored(NamedTuple):
+    name: str
+    score: float
+    weight: float
+    reason: str
 
 
 class _Items:
     """Collects scored items; an item that raises scores 0 and is reported, not fatal."""
 
     def __init__(self) -> None:
-        self.breakdown: list[BreakdownItem] = []
+        self.breakdown: list[_Scored] = []
         self.notes: dict[str, str] = {}
         self.errors: dict[str, str] = {}
 
@@ -317,7 +348,7 @@ class _Items:
             self.errors[name] = f"{name}: {exc}"
         if math.isnan(value):
             value = 0.0
-        self.breakdown.append(BreakdownItem(name=name, score=value, weight=weight, reason=reason))
+        self.breakdown.append(_Scored(name, value, weight, reason))
 
     def note(self, name: str, explanation: str) -> None:
         self.notes[name] = explanation
@@ -328,6 +359,7 @@ def _score(
     output: str,
     normalised: str,
     deliverable: str,
+    folded_output: str | None,
     regex_matched: bool | None,
     failure_found: bool,
 ) -> VerificationResult:
@@ -364,7 +396,9 @@ def _score(
     if plan.forbidden:
 
         def forbidden_phrases() -> float:
-            folded = text.fold(text.flatten(normalised))
+            folded = folded_output
+            if folded is None:
+                folded = text.fold(text.flatten(normalised))
             return 0.0 if any(phrase in folded for phrase in plan.forbidden) else 1.0
 
         items.add("forbidden_phrases", WEIGHT_FORBIDDEN_PHRASES, forbidden_phrases)
@@ -433,28 +467,41 @@ def _verdict(plan: _Plan, items: _Items) -> VerificationResult:
     passed = ratio >= plan.threshold / 100 and not gate_missed
     if passed:
         reasons.insert(0, ALL_CRITERIA_MET)
-    return VerificationResult(
-        passed=passed,
-        score=_round_half_up(ratio * 100),
-        reasons=tuple(reasons),
-        breakdown=tuple(items.breakdown),
-        errors=dict(items.errors),
+    # One validation call for the whole result: cheaper than building each item.
+    return VerificationResult.model_validate(
+        {
+            "passed": passed,
+            "score": _round_half_up(ratio * 100),
+            "reasons": reasons,
+            "breakdown": [item._asdict() for item in items.breakdown],
+            "errors": items.errors,
+        }
     )
 
 
 # ── item scores ──────────────────────────────────────────────────────────────
 
 
+def _context_words(plan: _Plan, lowered: str) -> int:
+    """Words that are not keywords, counted no further than the rule needs."""
+    finder = text.word_finder(lowered)
+    # Most outputs have 30 such words in their first few hundred characters; the window
+    # ends at a space so that no word is cut in two.
+    is_keyword = plan.keyword_words.__contains__
+    window_end = lowered.find(" ", 300)
+    if window_end != -1:
+        words = finder.findall(lowered, 0, window_end)
+        if len(words) - sum(map(is_keyword, words)) >= MIN_KEYWORD_CONTEXT_WORDS:
+            return MIN_KEYWORD_CONTEXT_WORDS
+    words = finder.findall(lowered)
+    return min(MIN_KEYWORD_CONTEXT_WORDS, len(words) - sum(map(is_keyword, words)))
+
+
 def _contains_keywords(plan: _Plan, output: str, items: _Items) -> float:
     lowered = output.lower()
     if plan.keyword_context_rule:
         # Echoing the keywords is not content: count words that are not keywords.
-        context = 0
-        for match in text.word_finder(lowered).finditer(lowered):
-            if match.group() not in plan.keyword_words:
-                context += 1
-                if context >= MIN_KEYWORD_CONTEXT_WORDS:
-                    break
+        context = _context_words(plan, lowered)
         if context < MIN_KEYWORD_CONTEXT_WORDS:
             items.note(
                 "contains_keywords",

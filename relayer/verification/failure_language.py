@@ -40,7 +40,8 @@ MIN_DISTINCT_WORDS_NEUTRAL = 25
 ERROR_MARKER_WINDOW = 200
 
 _GAP = r"[^.!?]{0,80}?"  # a bounded gap that stays inside one sentence
-_CANT = ("cannot", "can't", "can not", "couldn't", "could not", "won't", "will not")
+# Every "cannot", "can't", "couldn't", "won't", "will not"... holds "not" or "n't".
+_CANT = ("not", "n't")
 _TASK_VERBS = (
     "complete|finish|fulfil|fulfill|deliver|help|assist|do|provide|perform|comply|proceed"
     "|continue|access|browse|generate|produce|accomplish"
@@ -49,11 +50,45 @@ _TASK_VERBS = (
 # (substrings one of which must be present, pattern). The substrings let a clean text
 # skip the regex work entirely.
 _Family = tuple[tuple[str, ...], re.Pattern[str]]
+_LEADING_BOUNDARY = "\\b"
 
 
 def _family(triggers: tuple[str, ...], source: str) -> _Family:
     # ASCII: \w and \b with JavaScript's meaning; folded text is mostly ASCII anyway.
-    return triggers, re.compile(source, re.ASCII)
+    # A leading \b is checked after the match instead (see _at_word_start): without it
+    # the pattern starts with a literal, and the matcher can skip ahead to it.
+    if not source.startswith(_LEADING_BOUNDARY):
+        raise ValueError("failure patterns start at a word boundary")
+    return triggers, re.compile(source[len(_LEADING_BOUNDARY) :], re.ASCII)
+
+
+def _at_word_start(text: str, position: int) -> bool:
+    if position == 0:
+        return True
+    before = text[position - 1]
+    return not (before.isascii() and (before.isalnum() or before == "_"))
+
+
+_APOLOGY = (
+    rf"\b{{lead}}\b{_GAP}"
+    r"(?:\bunable\b|\bcannot\b|\bcan't\b|\bcan not\b|\bcouldn't\b|\bcould not\b"
+    r"|n't able\b|\bnot able\b|\bnot possible\b)"
+)
+_TASK_UNDONE = (
+    r"\b{lead} (?:complete|finish|fulfil|fulfill|deliver|do|perform)"
+    r" (?:the|this|your|that) (?:task|request|job|assignment|work)\b"
+)
+_NOT_DELIVERED = r"\b{lead} (?:complete|fulfil|fulfill|deliver)\b"
+
+
+def _by_lead(
+    leads: tuple[str, ...], template: str, trigger: str | None = None
+) -> tuple[_Family, ...]:
+    """One family per leading phrase of an alternation: each pattern then starts with a
+    literal the matcher can skip to, where `(?:a|b|c)…` is tried at every position."""
+    return tuple(
+        _family((trigger or lead,), template.replace("{lead}", re.escape(lead))) for lead in leads
+    )
 
 
 REFUSAL_FAMILIES: tuple[_Family, ...] = (
@@ -77,28 +112,27 @@ REFUSAL_FAMILIES: tuple[_Family, ...] = (
         r"\bi (?:do not|don't|did not|didn't) have (?:the )?"
         r"(?:access|ability|tools?|capabilit(?:y|ies)|means|permissions?)\b",
     ),
-    _family(
-        ("sorry", "apologi", "regret", "unfortunately"),
-        rf"\b(?:sorry|apologi[sz]e|apologies|regret|unfortunately)\b{_GAP}"
-        r"(?:\bunable\b|\bcannot\b|\bcan't\b|\bcan not\b|\bcouldn't\b|\bcould not\b"
-        r"|n't able\b|\bnot able\b|\bnot possible\b)",
+    *_by_lead(("apologise", "apologize", "apologies"), _APOLOGY, trigger="apologi"),
+    *_by_lead(
+        ("sorry", "regret", "unfortunately"),
+        _APOLOGY,
     ),
-    _family(
-        ("able to", "failed to", "impossible to"),
-        r"\b(?:unable|not able|failed|impossible) to"
-        r" (?:complete|finish|fulfil|fulfill|deliver|do|perform)"
-        r" (?:the|this|your|that) (?:task|request|job|assignment|work)\b",
-    ),
+    *_by_lead(("unable to", "not able to"), _TASK_UNDONE, trigger="able to"),
+    *_by_lead(("failed to",), _TASK_UNDONE, trigger="failed"),
+    *_by_lead(("impossible to",), _TASK_UNDONE),
     _family(_CANT, r"\bcan(?:'t|not| not) (?:help|assist) (?:you )?with\b"),
-    _family(("my control",), r"\b(?:outside|beyond|not within|not in|not) my control\b"),
+    *_by_lead(
+        ("outside", "beyond", "not within", "not in", "not"),
+        r"\b{lead} my control\b",
+        trigger="my control",
+    ),
 )
 
 NEUTRAL_FAMILIES: tuple[_Family, ...] = (
-    _family(
-        ("unable to", "could not", "couldn't", "failed to"),
-        r"\b(?:unable to|could not|couldn't|failed to) (?:complete|fulfil|fulfill|deliver)\b",
-    ),
-    _family(("able to",), r"\b(?:was|were) (?:unable|not able) to\b"),
+    *_by_lead(("unable to",), _NOT_DELIVERED, trigger="able to"),
+    *_by_lead(("could not", "couldn't"), _NOT_DELIVERED, trigger="could"),
+    *_by_lead(("failed to",), _NOT_DELIVERED, trigger="failed"),
+    *_by_lead(("was", "were"), r"\b{lead} (?:unable|not able) to\b", trigger="able to"),
     _family(
         ("service",),
         r"\bservice (?:is |was |appears to be |seems to be )?(?:currently |temporarily )?"
@@ -106,7 +140,7 @@ NEUTRAL_FAMILIES: tuple[_Family, ...] = (
     ),
     _family(("technical difficulties",), r"\bexperiencing technical difficulties\b"),
     _family(("incomplete",), rf"\bincomplete\b{_GAP}\btask\b"),
-    _family(("incomplete",), rf"\b(?:task|status)\b{_GAP}\bincomplete\b"),
+    *_by_lead(("task", "status"), rf"\b{{lead}}\b{_GAP}\bincomplete\b", trigger="incomplete"),
     _family(("failed",), rf"\bstatus\b{_GAP}\bfailed\b"),
 )
 
@@ -183,6 +217,9 @@ def _sentences(
             continue
         position = 0
         while (match := pattern.search(text, position)) is not None:
+            if not _at_word_start(text, match.start()):
+                position = match.start() + 1
+                continue
             span = _sentence(text, match.start(), match.end())
             spans.append(span)
             # The rest of this sentence is already marked: resume after it.

@@ -32,7 +32,6 @@ JSON_SCAN_MAX_STARTS = 50
 LABEL_BODY_CHARS = 400
 LABEL_MAX_TRIES = 20
 
-_FENCE = re.compile(r"```(?:json)?\s*\n([\s\S]*?)```", re.IGNORECASE)
 _NEXT_HEADING = re.compile(r"\n[ \t]*#{1,6}[ \t]")
 _HAS_ALNUM = re.compile(r"[^\W_]")
 
@@ -130,6 +129,31 @@ def _whole_object(
     return value if used == len(trimmed) and isinstance(value, dict) else None
 
 
+def _fenced_blocks(source: str) -> list[tuple[int, int]]:
+    """Bodies of ```` ``` ```` / ```` ```json ```` blocks: the fence, optional `json` (any
+    case), whitespace up to the last newline of that run, then everything up to the next
+    fence. Found with `str.find`: a lazy regex walks the text a character at a time."""
+    blocks: list[tuple[int, int]] = []
+    opener = source.find("```")
+    while opener != -1:
+        at = opener + 3
+        if source[at : at + 4].lower() == "json":
+            at += 4
+        run_end = at
+        while run_end < len(source) and source[run_end].isspace():
+            run_end += 1
+        newline = source.rfind("\n", at, run_end)
+        if newline != -1:
+            body_start = newline + 1
+            closer = source.find("```", body_start)
+            if closer != -1:
+                blocks.append((body_start, closer))
+                opener = source.find("```", closer + 3)
+                continue
+        opener = source.find("```", opener + 1)
+    return blocks
+
+
 def extract_json_object(text: str) -> dict[str, Any] | None:
     """The JSON object a result holds (bare, fenced or embedded), or None."""
     source = text[:JSON_SCAN_CAP]
@@ -139,11 +163,10 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
     whole = _whole_object(source, 0, len(source), nesting)
     if whole is not None:
         return whole
-    if "```" in source:
-        for fence in _FENCE.finditer(source):
-            fenced = _whole_object(source, fence.start(1), fence.end(1), nesting)
-            if fenced is not None:
-                return fenced
+    for body_start, body_end in _fenced_blocks(source):
+        fenced = _whole_object(source, body_start, body_end, nesting)
+        if fenced is not None:
+            return fenced
     start = source.find("{")
     for _ in range(JSON_SCAN_MAX_STARTS):
         if start == -1:

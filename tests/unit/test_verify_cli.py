@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,9 +114,39 @@ def test_auto_deeply_nested_file_exits_2(tmp_path: Path) -> None:
     criteria = _write(tmp_path, "c.json", {"min_length": 10})
     result = _write(tmp_path, "r.json", "[" * 200_000 + "]" * 200_000)
     outcome = _run("auto", "--criteria", str(criteria), "--result", str(result))
-    assert outcome.exit_code in (0, 2)
-    if outcome.exit_code == 2:
-        assert "nested too deeply" in outcome.stderr
+    assert outcome.exit_code == 2
+    assert outcome.stderr.strip().splitlines() == [
+        f"error: result file {str(result)!r} is nested too deeply to read"
+    ]
+
+
+def test_escrowd_verify_survives_deep_json_with_raised_recursion_limit(tmp_path: Path) -> None:
+    """The `escrowd` process imports py_ecc, which raises the recursion limit to 100,000:
+    a deep file must be refused, not crash the C JSON decoder."""
+    criteria = _write(tmp_path, "c.json", {"min_length": 10})
+    result = _write(tmp_path, "r.json", "[" * 200_000 + "]" * 200_000)
+    script = (
+        "import sys; sys.setrecursionlimit(100_000); "
+        "from relayer.verification.cli import app; app()"
+    )
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "auto",
+            "--criteria",
+            str(criteria),
+            "--result",
+            str(result),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert "nested too deeply" in completed.stderr
 
 
 def test_validate_criteria_accepts(tmp_path: Path) -> None:

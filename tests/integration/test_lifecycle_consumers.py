@@ -1,0 +1,407 @@
+"""Lifecycle and reputation consumers on real anvil, PostgreSQL and Kafka.
+
+The indexer publishes the escrow's events; the consumers fold them. The tests compare the
+consumers' view with the contract's own (`getTask`), undo a failed verdict with a reorg,
+redeliver messages and restart consumers, and try every "can do now" answer on the chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from escrowd.consumer import IdempotentConsumer
+from escrowd.db import connect
+from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
+from escrowd.kafka import TopicSpec, ensure_topics
+from escrowd.scenarios import every_event_type
+from indexer.config import ChainConfig
+from relayer.lifecycle import consumer as lifecycle_consumer
+from relayer.lifecycle.machine import allowed_actions
+from relayer.reputation import consumer as reputation_consumer
+from schemas import jsoncodec
+from schemas.task_state import TaskState
+from tests.support.indexer_harness import in_process_indexer, read_topic, wait_for
+
+
+@dataclass
+class Consumers:
+    """The lifecycle and reputation consumers of one test, on the test's own topics."""
+
+    database_url: str
+    bootstrap: str
+    prefix: str
+    members: list[IdempotentConsumer] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def events_topic(self) -> str:
+        return f"{self.prefix}escrow.events.v1"
+
+    def topic(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    async def start(self) -> None:
+        self.members = [
+            lifecycle_consumer.build_consumer(
+                bootstrap=self.bootstrap, database_url=self.database_url, events_topic=self.events_topic,
+                group=f"{self.prefix}lifecycle", tasks_topic=self.topic("tasks"),
+                timers_topic=self.topic("timers"), dlq_topic=self.topic("dlq"),
+            ),
+            reputation_consumer.build_consumer(
+                bootstrap=self.bootstrap, database_url=self.database_url, events_topic=self.events_topic,
+                group=f"{self.prefix}reputation", reputation_topic=self.topic("reputation"),
+                dlq_topic=self.topic("dlq"),
+            ),
+        ]
+        self.tasks = [asyncio.create_task(m.run()) for m in self.members]
+
+    async def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+        for task in self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 20)
+
+
+@contextlib.asynccontextmanager
+async def pipeline(devnet: Devnet, database_url: str, bootstrap: str, prefix: str) -> AsyncIterator[Consumers]:
+    consumers = Consumers(database_url, bootstrap, prefix)
+    await ensure_topics(
+        bootstrap,
+        [TopicSpec(consumers.events_topic, 2)]
+        + [TopicSpec(consumers.topic(n), 2) for n in ("tasks", "timers", "reputation", "dlq")],
+    )
+    chain = ChainConfig(
+        chain_id=devnet.chain_id, rpc_urls=[devnet.rpc_url], ws_url=devnet.ws_url,
+        escrow_addresses=[devnet.escrow_address], confirmations=0, poll_interval=0.1,
+    )
+    async with in_process_indexer(chain, database_url, bootstrap, consumers.events_topic):
+        await consumers.start()
+        try:
+            yield consumers
+        finally:
+            await consumers.stop()
+
+
+async def _states(conn: asyncpg.Connection) -> dict[int, TaskState]:
+    rows = await conn.fetch("SELECT state FROM task_states")
+    return {s.task_id: s for s in (TaskState.model_validate(r["state"]) for r in rows)}
+
+
+async def _wait_consumed(conn: asyncpg.Connection, devnet: Devnet, timeout: float = 60.0) -> dict[int, TaskState]:
+    """Until every task's consumer state shows the chain's status and attempts."""
+    async def caught_up() -> bool:
+        states = await _states(conn)
+        for task_id in range(1, devnet.task_count() + 1):
+            view = devnet.get_task(task_id)
+            state = states.get(task_id)
+            if state is None or int(state.status) != int(view.status) or state.attempts_used != view.attempts:
+                return False
+        return True
+
+    await wait_for(caught_up, timeout=timeout, interval=0.1, what="consumers caught up with the chain")
+    return await _states(conn)
+
+
+def _assert_matches_contract(devnet: Devnet, state: TaskState) -> None:
+    view = devnet.get_task(state.task_id)
+    assert int(state.status) == int(view.status), state.task_id
+    assert state.attempts_used == view.attempts
+    assert state.poster.lower() == view.poster.lower()
+    assert state.reward == view.reward
+    assert state.deadline == view.deadline
+    assert (state.agent or "0x" + "0" * 40).lower() == view.agent.lower()
+    assert (state.failed_at or 0) == view.failed_at
+    assert (state.escalated_at or 0) == view.escalated_at
+    assert state.disputed == view.disputed
+    assert set(state.judged_attempts) == {a for a in (1, 2, 3) if view.judged_mask >> (a - 1) & 1}
+
+
+def _expected_score(devnet: Devnet, agent: str) -> int:
+    score = 100
+    for log in devnet.logs():
+        if log.name == "VerificationCompleted" and log.args["agent"].lower() == agent:
+            score = min(100, score + 1) if log.args["passed"] else max(0, score - 10)
+    return score
+
+
+async def _reputation(conn: asyncpg.Connection, agent: str) -> tuple[int, int] | None:
+    row = await conn.fetchrow("SELECT score, dispute_count FROM agent_reputation WHERE agent = $1", agent.lower())
+    return None if row is None else (row["score"], row["dispute_count"])
+
+
+async def test_consumer_state_equals_the_contract_for_every_path(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Every scripted path: the folded state equals `getTask`; reputation follows the verdicts."""
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        every_event_type(devnet)
+        conn = await connect(database_url)
+        try:
+            states = await _wait_consumed(conn, devnet)
+            for state in states.values():
+                _assert_matches_contract(devnet, state)
+            fails: dict[str, int] = {}
+            passes: dict[str, int] = {}
+            for log in devnet.logs():
+                if log.name == "VerificationCompleted":
+                    bucket = passes if log.args["passed"] else fails
+                    bucket[log.args["agent"].lower()] = bucket.get(log.args["agent"].lower(), 0) + 1
+
+            async def reputations_done() -> bool:
+                for agent in set(fails) | set(passes):
+                    rep = await _reputation(conn, agent)
+                    if rep is None or rep[1] != fails.get(agent, 0):
+                        return False
+                return True
+
+            await wait_for(reputations_done, timeout=30, what="reputation caught up")
+            for agent in set(fails) | set(passes):
+                rep = await _reputation(conn, agent)
+                assert rep is not None
+                assert rep[1] == fails.get(agent, 0)
+                # Start 100, -10 per failed round, +1 per pass, clamped to 0..100, in chain order.
+                assert rep[0] == _expected_score(devnet, agent)
+            records = await read_topic(kafka_bootstrap, consumers.topic("tasks"), timeout=20)
+            assert {int(r.key.decode().split(":")[1]) for r in records if r.key} == set(states)
+        finally:
+            await conn.close()
+
+
+async def test_retracted_failed_verdict_restores_state_and_reputation(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A reorg drops a failed verdict: the task is Submitted again and the agent's reputation restored."""
+    poster, agent = devnet.posters[0], devnet.agents[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix):
+        conn = await connect(database_url)
+        try:
+            task = devnet.post_task(poster)
+            devnet.accept_task(task, sender=agent)
+            evidence = text_hash("will be judged, then un-judged")
+            devnet.submit_evidence(task, evidence, sender=agent)
+            states = await _wait_consumed(conn, devnet)
+            assert int(states[task].status) == 2
+            devnet.complete_verification(task, 1, evidence, False, 5, sender=devnet.marketplace_verifier)
+            states = await _wait_consumed(conn, devnet)
+            assert int(states[task].status) == 3
+            await wait_for(lambda: _reputation(conn, agent.address), timeout=20, what="reputation row")
+            assert await _reputation(conn, agent.address) == (90, 1)
+
+            devnet.reorg(1)  # the verdict's block is replaced by an empty one
+            assert int(devnet.get_task(task).status) == 2
+            states = await _wait_consumed(conn, devnet)
+            assert int(states[task].status) == 2
+            assert states[task].failed_at is None
+            _assert_matches_contract(devnet, states[task])
+
+            async def restored() -> bool:
+                return await _reputation(conn, agent.address) == (100, 0)
+
+            await wait_for(restored, timeout=20, what="reputation restored")
+        finally:
+            await conn.close()
+
+
+async def test_duplicates_and_restarts_change_nothing(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Every event delivered twice more and both consumers restarted: same states, same reputation."""
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        every_event_type(devnet)
+        conn = await connect(database_url)
+        try:
+            before = await _wait_consumed(conn, devnet)
+            await wait_for(lambda: conn.fetchval("SELECT count(*) > 0 FROM agent_reputation"), timeout=20)
+            await asyncio.sleep(1.0)
+            reputation_before = [dict(r) for r in await conn.fetch(
+                "SELECT agent, score, dispute_count, passes, failures FROM agent_reputation ORDER BY agent")]
+            records = await read_topic(kafka_bootstrap, consumers.events_topic, timeout=20)
+            assert records
+            await consumers.stop()
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
+            await producer.start()
+            try:
+                for _ in range(2):
+                    for record in reversed(records):
+                        await producer.send_and_wait(
+                            consumers.events_topic, jsoncodec.dumps(record.payload), key=record.key,
+                            headers=[(k, v.encode()) for k, v in record.headers.items()],
+                        )
+            finally:
+                await producer.stop()
+            processed_before = await conn.fetchval("SELECT count(*) FROM consumer_inbox")
+            await consumers.start()
+
+            async def drained() -> bool:
+                rows = await conn.fetchval(
+                    "SELECT count(*) FROM consumer_inbox WHERE consumer = $1", f"{topic_prefix}lifecycle")
+                return rows == len(records)
+
+            await wait_for(drained, timeout=30, what="inbox stable")
+            await asyncio.sleep(2.0)
+            assert await conn.fetchval("SELECT count(*) FROM consumer_inbox") == processed_before
+            after = await _states(conn)
+            assert after == before
+            reputation_after = [dict(r) for r in await conn.fetch(
+                "SELECT agent, score, dispute_count, passes, failures FROM agent_reputation ORDER BY agent")]
+            assert reputation_after == reputation_before
+        finally:
+            await conn.close()
+
+
+async def test_can_do_now_answers_agree_with_the_contract(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Random calls and time jumps; then every capability the consumer reports is tried on chain."""
+    rng = random.Random(7)
+    actors = [*devnet.posters[:2], *devnet.agents[:2], devnet.marketplace_verifier, devnet.arbiter]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix):
+        conn = await connect(database_url)
+        try:
+            tasks = [devnet.post_task(devnet.posters[i % 2], duration=rng.choice((DAY, 3 * DAY))) for i in range(6)]
+            for step in range(60):
+                task = rng.choice(tasks)
+                actor = rng.choice(actors)
+                action = rng.choice(("accept", "submit", "pass", "fail", "dispute", "resolve", "timeout",
+                                     "collect", "cancel", "time"))
+                view = devnet.get_task(task)
+                with contextlib.suppress(EscrowRevert):
+                    match action:
+                        case "accept":
+                            devnet.accept_task(task, sender=actor)
+                        case "submit":
+                            devnet.submit_evidence(task, text_hash(f"{task}-{step}"), sender=actor)
+                        case "pass" | "fail":
+                            devnet.complete_verification(task, view.attempts, view.last_evidence_hash,
+                                                         action == "pass", 50, sender=actor)
+                        case "dispute":
+                            devnet.raise_dispute(task, sender=actor)
+                        case "resolve":
+                            devnet.resolve_dispute(task, rng.choice((0, 5_000, 10_000)))
+                        case "timeout":
+                            devnet.claim_timeout(task, sender=actor)
+                        case "collect":
+                            devnet.collect_escalated(task, sender=actor)
+                        case "cancel":
+                            devnet.cancel(task, sender=actor)
+                        case "time":
+                            devnet.increase_time(rng.choice((3600, DAY, 3 * DAY, 14 * DAY)))
+            devnet.mine()
+            states = await _wait_consumed(conn, devnet)
+            now = devnet.now()
+            checked = 0
+            for task in tasks:
+                state = states[task]
+                _assert_matches_contract(devnet, state)
+                for cap in allowed_actions(state, now + 1):
+                    if not cap.is_open(now + 1):
+                        continue
+                    snapshot = devnet.snapshot()
+                    try:
+                        sender = _actor_for(devnet, state, cap.actor)
+                        _try(devnet, state, cap.action, sender)  # must not revert
+                        checked += 1
+                    finally:
+                        devnet.revert(snapshot)
+            assert checked > 0
+            refused = 0
+            every = [("poster", a) for a in ("cancel", "claim_timeout", "raise_dispute")] + [
+                ("agent", a) for a in ("accept", "submit_evidence", "raise_dispute", "collect_escalated")
+            ] + [("arbiter", "resolve_dispute"), ("verifier", "complete_verification")]
+            for task in tasks:
+                state = states[task]
+                open_now = {(c.actor, c.action) for c in allowed_actions(state, now + 1) if c.is_open(now + 1)}
+                for role, action in every:
+                    if (role, action) in open_now:
+                        continue
+                    snapshot = devnet.snapshot()
+                    try:
+                        try:
+                            _try(devnet, state, action, _actor_for(devnet, state, role))
+                        except EscrowRevert:
+                            refused += 1
+                        else:
+                            raise AssertionError(f"task {task}: {role} could {action}, the consumer said no")
+                    finally:
+                        devnet.revert(snapshot)
+            assert refused > 0
+        finally:
+            await conn.close()
+
+
+def _actor_for(devnet: Devnet, state: TaskState, role: str) -> str:
+    if role == "poster":
+        return state.poster
+    if role == "agent":
+        return state.agent or devnet.agents[3].address
+    if role == "arbiter":
+        return devnet.arbiter.address
+    return state.verifier or devnet.marketplace_verifier.address
+
+
+def _try(devnet: Devnet, state: TaskState, action: str, sender: str) -> None:
+    task = state.task_id
+    devnet.set_next_timestamp(devnet.now() + 1)
+    match action:
+        case "cancel":
+            devnet.cancel(task, sender=sender)
+        case "accept":
+            devnet.accept_task(task, sender=sender)
+        case "submit_evidence":
+            devnet.submit_evidence(task, text_hash("probe"), sender=sender)
+        case "raise_dispute":
+            devnet.raise_dispute(task, sender=sender)
+        case "claim_timeout":
+            devnet.claim_timeout(task, sender=sender)
+        case "collect_escalated":
+            devnet.collect_escalated(task, sender=sender)
+        case "resolve_dispute":
+            devnet.resolve_dispute(task, 5_000, sender=sender)
+        case "complete_verification":
+            view = devnet.get_task(task)
+            devnet.complete_verification(task, view.attempts, view.last_evidence_hash, True, 80, sender=sender)
+        case _:
+            raise AssertionError(f"unknown action {action}")
+
+
+async def test_timers_fire_once_as_chain_time_crosses_them(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Deadline passed and appeal window closed are published when chain time (not wall time) passes them."""
+    poster, agent = devnet.posters[0], devnet.agents[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        conn = await connect(database_url)
+        try:
+            task = devnet.post_task(poster, duration=DAY)
+            devnet.accept_task(task, sender=agent)
+            evidence = text_hash("failing work")
+            devnet.submit_evidence(task, evidence, sender=agent)
+            devnet.complete_verification(task, 1, evidence, False, 0, sender=devnet.marketplace_verifier)
+            await _wait_consumed(conn, devnet)
+            await asyncio.sleep(1.5)
+            early = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
+            assert [r for r in early if r.payload.get("task_id") == task] == []
+            devnet.increase_time(DAY + 3 * DAY + 10)  # past the deadline and the appeal window
+            devnet.mine()
+
+            async def fired() -> bool:
+                records = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
+                kinds = [r.payload["kind"] for r in records if r.payload.get("task_id") == task]
+                return "appeal_window_closed" in kinds and "deadline_passed" in kinds
+
+            await wait_for(fired, timeout=40, interval=0.5, what="timers published")
+            records = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
+            kinds = [r.payload["kind"] for r in records if r.payload.get("task_id") == task]
+            assert sorted(kinds) == ["appeal_window_closed", "deadline_passed"]
+            state = (await _states(conn))[task]
+            assert state.pending_timers == ()
+        finally:
+            await conn.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -725,3 +726,87 @@ def test_model_and_mapping_criteria_agree_and_unknown_fields_are_dropped() -> No
     raw = {"contains_keywords": ["billing"], "min_length": 20, "min_lenght": 10_000}
     assert check(PROSE, raw) == check(PROSE, VerificationCriteria.model_validate(raw))
     assert check(PROSE, raw).passed
+
+
+# ── building blocks ───────────────────────────────────────────────────────────
+
+
+def test_unicode_tables_match_the_interpreter() -> None:
+    import unicodedata
+
+    from relayer.verification.unicode_tables import FORMAT_CHARACTERS, MARKS
+
+    def ranges(wanted: Callable[[str], bool]) -> list[tuple[int, int]]:
+        found: list[tuple[int, int]] = []
+        for code in range(0x110000):
+            if wanted(unicodedata.category(chr(code))):
+                if found and found[-1][1] == code - 1:
+                    found[-1] = (found[-1][0], code)
+                else:
+                    found.append((code, code))
+        return found
+
+    assert list(FORMAT_CHARACTERS) == ranges(lambda category: category == "Cf")
+    assert list(MARKS) == ranges(lambda category: category.startswith("M"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalised"),
+    [
+        ("a\u200bb\u00adc\ufeffd", "abcd"),
+        ("ｆｕｌｌ　ｗｉｄｔｈ", "full width"),
+        ("don’t ʼn ‘x’", "don't 'n 'x'"),
+        ("a\x1cb\x85c\x00d", "abcd"),
+        ("line\r\nnext\rthird", "line\nnext\nthird"),
+        ("tab\there\vand\fform", "tab\there\vand\fform"),
+        ("ﬁ ligature", "fi ligature"),
+    ],
+)
+def test_canonical_normalisation(raw: str, normalised: str) -> None:
+    from relayer.verification.text import canonical
+
+    assert canonical(raw) == normalised
+
+
+def test_flatten_and_fold() -> None:
+    from relayer.verification.text import flatten, fold
+
+    assert flatten("  a \n\n b\t\u3000c  ") == "a b c"
+    assert fold("Ÿ Crème LОREM ΙΡSUM") == "y creme lorem ipsum"
+
+
+def test_words_and_answer_words() -> None:
+    from relayer.verification.text import answer_words, words
+
+    assert words("Don't stop end-to-end 漢字 snake_case") == [
+        "don't", "stop", "end-to-end", "漢", "字", "snake", "case",
+    ]  # fmt: skip
+    assert answer_words("Total 1,204 or 443.21, then 42.") == [
+        "total", "1,204", "or", "443.21", "then", "42",
+    ]  # fmt: skip
+
+
+def test_fenced_block_scan_matches_the_regex_definition() -> None:
+    import random
+    import re
+
+    from relayer.verification.structured import _fenced_blocks
+
+    fence = re.compile(r"```(?:json)?\s*\n([\s\S]*?)```", re.IGNORECASE)
+    rng = random.Random(3)
+    pieces = ["```", "json", "JSON", "\n", " ", "{}", "x", "`", "\t"]
+    for _ in range(2_000):
+        sample = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        assert _fenced_blocks(sample) == [m.span(1) for m in fence.finditer(sample)], sample
+
+
+def test_json_text_is_written_as_javascript_writes_it() -> None:
+    from relayer.verification.js_json import js_number, to_js_json
+
+    assert [js_number(x) for x in (1.0, 0.5, 1e-7, 1e16, 1e21, -2.5, 0.1 + 0.2)] == [
+        "1", "0.5", "1e-7", "10000000000000000", "1e+21", "-2.5", "0.30000000000000004",
+    ]  # fmt: skip
+    assert to_js_json({"b": 1, "10": 2, "2": [True, None, float("nan")]}) == (
+        '{"2":[true,null,null],"10":2,"b":1}'
+    )
+    assert to_js_json("x") == '"x"'

@@ -108,7 +108,7 @@ def _canonical_parts(value: Any, out: list[str]) -> None:
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
-        out.append(str(int(value)) if value.is_integer() and abs(value) < 1e21 else _es_number(value))
+        out.append(_es_number(value))
     elif isinstance(value, str):
         out.append(_canonical_string(value))
     elif isinstance(value, list | tuple):

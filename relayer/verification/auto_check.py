@@ -134,7 +134,6 @@ class _Plan:
     keyword_words: frozenset[str]
     keyword_context_rule: bool
     forbidden: tuple[str, ...]  # folded
-    regex_source: str | None
     regex: JsRegex | None
     regex_refusal: str | None
     schema: ExpectedSchema | None
@@ -217,7 +216,6 @@ def _plan_for(criteria: VerificationCriteria) -> _Plan:
         keyword_words=keyword_words,
         keyword_context_rule=(criteria.min_length or 0) < DEFAULT_MIN_CONTENT_CHARS,
         forbidden=forbidden,
-        regex_source=criteria.regex_pattern or None,
         regex=regex,
         regex_refusal=refusal,
         schema=criteria.expected_schema,
@@ -341,13 +339,13 @@ class _Items:
 
     def add(self, name: str, weight: float, score: Callable[[], float]) -> None:
         try:
-            value = min(1.0, max(0.0, float(score())))
+            value = float(score())
             reason = ""
         except Exception as exc:
             value, reason = 0.0, "CRASHED"
             self.errors[name] = f"{name}: {exc}"
-        if math.isnan(value):
-            value = 0.0
+        if not 0.0 <= value <= 1.0:  # also catches NaN
+            value = 0.0 if math.isnan(value) else min(1.0, max(0.0, value))
         self.breakdown.append(_Scored(name, value, weight, reason))
 
     def note(self, name: str, explanation: str) -> None:

@@ -1,0 +1,135 @@
+"""The service shell: settings, the signing key (never shown), the CLI entry points, the retry scheduler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from structlog.testing import capture_logs
+from typer.testing import CliRunner
+
+from escrowd.db import connect
+from relayer.verification import consumer_cli
+from relayer.verification.routing import RetryPolicy
+from relayer.verification.service import (
+    RetryScheduler,
+    SigningKeyError,
+    VerificationSettings,
+    load_signing_key,
+)
+from schemas import topics
+from schemas.task_terms import result_hash
+
+from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler
+
+KEY = "0x" + "4c" * 32
+ADDRESS = Account.from_key(KEY).address
+
+
+def settings(**extra: Any) -> VerificationSettings:
+    values: dict[str, Any] = {"database_url": "postgresql://u@h/d", "kafka_bootstrap": "127.0.0.1:9092"}
+    values.update(extra)
+    return VerificationSettings(**values)
+
+
+def test_signing_key_from_raw_setting_or_keystore(tmp_path: Path) -> None:
+    """Raw key for the devnet; an encrypted keystore with its password otherwise."""
+    assert load_signing_key(settings(verification_signing_key=KEY)) == KEY
+    keystore = tmp_path / "key.json"
+    keystore.write_text(json.dumps(Account.encrypt(KEY, "pw", iterations=2)))
+    loaded = load_signing_key(settings(verification_keystore=keystore, verification_keystore_password="pw"))
+    assert loaded == KEY
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({}, "set verification_keystore"),
+        ({"verification_signing_key": "0x1234"}, "not a valid secp256k1 private key"),
+        ({"verification_keystore": "/nonexistent/key.json"}, "password is not"),
+    ],
+)
+def test_signing_key_errors_never_show_the_key(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(SigningKeyError, match=message) as caught:
+        load_signing_key(settings(**extra))
+    assert "1234" not in str(caught.value)
+
+
+def test_wrong_keystore_password_is_an_error_without_the_password(tmp_path: Path) -> None:
+    keystore = tmp_path / "key.json"
+    keystore.write_text(json.dumps(Account.encrypt(KEY, "right", iterations=2)))
+    with pytest.raises(SigningKeyError, match="cannot decrypt") as caught:
+        load_signing_key(settings(verification_keystore=keystore, verification_keystore_password="wrong-password"))
+    assert "wrong-password" not in str(caught.value)
+
+
+def test_settings_build_the_registry_topics_and_policy(tmp_path: Path) -> None:
+    s = settings(plugin_packages=["p"], endpoint_hosts=["h"], endpoint_timeout=5, rubric_dir=tmp_path, events_topic="x.events")
+    registry = s.registry()
+    assert (registry.allowed_plugin_packages, registry.allowed_endpoint_hosts, registry.endpoint_timeout) == (("p",), ("h",), 5)
+    assert s.topics().events == "x.events" and s.topics().verdicts == topics.VERDICTS
+    assert RetryPolicy(s.retry_base_seconds, s.retry_max_seconds).delay(1) == 5
+    with pytest.raises(ValueError, match="postgresql"):
+        settings(database_url="mysql://x")
+
+
+def test_cli_check_prints_the_signer_and_never_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ESCROWD_DATABASE_URL", "postgresql://u@h/d")
+    monkeypatch.setenv("ESCROWD_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    monkeypatch.setenv("ESCROWD_VERIFICATION_SIGNING_KEY", KEY)
+    result = CliRunner().invoke(consumer_cli.app, ["check"])
+    assert result.exit_code == 0 and ADDRESS in result.output and KEY[2:] not in result.output
+    monkeypatch.setenv("ESCROWD_VERIFICATION_SIGNING_KEY", "0xnothex")
+    result = CliRunner().invoke(consumer_cli.app, ["check"])
+    assert result.exit_code == 2 and "signing key" in result.output
+
+
+async def test_signing_key_never_reaches_the_logs(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
+    """A judged and signed verdict logs its effects, never the service's key."""
+    from .conftest import SIGNING_KEY
+
+    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
+            "verificationMode": "auto", "verificationCriteria": {"min_length": 5}}  # fmt: skip
+    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
+    await chain.created(3, who["poster"].address, task_hash)
+    await chain.accepted(3, who["agent"].address)
+    await chain.submitted(3, who["agent"].address, 1, result_hash("a long enough answer with words"))
+    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/3/finalize"
+    assert (await api.call("POST", path, {"result": "a long enough answer with words"}, as_=who["agent"])).status_code == 202
+    with capture_logs() as logs:
+        await drain(database_url, make_handler())
+    assert any(entry["event"] == "verification_effect" and entry["effect"] == "RecordResult" for entry in logs)
+    text = json.dumps(logs, default=str).lower()
+    assert SIGNING_KEY[2:].lower() not in text
+
+
+async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
+    """A finalize waiting for its retry is queued on the requests topic when due, and only once."""
+    from relayer.verification.registry import VerifierRegistry
+
+    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
+            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.broken:score"}}  # fmt: skip
+    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
+    await chain.created(4, who["poster"].address, task_hash)
+    await chain.accepted(4, who["agent"].address)
+    await chain.submitted(4, who["agent"].address, 1, result_hash("x"))
+    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/4/finalize"
+    assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
+    registry = VerifierRegistry(allowed_plugin_packages=["tests.verification.plugins"])
+    await drain(database_url, make_handler(registry=registry))
+    scheduler = RetryScheduler(database_url, topics.VERIFICATION_REQUESTS)
+    conn = await connect(database_url)
+    try:
+        assert await scheduler.run_once(conn) == 1
+        assert await scheduler.run_once(conn) == 0
+        row = await conn.fetchrow("SELECT state, retry_count FROM verification_requests WHERE kind = 'finalize' AND task_id = 4")
+        assert (row["state"], row["retry_count"]) == ("retry_queued", 1)
+        await drain(database_url, make_handler(registry=registry))  # the retry runs, and fails again
+        row = await conn.fetchrow("SELECT state, retry_count FROM verification_requests WHERE kind = 'finalize' AND task_id = 4")
+        assert (row["state"], row["retry_count"]) == ("waiting_retry", 2)
+        assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 4") == 0
+    finally:
+        await conn.close()

@@ -38,12 +38,13 @@ TYPICAL_CRITERIA = VerificationCriteria.model_validate(
     }
 )
 
-_VOCABULARY = (
+_PROSE = (
     "the consumer group rebalanced after a broker restart and partition leadership moved "
     "while producers kept writing with idempotence enabled so no duplicates reached the "
     "ledger table; p99 latency rose during compaction and throughput recovered once the "
     "replica fetchers caught up with the log end offset of every partition in the topic"
-).split()
+)
+_VOCABULARY = _PROSE.split()
 
 
 def _sentence(rng: random.Random, words: int) -> str:

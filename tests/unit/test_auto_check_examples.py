@@ -8,15 +8,17 @@ disclosure section).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from relayer.verification.auto_check import auto_check
-from schemas.verification import ALL_CRITERIA_MET
+from schemas.verification import ALL_CRITERIA_MET, VerificationResult
 
 DEFAULT_RULES = {"min_length": 10, "pass_threshold": 60}
 
 
-def _check(output: str, criteria: dict[str, object]):
+def _check(output: str, criteria: Mapping[str, object]) -> VerificationResult:
     return auto_check({"output": output}, criteria)
 
 

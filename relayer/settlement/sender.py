@@ -173,6 +173,7 @@ class SenderOptions:
     replace_after: float = 30.0
     watch_blocks: int = 64
     recheck_interval: float = 5.0
+    track_interval: float = 0.1  # at most one receipts round per this many seconds
 
 
 @dataclass
@@ -679,6 +680,9 @@ class ChainSender:
                 self._reorg_suspected = False
                 last_full = now
             await self._track(full=full)
+            # Coalesce: on a fast chain (anvil mines a block per transaction) one round per
+            # head would spend the node's time on our receipts instead of on mining.
+            await asyncio.sleep(max(0.0, self._opt.track_interval - (time.monotonic() - now)))
 
     async def _receipts(self, hashes: Sequence[str]) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}

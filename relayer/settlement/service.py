@@ -109,7 +109,10 @@ class Relayer:
                 broadcast_concurrency=s.relayer_broadcast_concurrency,
                 replace_after=s.relayer_replace_after_seconds,
                 watch_blocks=s.relayer_reorg_watch_blocks,
-                recheck_interval=s.relayer_poll_interval,
+                # Reorgs announce themselves through new heads; the periodic receipt
+                # re-read is a backstop for silent rollbacks and need not be frequent.
+                recheck_interval=max(s.relayer_poll_interval, 5.0),
+                track_interval=s.relayer_track_interval,
             )
             for chain in s.chains:
                 self.senders[chain.chain_id] = ChainSender(

@@ -1,0 +1,358 @@
+"""Relayer throughput: verdicts relayed per second vs the raw rate of presigned transactions.
+
+`python -m bench.bench_relayer [--verdicts N]` prints one JSON object.
+
+On one fresh anvil (automine, as the devnet runs), in the same run:
+
+- raw: N presigned `completeVerification` transactions from the verifier key, sent with
+  16 requests in flight over one HTTP session, timed until the last one is mined (the
+  account's mined count reaches the end). Measured twice, before and after the relayer,
+  because anvil slows as the chain grows; the relayer's run sits between the two.
+- relayer: N signed verdicts published to Kafka at once, timed from the publish until
+  every verdict is confirmed in the database: consume, signature and indexed-state
+  checks, idempotency row, on-chain `isJudged` + simulation, signing, pipelined sends,
+  receipts by new heads. The consumer group is joined and warm before the clock starts
+  (one warm-up verdict); the indexer indexes the tasks first and is then stopped, so the
+  relayer is measured alone.
+
+Target: relayer >= 0.75 x raw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from escrowd.devnet import Devnet, deploy_devnet, text_hash
+from escrowd.logging import configure_logging
+from escrowd.services.anvil import AnvilProcess
+from escrowd.services.kafka import start_kafka
+from escrowd.services.ports import free_port
+from escrowd.services.postgres import start_postgres
+from relayer.settlement.config import ChainSettings, RelayerSettings
+from relayer.settlement.fees import Fees
+from relayer.settlement.keys import SecretKey
+from relayer.settlement.service import Relayer
+from relayer.settlement.txs import complete_verification_data, sign_eip1559
+from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key, verdict_payload
+
+POLL = 0.02  # both measurements poll for completion at the same rate
+
+
+def _encode(fn: str, types: list[str], args: list[Any]) -> str:
+    from eth_abi.abi import encode
+
+    from relayer.settlement.txs import selector
+
+    return "0x" + (selector(fn) + encode(types, args)).hex()
+
+
+def _send_all(devnet: Devnet, txs: list[tuple[str, str]]) -> None:
+    """eth_sendTransaction each (sender, calldata) to the escrow, then mine them all."""
+    for sender, data in txs:
+        devnet.rpc("eth_sendTransaction", {"from": sender, "to": devnet.escrow_address, "data": data, "gas": hex(1_000_000)})
+    while int(devnet.rpc("txpool_status")["pending"], 16) > 0:
+        devnet.mine()
+
+
+def make_tasks(devnet: Devnet, count: int, tag: str) -> list[tuple[int, str]]:
+    """`count` tasks with evidence submitted, built in three mined batches (a short chain:
+    anvil mines slower as the chain grows, and the set-up must not skew the measurement)."""
+    devnet.rpc("evm_setAutomine", False)
+    try:
+        first = devnet.task_count() + 1
+        deadline = devnet.now() + 7 * 86_400
+        posters = [devnet.posters[i % len(devnet.posters)].address for i in range(count)]
+        _send_all(
+            devnet,
+            [
+                (posters[i], _encode("createTask", ["bytes32", "uint256", "uint64"], [text_hash(f"{tag}:task:{i}"), 10**6, deadline]))
+                for i in range(count)
+            ],
+        )
+        ids = list(range(first, first + count))
+        assert devnet.task_count() == first + count - 1, "some createTask failed"
+        agents = [devnet.agents[i % len(devnet.agents)].address for i in range(count)]
+        _send_all(devnet, [(agents[i], _encode("acceptTask", ["uint256"], [ids[i]])) for i in range(count)])
+        evidence = [text_hash(f"{tag}:evidence:{i}") for i in range(count)]
+        _send_all(
+            devnet,
+            [(agents[i], _encode("submitEvidence", ["uint256", "bytes32"], [ids[i], evidence[i]])) for i in range(count)],
+        )
+    finally:
+        devnet.rpc("evm_setAutomine", True)
+    for task_id in (ids[0], ids[-1]):
+        assert devnet.get_task(task_id).attempts == 1, "set-up failed"
+    return [(task_id, "0x" + e.hex()) for task_id, e in zip(ids, evidence, strict=True)]
+
+
+async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]]) -> float:
+    rpc = devnet.rpc_url
+    start_nonce = int(devnet.rpc("eth_getTransactionCount", key.address, "latest"), 16)
+    base = int(devnet.rpc("eth_getBlockByNumber", "latest", False)["baseFeePerGas"], 16)
+    fees = Fees(max_fee_per_gas=4 * base + 10**9, max_priority_fee_per_gas=10**9)
+    raws = [
+        sign_eip1559(
+            key,
+            chain_id=devnet.chain_id,
+            nonce=start_nonce + i,
+            to=devnet.escrow_address,
+            data=complete_verification_data(task_id, 1, evidence, True, 90),
+            gas_limit=300_000,
+            fees=fees,
+        ).raw_hex
+        for i, (task_id, evidence) in enumerate(tasks)
+    ]
+    end_nonce = start_nonce + len(raws)
+    async with aiohttp.ClientSession() as session:
+        gate = asyncio.Semaphore(16)
+
+        async def send(i: int, raw: str) -> None:
+            async with gate:
+                body = {"jsonrpc": "2.0", "id": i, "method": "eth_sendRawTransaction", "params": [raw]}
+                async with session.post(rpc, json=body) as response:
+                    reply = await response.json()
+                    if "error" in reply:
+                        raise RuntimeError(f"raw send refused: {reply['error']}")
+
+        async def mined_count() -> int:
+            body = {"jsonrpc": "2.0", "id": 0, "method": "eth_getTransactionCount", "params": [key.address, "latest"]}
+            async with session.post(rpc, json=body) as response:
+                return int((await response.json())["result"], 16)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(send(i, raw) for i, raw in enumerate(raws)))
+        while await mined_count() < end_nonce:  # noqa: ASYNC110 -- polling the node is the measurement
+            await asyncio.sleep(POLL)
+        return len(raws) / (time.perf_counter() - started)
+
+
+async def index(devnet: Devnet, database_url: str) -> None:
+    from indexer.config import ChainConfig
+    from indexer.service import ChainIndexer
+
+    config = ChainConfig(
+        chain_id=devnet.chain_id,
+        rpc_urls=[devnet.rpc_url],
+        ws_url=devnet.ws_url,
+        escrow_addresses=[devnet.escrow_address],
+        start_block=devnet.deploy_block,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(ChainIndexer(config, database_url=database_url, topic="bench.events").run(stop))
+    target = devnet.block_number()
+    conn = await asyncpg.connect(database_url)
+    try:
+        while True:
+            cursor = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", devnet.chain_id)
+            if cursor is not None and cursor >= target:
+                break
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def publish(bootstrap: str, topic: str, verdicts: list[Any]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from escrowd.kafka import encode_headers
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(
+                topic,
+                value=verdict_payload(s),
+                key=verdict_key(s.verdict),
+                headers=encode_headers(verdict_headers(s)),
+            )
+            for s in verdicts
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def relayer_rate(
+    devnet: Devnet, database_url: str, bootstrap: str, tasks: list[tuple[int, str]], warmup: tuple[int, str], run_no: int
+) -> dict[str, float]:
+    signer = devnet.spare[0]
+
+    def signed(task: tuple[int, str]) -> Any:
+        return sign_verdict(
+            Verdict(
+                chain_id=devnet.chain_id,
+                escrow=devnet.escrow_address,
+                task_id=task[0],
+                attempt=1,
+                evidence_hash=task[1],
+                passed=True,
+                score=90,
+                issued_at=datetime.now(UTC),
+            ),
+            signer.private_key,
+        )
+
+    settings = RelayerSettings(
+        database_url=database_url,
+        kafka_bootstrap=bootstrap,
+        chains=[
+            ChainSettings(
+                chain_id=devnet.chain_id,
+                rpc_urls=[devnet.rpc_url],
+                ws_url=devnet.ws_url,
+                escrow_addresses=[devnet.escrow_address],
+                confirmations=1,
+            )
+        ],
+        verdicts_topic="bench.verdicts",
+        dlq_topic="bench.dlq",
+        relayer_consumer_group="bench-relayer",
+        relayer_key=devnet.marketplace_verifier.private_key,
+        relayer_trusted_signers=[signer.address],
+        relayer_poll_interval=1.0,
+        relayer_port=free_port(),
+    )
+    relayer = Relayer(settings, SecretKey.from_hex(devnet.marketplace_verifier.private_key))
+    run = asyncio.create_task(relayer.run())
+    conn = await asyncpg.connect(database_url)
+
+    async def confirmed() -> int:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM settlement_verdicts WHERE status = 'confirmed' AND task_id >= $1", warmup[0]
+            )
+        )
+
+    try:
+        await publish(bootstrap, settings.verdicts_topic, [signed(warmup)])
+        while await confirmed() < 1:
+            if run.done():
+                run.result()
+            await asyncio.sleep(0.01)
+        batch = [signed(t) for t in tasks]
+        db_start = await conn.fetchval("SELECT clock_timestamp()")
+        started = time.perf_counter()
+        await publish(bootstrap, settings.verdicts_topic, batch)
+        while await confirmed() < len(tasks) + 1:
+            if run.done():
+                run.result()
+            await asyncio.sleep(POLL)
+        elapsed = time.perf_counter() - started
+        latencies = [
+            float(r[0])
+            for r in await conn.fetch(
+                "SELECT extract(epoch FROM confirmed_at - received_at) FROM settlement_verdicts"
+                " WHERE task_id > $1 AND task_id <= $2",
+                warmup[0],
+                tasks[-1][0],
+            )
+        ]
+        stages = await conn.fetchrow(
+            "SELECT extract(epoch FROM max(received_at) - $1) AS consumed,"
+            " extract(epoch FROM max(sent_at) - $1) AS signed,"
+            " extract(epoch FROM max(confirmed_at) - $1) AS confirmed"
+            " FROM settlement_verdicts WHERE task_id > $2 AND task_id <= $3",
+            db_start,
+            warmup[0],
+            tasks[-1][0],
+        )
+        return {
+            "stage_consumed_s": float(stages["consumed"]),
+            "stage_signed_s": float(stages["signed"]),
+            "stage_confirmed_s": float(stages["confirmed"]),
+            "rate": len(tasks) / elapsed,
+            "seconds": elapsed,
+            "latency_p50_ms": 1000 * statistics.median(latencies),
+            "latency_p99_ms": 1000 * sorted(latencies)[int(0.99 * (len(latencies) - 1))],
+        }
+    finally:
+        await conn.close()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(run, 10)
+
+
+async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) -> dict[str, Any]:
+    from escrowd.db import migrate_url
+
+    anvil = AnvilProcess()
+    try:
+        anvil.start()
+        devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url, spare=2)
+        await migrate_url(database_url)
+        # raw, relayer, raw, relayer, ..., raw: the relayer always sits between two raw runs.
+        plan = ["raw"] + ["relayer", "raw"] * rounds
+        setup = time.perf_counter()
+        tasks = make_tasks(devnet, sum(verdicts + (kind == "relayer") for kind in plan), "bench")
+        await index(devnet, database_url)
+        setup_s = time.perf_counter() - setup
+        key = SecretKey.from_hex(devnet.marketplace_verifier.private_key)
+        raw: list[float] = []
+        relayed: list[dict[str, float]] = []
+        for kind in plan:
+            if kind == "raw":
+                batch, tasks = tasks[:verdicts], tasks[verdicts:]
+                raw.append(await raw_rate(devnet, key, batch))
+            else:
+                batch, tasks = tasks[: verdicts + 1], tasks[verdicts + 1 :]
+                relayed.append(await relayer_rate(devnet, database_url, bootstrap, batch[1:], batch[0], len(relayed)))
+        raw_median = statistics.median(raw)
+        relay_rate = statistics.median(r["rate"] for r in relayed)
+        return {
+            "benchmark": "relayer",
+            "verdicts_per_run": verdicts,
+            "raw_presigned_tx_per_s": [round(r, 1) for r in raw],
+            "relayer_verdicts_per_s": [round(r["rate"], 1) for r in relayed],
+            "raw_median": round(raw_median, 1),
+            "relayer_median": round(relay_rate, 1),
+            "ratio": round(relay_rate / raw_median, 3),
+            "target_ratio": 0.75,
+            "relayer_stages_s": [
+                {k.removeprefix("stage_").removesuffix("_s"): round(v, 3) for k, v in r.items() if k.startswith("stage_")}
+                for r in relayed
+            ],
+            "verdict_to_confirmation_p50_ms": [round(r["latency_p50_ms"], 1) for r in relayed],
+            "verdict_to_confirmation_p99_ms": [round(r["latency_p99_ms"], 1) for r in relayed],
+            "setup_seconds": round(setup_s, 1),
+            "chain_blocks": devnet.block_number(),
+        }
+    finally:
+        anvil.stop()
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--verdicts", type=int, default=300, help="verdicts (and raw transactions) per run")
+    parser.add_argument("--rounds", type=int, default=2, help="relayer runs, each between two raw runs")
+    args = parser.parse_args()
+    configure_logging(json=True, level="WARNING")
+    # Both helpers run their own event loop: start them before ours.
+    postgres = start_postgres(prefix="escrowd_bench")
+    kafka = start_kafka()
+    try:
+        result = asyncio.run(main(args.verdicts, postgres.url, kafka.bootstrap, args.rounds))
+    finally:
+        kafka.stop()
+        postgres.stop()
+    print(json.dumps(result), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    cli()

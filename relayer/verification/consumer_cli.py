@@ -54,3 +54,7 @@ def check() -> None:
         typer.echo(f"configuration error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
+
+
+if __name__ == "__main__":
+    app()

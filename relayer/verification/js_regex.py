@@ -55,6 +55,7 @@ MAX_PATTERN_CHARS = 200
 INPUT_CAP = 20_000
 TIMEOUT_SECONDS = 0.1
 INLINE_SLICE_SECONDS = 0.005  # most patterns finish in microseconds: no thread for them
+WORKER_CPU_FACTOR = 2  # the abandoned match stops after twice the bound in process CPU time
 MAX_EXPANSION = 20_000
 _INFINITE = math.inf
 _MAX_CODE_POINT = 0x10FFFF
@@ -651,11 +652,13 @@ class JsRegex:
         """`RegExp.prototype.test` on the first 20,000 characters, bounded in time.
 
         Raises :class:`JsRegexTimeout` when no result is known within `timeout` seconds
-        of wall-clock time. The matcher's own timeout counts CPU time, so on a busy
-        machine it alone could keep the caller waiting well past the bound. A match
-        that is not over after a short inline slice therefore runs again on a worker
-        thread (with the GIL released) while the caller waits on the wall clock; the
-        worker's CPU timeout still stops the abandoned work.
+        of wall-clock time. The matcher's own timeout counts the process's CPU time, so
+        on a busy machine it alone could keep the caller waiting well past the bound. A
+        match that is not over after a short inline slice therefore runs again on a
+        worker thread (with the GIL released) while the caller waits on the wall clock.
+        The worker's CPU timeout stops the abandoned work; it is twice the bound because
+        other threads' CPU time counts too, and must not end the match before the
+        caller's deadline.
         """
         subject = text[:INPUT_CAP]
         started = time.monotonic()
@@ -672,7 +675,9 @@ class JsRegex:
 
         def run() -> None:
             try:
-                found = self._compiled.search(subject, timeout=timeout, concurrent=True)
+                found = self._compiled.search(
+                    subject, timeout=timeout * WORKER_CPU_FACTOR, concurrent=True
+                )
                 outcome.append(found is not None)
             except TimeoutError:
                 pass

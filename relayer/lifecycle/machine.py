@@ -837,11 +837,14 @@ def _cap(
 
 
 __all__ = [
+    "AppealWindowClosed",
+    "DeadlinePassed",
     "DisputeRaised",
     "DisputeResolved",
     "DomainEvent",
     "Effect",
     "EscalationCollected",
+    "EscalationCollectible",
     "EvidenceSubmitted",
     "RoundJudged",
     "StatePublished",

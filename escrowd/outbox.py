@@ -29,6 +29,10 @@ log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "escrowd_outbox"
 _PUBLISHER_LOCK = 0x6F757462  # "outb"
+SENDING_LOCK = 0x6F757473  # "outs"
+"""Held shared by the publisher from reading a batch until it is marked published. A writer
+that must know whether rows were sent (a reorg rollback) takes it exclusively first, so it
+never mistakes a batch in flight for unpublished rows."""
 
 OUTBOX_PUBLISHED = Counter(
     "escrowd_outbox_published_total", "Outbox messages sent to Kafka and marked published", ["topic"]
@@ -185,6 +189,14 @@ class OutboxPublisher:
 
     async def publish_batch(self, conn: asyncpg.Connection) -> int:
         """Send one batch of publishable rows, await every ack, mark them; return how many."""
+        await conn.execute("SELECT pg_advisory_lock_shared($1)", SENDING_LOCK)
+        try:
+            return await self._send_batch(conn)
+        finally:
+            with contextlib.suppress(Exception):  # a dead connection has released it already
+                await conn.execute("SELECT pg_advisory_unlock_shared($1)", SENDING_LOCK)
+
+    async def _send_batch(self, conn: asyncpg.Connection) -> int:
         rows = await conn.fetch(_PENDING_SQL, self._batch_size)
         if not rows:
             return 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from escrowd.kafka import cloudevent_headers, iso_time
-from escrowd.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, OutboxMessage
+from escrowd.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, SENDING_LOCK, OutboxMessage
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from schemas import jsoncodec
@@ -191,6 +191,9 @@ class IndexerStore:
         Returns (events removed, retractions queued).
         """
         async with conn.transaction():
+            # Wait for a publisher batch in flight: its rows count as published once marked.
+            # Without this, rows being sent looked unpublished and were deleted unretracted.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", SENDING_LOCK)
             rows = await conn.fetch(
                 "SELECT e.event_id, e.chain_id, e.escrow_address, e.block_number, e.block_hash,"
                 " e.block_timestamp, e.tx_hash, e.tx_index, e.log_index, e.event_name, e.task_id, e.args,"

@@ -10,6 +10,8 @@ reorgs need retractions, and only they count as deep in the alert metric.
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -264,3 +266,48 @@ async def test_reorg_while_the_indexer_is_stopped(
         assert len(gone) == depth - CONFIRMATIONS
     finally:
         await conn.close()
+
+
+def _reorg_race_round(devnet: Devnet, delay: float) -> None:
+    """A block with one event, then — `delay` later — that block replaced by another event."""
+    p0, p1 = devnet.posters[0], devnet.posters[1]
+    original = devnet.sign_escrow_call(
+        p0, "createTask", text_hash("race"), 1, _deadline(devnet), nonce=_nonce(devnet, p0)
+    )
+    devnet.rpc("eth_sendRawTransaction", original)
+    time.sleep(delay)
+    other = devnet.sign_escrow_call(
+        p1, "createTask", text_hash("other"), 2, _deadline(devnet), nonce=_nonce(devnet, p1)
+    )
+    devnet.reorg(1, [(other, 0)])
+
+
+async def test_reorgs_racing_the_publisher(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """confirmations 0, tip replaced while its event is being published: never a phantom."""
+    topic = f"{topic_prefix}escrow.events.v1"
+    await create_topic(kafka_bootstrap, topic)
+    rng = random.Random()
+    chain = ChainConfig(
+        **chain_config(devnet, ws_url=devnet.ws_url, confirmations=0, finality_depth=32)
+    )
+    conn = await connect(database_url)
+    try:
+        async with in_process_indexer(chain, database_url, kafka_bootstrap, topic) as running:
+            for _ in range(25):
+                await asyncio.to_thread(_reorg_race_round, devnet, rng.uniform(0.0, 0.02))
+                await asyncio.sleep(rng.uniform(0.0, 0.02))
+            await asyncio.to_thread(devnet.mine, 1)
+            await wait_for(lambda: _settled(conn, devnet), timeout=30, what="settled")
+            running.check()
+        logs = await assert_db_matches_chain(conn, devnet)
+    finally:
+        await conn.close()
+    canonical = {g.id for g in logs}
+    records = await read_topic(kafka_bootstrap, topic)
+    events = {r.id for r in records if not r.payload["removed"]}
+    retracted = {r.payload["id"] for r in records if r.payload["removed"]}
+    assert canonical <= events
+    assert events - canonical == retracted, "a published event vanished without a retraction"
+    assert retracted, "no reorg hit a published event: the race was not exercised"

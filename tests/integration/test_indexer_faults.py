@@ -293,26 +293,38 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("field", sorted(BAD_CONFIGS))
-def test_bad_config_fails_at_start_up_naming_the_field(field: str, tmp_path: Path) -> None:
-    """`escrowd index run --config bad.yaml` exits 2 and names the offending field."""
+def test_bad_config_fails_at_start_up_naming_the_field(tmp_path: Path) -> None:
+    """`escrowd index run --config bad.yaml` exits 2 and names the offending field (each case)."""
+    import os
+
     import yaml
 
-    config = _valid_config()
-    BAD_CONFIGS[field](config)
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"indexer": config}), encoding="utf-8")
-    result = subprocess.run(
-        [*escrowd_command(), "index", "run", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env={k: v for k, v in __import__("os").environ.items() if not k.startswith("ESCROWD_")},
-    )
-    assert result.returncode == 2, result.stderr
-    assert "invalid configuration" in result.stderr
-    assert f"  {field}:" in result.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
+    children: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for i, (field, spoil) in enumerate(sorted(BAD_CONFIGS.items())):
+            config = _valid_config()
+            spoil(config)
+            path = tmp_path / f"bad{i}.yaml"
+            path.write_text(yaml.safe_dump({"indexer": config}), encoding="utf-8")
+            children[field] = subprocess.Popen(
+                [*escrowd_command(), "index", "run", "--config", str(path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        for field, child in children.items():
+            _, stderr = child.communicate(timeout=60)
+            assert child.returncode == 2, (field, stderr)
+            assert "invalid configuration" in stderr
+            assert f"  {field}:" in stderr, (field, stderr)
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 def test_a_valid_config_file_is_accepted_by_the_loader(tmp_path: Path) -> None:

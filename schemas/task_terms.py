@@ -423,7 +423,7 @@ class TaskResults(BaseModel):
     chain_id: int = Field(alias="chainId")
     escrow: Address
     task_id: int = Field(alias="taskId")
-    verification_mode: VerificationMode | None = Field(alias="verificationMode")
+    verification_mode: VerificationMode | None = Field(default=None, alias="verificationMode")
     private: bool
     visibility: Literal["full", "summary"]
     results: list[ResultView]

@@ -51,7 +51,7 @@ async def setup_task(
     return task_hash
 
 
-AUTO = {"verificationMode": "auto", "verificationCriteria": {"min_length": 5}}
+AUTO: dict[str, Any] = {"verificationMode": "auto", "verificationCriteria": {"min_length": 5}}
 
 
 # ---------------------------------------------------------------------------- terms

@@ -203,7 +203,7 @@ async def test_agent_mode_records_the_verifiers_chain_verdict_and_counts_failure
         assert failed.status_code == 202
 
     async def two_failures() -> bool:
-        return await run.conn.fetchval("SELECT failures FROM verifier_failures WHERE task_id = $1", task) == 2
+        return bool(await run.conn.fetchval("SELECT failures FROM verifier_failures WHERE task_id = $1", task) == 2)
 
     await wait_for(two_failures, 30, "two failures counted")
     report = {"attempt": 1, "evidenceHash": evidence, "outcome": "verdict", "passed": True, "score": 88, "reasons": ["Paris is right"]}
@@ -274,7 +274,7 @@ async def test_a_verifier_that_cannot_answer_is_retried_never_scored_zero(
     assert response.status_code == 202 and response.json()["status"] == "retrying"
 
     async def retried(n: int) -> bool:
-        return endpoint["calls"] >= n
+        return bool(endpoint["calls"] >= n)
 
     await wait_for(lambda: retried(2), 30, "two tries on the endpoint")
     endpoint["mode"] = "empty"

@@ -25,7 +25,7 @@ TASK: dict[str, Any] = {"taskId": 1, "reference": "42"}
 
 
 def ref(kind: str, name: str = "v1", **config: Any) -> VerifierRef:
-    return VerifierRef(kind=kind, ref=name, config=config)  # type: ignore[arg-type]
+    return VerifierRef.model_validate({"kind": kind, "ref": name, "config": config})
 
 
 @pytest.fixture

@@ -420,9 +420,9 @@ def test_any_message_sequence_keeps_the_invariants(order: list[int], unanswerabl
         if result.status == "final":
             assert chain.attempts.get(attempt) == result.evidence_hash
     for attempt, evidence in chain.attempts.items():
-        result = s.results.get(attempt)
-        if result is not None and result.status == "final":
-            assert result.evidence_hash == evidence
+        recorded = s.results.get(attempt)
+        if recorded is not None and recorded.status == "final":
+            assert recorded.evidence_hash == evidence
 
 
 def test_apply_is_what_the_store_holds_for_each_effect_kind() -> None:

@@ -39,7 +39,7 @@ def test_signing_key_from_raw_setting_or_keystore(tmp_path: Path) -> None:
     """Raw key for the devnet; an encrypted keystore with its password otherwise."""
     assert load_signing_key(settings(verification_signing_key=KEY)) == KEY
     keystore = tmp_path / "key.json"
-    keystore.write_text(json.dumps(Account.encrypt(KEY, "pw", iterations=2)))
+    keystore.write_text(json.dumps(Account.encrypt(bytes.fromhex(KEY[2:]), "pw", iterations=2)))
     loaded = load_signing_key(settings(verification_keystore=keystore, verification_keystore_password="pw"))
     assert loaded == KEY
 
@@ -60,7 +60,7 @@ def test_signing_key_errors_never_show_the_key(extra: dict[str, Any], message: s
 
 def test_wrong_keystore_password_is_an_error_without_the_password(tmp_path: Path) -> None:
     keystore = tmp_path / "key.json"
-    keystore.write_text(json.dumps(Account.encrypt(KEY, "right", iterations=2)))
+    keystore.write_text(json.dumps(Account.encrypt(bytes.fromhex(KEY[2:]), "right", iterations=2)))
     with pytest.raises(SigningKeyError, match="cannot decrypt") as caught:
         load_signing_key(settings(verification_keystore=keystore, verification_keystore_password="wrong-password"))
     assert "wrong-password" not in str(caught.value)

@@ -31,7 +31,6 @@ from relayer.verification.consumer import request_message
 from relayer.verification.criteria_validation import validate_criteria
 from relayer.verification.registry import VerifierConfigError, VerifierRegistry
 from relayer.verification.routing import (
-    MAX_VERIFIER_FAILURES,
     ChainTask,
     RequestRecord,
     TaskKey,
@@ -756,4 +755,4 @@ async def executions(
     return ExecutionsPage(agent=agent, executions=items)
 
 
-__all__ = ["MAX_VERIFIER_FAILURES", "finalize_check", "report_check", "review_check", "router", "visibility"]
+__all__ = ["finalize_check", "report_check", "review_check", "router", "visibility"]

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from schemas.task_state import MAX_SUBMISSIONS, ZERO_ADDRESS, TaskStatus
+from schemas.task_state import ZERO_ADDRESS, TaskStatus
 from schemas.verification import ALL_CRITERIA_MET, BreakdownItem, VerificationResult
 
 MAX_VERIFIER_FAILURES = 5
@@ -821,7 +821,3 @@ def agent_result(passed: bool, score: int, reasons: Sequence[str]) -> dict[str, 
     """The `verificationResult` of a verifier agent's on-chain verdict (reasons from its report)."""
     return VerificationResult(passed=passed, score=score, reasons=tuple(reasons)).to_json_dict()
 
-
-def attempt_is_valid(attempt: int) -> bool:
-    """Attempts are numbered 1..3 on the escrow."""
-    return 1 <= attempt <= MAX_SUBMISSIONS

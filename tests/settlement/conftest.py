@@ -233,10 +233,121 @@ class IndexerRun:
         await wait_until(reached, timeout=timeout, what=f"indexer at block {target}")
 
 
+class LogIndexer:
+    """Fallback when the real indexer cannot be imported (it is developed alongside): reads
+    the escrow's logs with the devnet library's `logs()` and writes the `escrow_events` rows
+    the relayer reads (same columns and argument encoding), plus the cursor. No reorg
+    handling: the tests never reorg below the events the relayer checks."""
+
+    def __init__(self, devnet: Devnet, database_url: str) -> None:
+        self.devnet = devnet
+        self.database_url = database_url
+        self._next = devnet.deploy_block
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Follow the chain in the background."""
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop and wait."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, 10)
+
+    async def _run(self) -> None:
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            while not self._stop.is_set():
+                await self.sync(conn)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 0.2)
+        finally:
+            await conn.close()
+
+    async def sync(self, conn: asyncpg.Connection) -> None:
+        """Index everything up to the current head."""
+        import json
+
+        head = self.devnet.block_number()
+        if head < self._next:
+            return
+        blocks: dict[int, dict[str, Any]] = {}
+        rows = []
+        for event in self.devnet.logs(self._next, head):
+            block = blocks.get(event.block_number) or self.devnet.rpc("eth_getBlockByNumber", hex(event.block_number), False)
+            blocks[event.block_number] = block
+            args = {k: "0x" + v.hex() if isinstance(v, bytes) else v for k, v in event.args.items()}
+            task_id = args.get("taskId")
+            rows.append(
+                (
+                    f"{self.devnet.chain_id}:{block['hash']}:{event.log_index}",
+                    self.devnet.chain_id,
+                    event.address,
+                    event.block_number,
+                    block["hash"],
+                    int(block["timestamp"], 16),
+                    event.tx_hash,
+                    0,
+                    event.log_index,
+                    event.name,
+                    task_id,
+                    json.dumps(args),
+                )
+            )
+        tip = self.devnet.rpc("eth_getBlockByNumber", hex(head), False)
+        async with conn.transaction():
+            await conn.executemany(
+                "INSERT INTO escrow_events (event_id, chain_id, escrow_address, block_number, block_hash,"
+                " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb) ON CONFLICT DO NOTHING",
+                rows,
+            )
+            await conn.execute(
+                "INSERT INTO chain_cursor (chain_id, block_number, block_hash) VALUES ($1, $2, $3)"
+                " ON CONFLICT (chain_id) DO UPDATE SET block_number = EXCLUDED.block_number,"
+                " block_hash = EXCLUDED.block_hash",
+                self.devnet.chain_id,
+                head,
+                tip["hash"],
+            )
+            await conn.execute("NOTIFY escrowd_outbox")
+        self._next = head + 1
+
+    async def caught_up(self, timeout: float = 30.0) -> None:
+        """Index up to the current head now."""
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            await asyncio.wait_for(self.sync(conn), timeout)
+        finally:
+            await conn.close()
+
+
+def _real_indexer_available() -> bool:
+    try:
+        import indexer.service  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 @pytest_asyncio.fixture
-async def indexer(devnet: Devnet, database_url: str, topic_prefix: str) -> AsyncIterator[IndexerRun]:
-    """The indexer following the test's devnet into the test's database."""
-    run = IndexerRun(devnet, database_url, f"{topic_prefix}escrow.events.v1")
+async def indexer(devnet: Devnet, database_url: str, topic_prefix: str) -> AsyncIterator[IndexerRun | LogIndexer]:
+    """The indexer following the test's devnet into the test's database.
+
+    The real `indexer.service.ChainIndexer` when it imports; otherwise `LogIndexer`, so the
+    relayer's tests do not depend on the state of a package being developed in parallel.
+    Set `SETTLEMENT_TESTS_REAL_INDEXER=1` to insist on the real one.
+    """
+    run: IndexerRun | LogIndexer
+    if _real_indexer_available():
+        run = IndexerRun(devnet, database_url, f"{topic_prefix}escrow.events.v1")
+    else:
+        if os.environ.get("SETTLEMENT_TESTS_REAL_INDEXER") == "1":
+            raise RuntimeError("the real indexer does not import")
+        run = LogIndexer(devnet, database_url)
     await run.start()
     try:
         yield run

@@ -169,7 +169,7 @@ class VerdictHandler:
         refusal = check_signature(signed, self._trusted)
         if refusal is not None:
             metrics.SIGNATURE_REJECTIONS.labels(refusal.reason).inc()
-            await self._reject(conn, message, signed, refusal, bound)
+            await self._reject(conn, message.message_id, message.value, signed, refusal, bound)
             if message.message_id:
                 # A copy signed by a key registered later must not count as a duplicate.
                 await store.release_inbox(conn, self._consumer, message.message_id)
@@ -192,7 +192,7 @@ class VerdictHandler:
             verdict, task, self._served, now=now, received_at=now, wait_limit=self._wait_limit
         )
         if isinstance(decision, Reject):
-            await self._reject(conn, message_id_or(message_id, verdict), signed, decision, bound, payload=payload)
+            await self._reject(conn, message_id_or(message_id, verdict), payload, signed, decision, bound)
             return
         status = "awaiting_evidence" if isinstance(decision, Wait) else "queued"
         if isinstance(decision, Accept) and decision.already_judged:
@@ -226,17 +226,12 @@ class VerdictHandler:
     async def _reject(
         self,
         conn: asyncpg.Connection,
-        message: InboundMessage | str | None,
+        message_id: str | None,
+        body: bytes,
         signed: SignedVerdict,
         refusal: Reject,
         bound: structlog.typing.FilteringBoundLogger,
-        *,
-        payload: bytes | None = None,
     ) -> None:
-        if isinstance(message, InboundMessage):
-            message_id, body = message.message_id, message.value
-        else:
-            message_id, body = message, payload or signed.model_dump_json().encode()
         verdict = signed.verdict
         metrics.VERDICTS_RECEIVED.labels("rejected").inc()
         metrics.VERDICT_REJECTIONS.labels(refusal.reason).inc()
@@ -277,7 +272,8 @@ class VerdictHandler:
             async with conn.transaction():
                 if isinstance(decision, Reject):
                     await store.drop_waiting(conn, waiting.id)
-                    await self._reject(conn, waiting.message_id, signed, decision, bound)
+                    body = signed.model_dump_json().encode()
+                    await self._reject(conn, waiting.message_id, body, signed, decision, bound)
                     continue
                 status = "already_judged" if decision.already_judged else "queued"
                 await store.promote_waiting(conn, waiting.id, status)

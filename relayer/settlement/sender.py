@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -176,19 +176,6 @@ class SenderOptions:
     track_interval: float = 0.1  # at most one receipts round per this many seconds
 
 
-@dataclass
-class SenderStatus:
-    """What /health/bridge shows of a sender."""
-
-    address: str
-    pending: int
-    next_nonce: int | None
-    chain_nonce: int | None
-    head: int | None
-    last_error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
     return TxVersion(
         tx_hash=tx.tx_hash, raw_hex=tx.raw_hex, fees=tx.fees, gas_limit=tx.gas_limit, version=version, kind=kind
@@ -242,17 +229,6 @@ class ChainSender:
     def wake(self) -> None:
         """New queued verdicts: look now rather than at the next idle tick."""
         self._wake.set()
-
-    def status(self) -> SenderStatus:
-        """A snapshot for the health report."""
-        return SenderStatus(
-            address=self.address,
-            pending=sum(1 for s in self.slots.values() if s.state == "pending"),
-            next_nonce=None,
-            chain_nonce=self._chain_latest,
-            head=self.head.number if self.head else None,
-            last_error=self.last_error,
-        )
 
     async def run(self) -> None:
         """Start (reconcile with the chain) and run the loops until cancelled."""
@@ -671,7 +647,7 @@ class ChainSender:
     # ------------------------------------------------------------------ tracking
 
     async def _track_loop(self) -> None:
-        last_full = time.monotonic()
+        last_full = 0.0  # the first round re-reads everything: the chain moved while we were down
         while True:
             await self._wait(self._head_event, self._opt.recheck_interval)
             now = time.monotonic()
@@ -930,7 +906,10 @@ class ChainSender:
             if slot.state != "pending":
                 continue
             if slot.nonce in judged:
-                await self._cancel(slot, fees_now, base_fee)
+                if not await self._cancel(slot, fees_now, base_fee):
+                    # No room under the cap to outbid it: let the verdict tx itself use the
+                    # nonce (it reverts with AlreadyJudged, recorded) rather than leave a gap.
+                    resend.append(slot)
                 continue
             if slot.last_broadcast is None and not slot.needs_bump and includable(slot.latest.fees, base_fee):
                 resend.append(slot)
@@ -984,12 +963,13 @@ class ChainSender:
         )
         self._spawn_broadcast([slot], "replace")
 
-    async def _cancel(self, slot: Slot, fees_now: Fees, base_fee: int) -> None:
+    async def _cancel(self, slot: Slot, fees_now: Fees, base_fee: int) -> bool:
         # Someone else judged the attempt: a filler at the same nonce keeps the nonce
         # sequence whole; it must outbid our own pending verdict transaction.
         new_fees = bump(slot.latest.fees, base_fee, fees_now.max_priority_fee_per_gas, self._opt.policy)
         if new_fees is None:
             metrics.FEE_CAP_REACHED.labels(self._label).inc()
             log.warning("cancel_fee_cap_reached", chain_id=self.chain_id, nonce=slot.nonce)
-            return
+            return False
         await self._replace(slot, new_fees, kind="filler")
+        return True

@@ -68,3 +68,47 @@ async def test_verdicts_are_relayed_and_confirmed(
         assert secret not in str(health).lower() and secret not in metrics.lower()
     finally:
         await run.stop()
+
+
+async def test_verdict_waits_for_its_evidence_to_be_indexed(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    """A verdict that arrives before its attempt is indexed waits, then is sent, not refused."""
+    from escrowd.devnet import text_hash
+    from schemas.verdict import sign_verdict
+    from tests.settlement.conftest import Submitted, make_verdict
+
+    agent = devnet.agents[0]
+    task_id = devnet.post_task(devnet.posters[0])
+    devnet.accept_task(task_id, sender=agent)
+    evidence = text_hash("delivered later")
+    await indexer.caught_up()
+    env = relayer_env(
+        devnet=devnet,
+        database_url=database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        trusted=[service_signer.address],
+    )
+    run = RelayerRun(settings_from_env(env))
+    await run.start()
+    try:
+        signed = sign_verdict(make_verdict(devnet, Submitted(task_id, 1, "0x" + evidence.hex())), service_signer.private_key)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], [signed])
+
+        async def waiting() -> bool:
+            run.check_alive()
+            return (await verdict_statuses(database_url)).get(task_id) == "awaiting_evidence"
+
+        await wait_until(waiting, timeout=30, what="the verdict waiting for its evidence")
+        devnet.submit_evidence(task_id, evidence, sender=agent)
+
+        async def confirmed() -> bool:
+            run.check_alive()
+            return (await verdict_statuses(database_url)).get(task_id) == "confirmed"
+
+        await wait_until(confirmed, timeout=30, what="the verdict sent once its evidence was indexed")
+        assert verdict_events(devnet) == {(task_id, 1): 1}
+        assert await fetch(database_url, "SELECT * FROM settlement_rejections") == []
+    finally:
+        await run.stop()

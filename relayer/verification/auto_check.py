@@ -33,6 +33,7 @@ Decisions where the spec is silent are recorded in `docs/autocheck.md`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
@@ -133,7 +134,8 @@ class _Plan:
     keywords: tuple[str, ...]  # lowercased
     keyword_words: frozenset[str]
     keyword_context_rule: bool
-    forbidden: tuple[str, ...]  # folded
+    forbidden: tuple[str, ...]  # folded, flattened
+    forbidden_patterns: tuple[re.Pattern[str], ...]  # the same, any whitespace run between words
     regex: JsRegex | None
     regex_refusal: str | None
     schema: ExpectedSchema | None
@@ -216,6 +218,10 @@ def _plan_for(criteria: VerificationCriteria) -> _Plan:
         keyword_words=keyword_words,
         keyword_context_rule=(criteria.min_length or 0) < DEFAULT_MIN_CONTENT_CHARS,
         forbidden=forbidden,
+        forbidden_patterns=tuple(
+            re.compile(r"\s+".join(re.escape(word) for word in phrase.split(" ")))
+            for phrase in forbidden
+        ),
         regex=regex,
         regex_refusal=refusal,
         schema=criteria.expected_schema,
@@ -394,10 +400,14 @@ def _score(
     if plan.forbidden:
 
         def forbidden_phrases() -> float:
-            folded = folded_output
-            if folded is None:
-                folded = text.fold(text.flatten(normalised))
-            return 0.0 if any(phrase in folded for phrase in plan.forbidden) else 1.0
+            if folded_output is not None:
+                found = any(phrase in folded_output for phrase in plan.forbidden)
+            else:
+                # Unflattened text: the patterns accept any whitespace run between words,
+                # which is what flattening would have turned into one space.
+                folded = text.fold(normalised)
+                found = any(p.search(folded) is not None for p in plan.forbidden_patterns)
+            return 0.0 if found else 1.0
 
         items.add("forbidden_phrases", WEIGHT_FORBIDDEN_PHRASES, forbidden_phrases)
 

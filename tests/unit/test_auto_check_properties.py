@@ -282,3 +282,20 @@ def test_json_nesting_cap_is_512_levels() -> None:
     deep = auto_check({"output": nested(600)}, {"expected_schema": {"required": ["summary"]}})
     assert deep.breakdown[0].score == 0.0
     assert deep.reasons == ("expected_schema: output contains no JSON object",)
+
+
+@PROPERTY_SETTINGS
+@given(output=output_text, phrases=st.lists(st.sampled_from(FRAGMENTS + WORDS), min_size=1))
+def test_forbidden_phrases_follow_their_definition(output: str, phrases: list[str]) -> None:
+    """Whatever shortcut the check takes, a phrase is found iff its folded, flattened form
+    is in the folded, flattened result (with or without a disclosure section)."""
+    from relayer.verification.text import canonical, flatten, fold
+
+    criteria = {"forbidden_phrases": phrases, "regex_pattern": "(?:)"}  # pins the floor
+    verdict = auto_check({"output": output}, criteria)
+    items = {item.name: item.score for item in verdict.breakdown}
+    if "forbidden_phrases" not in items:
+        return  # a hard failure, or every phrase folds to nothing
+    folded = fold(flatten(canonical(output)))
+    wanted = [p for p in (fold(flatten(canonical(p))) for p in phrases) if p]
+    assert items["forbidden_phrases"] == (0.0 if any(p in folded for p in wanted) else 1.0)

@@ -50,6 +50,10 @@ CONSUMER_LAG = Gauge(
 RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a transient failure", ["consumer"])
 
 
+# Conflicts between concurrent transactions: the batch is retried from its first message.
+_TRANSIENT_SQL = (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)
+
+
 class PermanentError(Exception):
     """The message can never be processed: send it to the dead-letter topic with this reason."""
 
@@ -165,7 +169,7 @@ class IdempotentConsumer:
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
             except Exception as exc:
-                if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError)):
+                if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError | _TRANSIENT_SQL)):
                     raise
                 RETRIES.labels(self.name).inc()
                 bound.warning("consumer_retry", error=repr(exc))
@@ -227,7 +231,7 @@ class IdempotentConsumer:
         try:
             async with conn.transaction():
                 await self._handler(conn, message)
-        except (RetryableError, asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError):
+        except (RetryableError, *_TRANSIENT_SQL):
             raise
         except Exception as exc:
             if is_connection_error(exc):

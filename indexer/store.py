@@ -16,7 +16,7 @@ from escrowd.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, SENDING_LOCK, OutboxM
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from schemas import jsoncodec
-from schemas.events import event_type, message_key, retraction_id
+from schemas.events import event_type, incarnation_id, message_key, retraction_id
 
 EVENT_COLUMNS = (
     "event_id",
@@ -63,9 +63,12 @@ def event_payload(event: DecodedLog, *, removed: bool = False) -> bytes:
     )
 
 
-def event_message(event: DecodedLog, topic: str, *, removed: bool = False) -> OutboxMessage:
-    """The outbox row publishing `event` (or its retraction)."""
-    message_id = retraction_id(event.id) if removed else event.id
+def event_message(
+    event: DecodedLog, topic: str, *, removed: bool = False, message_id: str | None = None
+) -> OutboxMessage:
+    """The outbox row publishing `event` (or, with `removed`, retracting message `message_id`)."""
+    published_as = message_id or event.id
+    message_id = retraction_id(published_as) if removed else published_as
     headers = cloudevent_headers(
         id=message_id,
         source=f"escrowd/indexer/{event.chain_id}/{event.escrow_address}",
@@ -150,10 +153,14 @@ class IndexerStore:
                         for e in events
                     ],
                 )
+                returns = await self._returns(conn, events)
                 await conn.copy_records_to_table(
                     "outbox",
                     columns=OUTBOX_COLUMNS,
-                    records=[event_message(e, self.topic).as_record() for e in events],
+                    records=[
+                        event_message(e, self.topic, message_id=incarnation_id(e.id, returns.get(e.id, 0))).as_record()
+                        for e in events
+                    ],
                 )
             if blocks:
                 await conn.copy_records_to_table(
@@ -185,6 +192,14 @@ class IndexerStore:
                 )
             await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
 
+    async def _returns(self, conn: asyncpg.Connection, events: Sequence[DecodedLog]) -> dict[str, int]:
+        """How many times each event was retracted before (non-zero only after A → B → A reorgs)."""
+        rows = await conn.fetch(
+            "SELECT event_id, retractions FROM event_retractions WHERE event_id = ANY($1::text[])",
+            [e.id for e in events],
+        )
+        return {row["event_id"]: row["retractions"] for row in rows}
+
     async def rollback_to(self, conn: asyncpg.Connection, ancestor: BlockRef) -> tuple[int, int]:
         """Forget everything past `ancestor`; retract what was published.
 
@@ -197,8 +212,9 @@ class IndexerStore:
             rows = await conn.fetch(
                 "SELECT e.event_id, e.chain_id, e.escrow_address, e.block_number, e.block_hash,"
                 " e.block_timestamp, e.tx_hash, e.tx_index, e.log_index, e.event_name, e.task_id, e.args,"
-                " EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = e.event_id AND o.topic = $3"
-                "         AND o.published_at IS NOT NULL) AS published"
+                " (SELECT o.message_id FROM outbox o WHERE o.event_id = e.event_id AND o.topic = $3"
+                "  AND o.published_at IS NOT NULL AND o.message_id NOT LIKE '%:removed'"
+                "  ORDER BY o.seq DESC LIMIT 1) AS published_as"
                 " FROM escrow_events e WHERE e.chain_id = $1 AND e.block_number > $2"
                 " ORDER BY e.block_number DESC, e.log_index DESC",
                 self.chain_id,
@@ -206,9 +222,11 @@ class IndexerStore:
                 self.topic,
             )
             retractions = [
-                event_message(_row_to_event(row), self.topic, removed=True).as_record()
+                event_message(
+                    _row_to_event(row), self.topic, removed=True, message_id=row["published_as"]
+                ).as_record()
                 for row in rows
-                if row["published"]
+                if row["published_as"] is not None
             ]
             removed_ids = [row["event_id"] for row in rows]
             if removed_ids:
@@ -223,6 +241,13 @@ class IndexerStore:
                     "DELETE FROM escrow_events WHERE chain_id = $1 AND block_number > $2",
                     self.chain_id,
                     ancestor.number,
+                )
+            if removed_ids:
+                # Counted per removal (published or not): a comeback needs an id never used.
+                await conn.execute(
+                    "INSERT INTO event_retractions (event_id, retractions) SELECT unnest($1::text[]), 1"
+                    " ON CONFLICT (event_id) DO UPDATE SET retractions = event_retractions.retractions + 1",
+                    removed_ids,
                 )
             if retractions:
                 await conn.executemany(

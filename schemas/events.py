@@ -35,8 +35,18 @@ def event_id(chain_id: int, block_hash: str, log_index: int) -> str:
 
 
 def retraction_id(original_id: str) -> str:
-    """The message id of the retraction of `original_id` (sent when a reorg removed it)."""
+    """The message id of the retraction of message `original_id` (sent when a reorg removed it)."""
     return f"{original_id}:removed"
+
+
+def incarnation_id(event_id_: str, incarnation: int) -> str:
+    """The message id of an event published again after a reorg undid its retraction.
+
+    A reorg A → B → A brings back the very same event (same block hash, same log index);
+    consumers saw its first message and its retraction already, so the comeback needs a
+    new message id: `<event id>#<n>` for the n-th return (the first publication is plain).
+    """
+    return event_id_ if incarnation == 0 else f"{event_id_}#{incarnation}"
 
 
 def message_key(chain_id: int, task_id: int | None, escrow_address: str) -> bytes:

@@ -60,3 +60,10 @@ CREATE TABLE outbox (
 );
 CREATE INDEX outbox_pending_idx ON outbox (seq) WHERE published_at IS NULL;
 CREATE INDEX outbox_event_idx ON outbox (event_id) WHERE event_id IS NOT NULL;
+
+-- Events removed by a reorg, with how many times: if the same event comes back (a reorg
+-- A → B → A), it is published under a new message id `<event id>#<n>`.
+CREATE TABLE event_retractions (
+    event_id    text    PRIMARY KEY,
+    retractions integer NOT NULL CHECK (retractions > 0)
+);

@@ -1,32 +1,227 @@
 """The services of the pipeline beyond the indexer: consumers, relayer, API.
 
-Kept apart from `pipeline.py` so each service's wiring reads in one place.
+Kept apart from `pipeline.py` so each service's wiring reads in one place. Keys: the
+relayer sends from the devnet's marketplace verifier key; the verification service signs
+verdicts with a key made for this run, which the relayer is told to trust.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import uvicorn
+from eth_account import Account
 
 if TYPE_CHECKING:
+    from escrowd.devnet import Devnet
     from escrowd.pipeline import Component, PipelineConfig
     from escrowd.traffic import OffChain
 
 
+class _RelayerHealth:
+    """`/health/bridge` on the API server, answered by the in-process relayer's monitor."""
+
+    def __init__(self, relayer: Any) -> None:
+        self._relayer = relayer
+
+    async def report(self) -> Any:
+        monitor = self._relayer.monitor
+        if monitor is None:
+            raise RuntimeError("relayer starting")
+        return await monitor.report()
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # the pipeline owns the signals
+        return
+
+
 async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Component]:
     """Every downstream service, ready to run."""
-    return []
+    from escrowd.pipeline import Component
+    from relayer.api.app import create_app
+    from relayer.api.settings import ApiSettings
+    from relayer.lifecycle.consumer import build_consumer as lifecycle_consumer
+    from relayer.reputation.consumer import build_consumer as reputation_consumer
+    from relayer.settlement.config import ChainSettings, RelayerSettings
+    from relayer.settlement.routes import metrics_router
+    from relayer.settlement.service import Relayer, load_relayer_key
+    from relayer.verification.service import RetryScheduler, VerificationSettings
+    from relayer.verification.service import build_consumer as verification_consumer
+
+    dn = config.devnet
+    parts: list[Component] = []
+
+    signing_key = "0x" + secrets.token_hex(32)
+    signer = Account.from_key(signing_key).address
+    verification = VerificationSettings(
+        database_url=config.database_url,
+        kafka_bootstrap=config.kafka_bootstrap,
+        verification_signing_key=signing_key,
+        run_publisher=False,
+        retry_base_seconds=1.0,
+        retry_max_seconds=10.0,
+    )
+    vconsumer = verification_consumer(verification, signing_key=signing_key)
+    parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
+    scheduler = RetryScheduler(config.database_url, verification.topics().requests, poll_seconds=1.0)
+    parts.append(Component("verification-retries", scheduler.run))
+
+    for member in (
+        lifecycle_consumer(bootstrap=config.kafka_bootstrap, database_url=config.database_url),
+        reputation_consumer(bootstrap=config.kafka_bootstrap, database_url=config.database_url),
+    ):
+        parts.append(Component(member.name, member.run, member.stop))
+
+    relayer_settings = RelayerSettings(
+        database_url=config.database_url,
+        kafka_bootstrap=config.kafka_bootstrap,
+        chains=[
+            ChainSettings(
+                chain_id=dn.chain_id, name="devnet", rpc_urls=[dn.rpc_url], ws_url=dn.ws_url,
+                escrow_addresses=[dn.escrow_address], confirmations=1,
+            )
+        ],
+        relayer_key=dn.marketplace_verifier.private_key,
+        relayer_trusted_signers=[signer],
+        relayer_port=None,
+        relayer_poll_interval=1.0,
+        log_json=False,
+    )  # fmt: skip
+    relayer = Relayer(relayer_settings, load_relayer_key(relayer_settings))
+    parts.append(Component("relayer", relayer.run))
+
+    api_settings = ApiSettings(
+        database_url=config.database_url,
+        kafka_bootstrap=None,
+        api_port=config.api_port,
+        marketplace_verifier_address=dn.marketplace_verifier.address,
+        evidence_wait_seconds=10.0,
+        finalize_wait_seconds=5.0,
+    )
+    app = create_app(api_settings)
+    app.state.bridge_health = _RelayerHealth(relayer)
+    app.include_router(metrics_router)
+    server = _Server(
+        uvicorn.Config(app, host="127.0.0.1", port=config.api_port, log_config=None, access_log=False)
+    )
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    parts.append(Component("api", server.serve, stop_server))
+    return parts
 
 
-def offchain_client(api_port: int, devnet: object) -> OffChain | None:
-    """The HTTP client the traffic generator uses for the off-chain steps (none yet)."""
-    return None
+class ApiClient:
+    """The traffic generator's HTTP client: signs each request as the acting party."""
+
+    def __init__(self, base_url: str, devnet: Devnet) -> None:
+        self.devnet = devnet
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=60)
+
+    async def call(self, method: str, path: str, body: Any, key: str) -> httpx.Response:
+        from relayer.api.auth import sign_request
+
+        raw = json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
+        headers.update(sign_request(key, method, path, raw, expires_at=int(time.time()) + 300))
+        for attempt in range(50):
+            try:
+                return await self.client.request(method, path, content=raw, headers=headers)
+            except httpx.TransportError:
+                # The server may still be starting; the signed nonce is unused until it answers.
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
+        raise AssertionError("unreachable")
+
+    async def register_terms(self, poster_key: str, terms: dict[str, Any]) -> bytes:
+        poster = Account.from_key(poster_key).address
+        body = {
+            "chainId": self.devnet.chain_id,
+            "escrow": self.devnet.escrow_address,
+            "poster": poster,
+            "instructionsDigest": "0x" + secrets.token_hex(32),
+            **terms,
+        }
+        response = await self.call("POST", "/v1/terms", body, poster_key)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"register terms: {response.status_code} {response.text}")
+        return bytes.fromhex(response.json()["taskHash"][2:])
+
+    def _task_path(self, task_id: int, what: str) -> str:
+        return f"/v1/tasks/{self.devnet.chain_id}/{self.devnet.escrow_address}/{task_id}/{what}"
+
+    async def finalize(self, agent_key: str, task_id: int, result: Any) -> dict[str, Any]:
+        response = await self.call("POST", self._task_path(task_id, "finalize"), {"result": result}, agent_key)
+        if response.status_code not in (200, 202):
+            raise RuntimeError(f"finalize: {response.status_code} {response.text}")
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def review(self, poster_key: str, task_id: int, passed: bool, reasons: list[str]) -> dict[str, Any]:
+        body = {"passed": passed, "reasons": reasons}
+        response = await self.call("POST", self._task_path(task_id, "review"), body, poster_key)
+        if response.status_code not in (200, 202):
+            raise RuntimeError(f"review: {response.status_code} {response.text}")
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def close(self) -> None:
+        await self.client.aclose()
 
 
-async def settle(pipeline: object) -> None:
-    """Wait until the downstream services caught up (nothing to wait for yet)."""
+def offchain_client(api_port: int, devnet: Devnet) -> OffChain:
+    """The HTTP client the traffic generator uses for the off-chain steps."""
+    return ApiClient(f"http://127.0.0.1:{api_port}", devnet)  # type: ignore[return-value]
 
 
-async def checks(pipeline: object, planned: object, events: object) -> list[tuple[str, bool, str]]:
-    """Pipeline-side invariants of the downstream services."""
-    return []
+async def settle(pipeline: Any) -> None:
+    """Wait until the consumers have caught up with every indexed event."""
+    conn = pipeline._conn
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
+        behind = await conn.fetchval(
+            "SELECT count(*) FROM escrow_events e WHERE e.task_id IS NOT NULL AND NOT EXISTS ("
+            " SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
+        )
+        if behind == 0:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bool, str]]:
+    """Pipeline-side invariants: lifecycle states and reputations equal what the chain implies."""
+    from escrowd.invariants import verdict_counts
+
+    conn = pipeline._conn
+    results: list[tuple[str, bool, str]] = []
+    states = {
+        int(r["task_id"]): r["status"]
+        for r in await conn.fetch("SELECT task_id, status FROM task_states")
+    }
+    wrong = [f"task {p.task_id}: {states.get(p.task_id)} != {p.final_status}" for p in planned
+             if states.get(p.task_id) != p.final_status]  # fmt: skip
+    results.append(("lifecycle state of every task equals its final chain status", not wrong, "; ".join(wrong[:10])))
+
+    expected: dict[str, int] = {}
+    for event in (e for e in events if e.name == "VerificationCompleted"):  # chain order
+        agent = str(event.args["agent"]).lower()
+        score = expected.get(agent, 100)
+        expected[agent] = min(100, score + 1) if event.args["passed"] else max(0, score - 10)
+    disputes = {agent: fails for agent, (fails, _) in verdict_counts(events).items()}
+    rows = {r["agent"]: (r["score"], r["dispute_count"]) for r in await conn.fetch(
+        "SELECT agent, score, dispute_count FROM agent_reputation")}  # fmt: skip
+    mismatched = [
+        f"{agent}: has {rows.get(agent)}, rules say {(score, disputes.get(agent, 0))}"
+        for agent, score in expected.items()
+        if rows.get(agent) != (score, disputes.get(agent, 0))
+    ]
+    results.append(("reputation of every agent as the rules dictate", not mismatched, "; ".join(mismatched[:5])))
+    return results

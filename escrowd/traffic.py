@@ -184,6 +184,99 @@ class TrafficGenerator:
             await self._chain(self.dn.accept_task, plan.task_id, sender=agent)
         await self._chain(self.dn.submit_evidence, plan.task_id, evidence, sender=agent)
 
+    # -- paths through the pipeline (API → verification → relayer → chain) -------------
+
+    async def _wait_status(self, plan: TaskPlan, status: int, *, within: float = 120.0) -> None:
+        assert plan.task_id is not None
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            view = await self._chain(self.dn.get_task, plan.task_id)
+            if int(view.status) == status:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"task {plan.task_id} ({plan.path}): status {int(view.status)}, want {status}")
+            await asyncio.sleep(0.2)
+
+    async def _post_with_terms(self, plan: TaskPlan, terms: dict[str, Any], *, duration: int) -> int:
+        assert self.offchain is not None
+        poster, _ = self._actors(plan)
+        task_hash = await self.offchain.register_terms(poster.private_key, terms)
+        return await self._post(plan, duration=duration, task_hash=task_hash)
+
+    async def _deliver(self, plan: TaskPlan, result: Any) -> None:
+        """submitEvidence with the result's hash, then finalize the result through the API."""
+        from schemas.task_terms import result_hash
+
+        assert self.offchain is not None and plan.task_id is not None
+        _, agent = self._actors(plan)
+        evidence = bytes.fromhex(result_hash(result)[2:])
+        await self._accept_and_submit(plan, evidence)
+        await self.offchain.finalize(agent.private_key, plan.task_id, result)
+
+    def _good_result(self, plan: TaskPlan, round_: int) -> dict[str, Any]:
+        words = " ".join(f"finding{i} about settlement latency and fees" for i in range(8))
+        return {"output": f"Escrow report {plan.index}.{round_}: the escrow flow works end to end. {words}."}
+
+    def _bad_result(self, plan: TaskPlan, round_: int) -> dict[str, Any]:
+        return {"output": f"Short note {plan.index}.{round_} with nothing that was asked for in it at all."}
+
+    AUTO_TERMS: dict[str, Any] = {  # noqa: RUF012 - read-only
+        "verificationMode": "auto",
+        "verificationCriteria": {"min_length": 40, "contains_keywords": ["escrow"], "pass_threshold": 60},
+    }
+
+    async def _phase1_auto_pass(self, plan: TaskPlan) -> None:
+        await self._post_with_terms(plan, self.AUTO_TERMS, duration=LONG_DEADLINE)
+        await self._deliver(plan, self._good_result(plan, 1))
+        await self._wait_status(plan, 4)
+        plan.passed_rounds, plan.final_status = 1, 4
+
+    async def _phase1_auto_fail_resubmit(self, plan: TaskPlan) -> None:
+        await self._post_with_terms(plan, self.AUTO_TERMS, duration=LONG_DEADLINE)
+        await self._deliver(plan, self._bad_result(plan, 1))
+        await self._wait_status(plan, 3)
+        await self._deliver(plan, self._good_result(plan, 2))
+        await self._wait_status(plan, 4)
+        plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
+
+    async def _phase1_auto_fail_refund(self, plan: TaskPlan) -> None:
+        await self._post_with_terms(plan, self.AUTO_TERMS, duration=SHORT_DEADLINE)
+        await self._deliver(plan, self._bad_result(plan, 1))
+        await self._wait_status(plan, 3)
+        plan.failed_rounds = 1
+
+    async def _phase3_auto_fail_refund(self, plan: TaskPlan) -> None:
+        # Deadline passed and the 3-day appeal window closed without a dispute: full refund.
+        poster, _ = self._actors(plan)
+        assert plan.task_id is not None
+        await self._chain(self.dn.claim_timeout, plan.task_id, sender=poster)
+        plan.final_status = 7
+
+    async def _phase1_manual_review(self, plan: TaskPlan) -> None:
+        assert self.offchain is not None
+        poster, _ = self._actors(plan)
+        await self._post_with_terms(plan, {"verificationMode": "manual"}, duration=LONG_DEADLINE)
+        assert plan.task_id is not None
+        await self._deliver(plan, self._bad_result(plan, 1))
+        await self._review_when_indexed(plan, poster.private_key, False, ["The summary table is missing."])
+        await self._wait_status(plan, 3)
+        await self._deliver(plan, self._good_result(plan, 2))
+        await self._review_when_indexed(plan, poster.private_key, True, [])
+        await self._wait_status(plan, 4)
+        plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
+
+    async def _review_when_indexed(self, plan: TaskPlan, key: str, passed: bool, reasons: list[str]) -> None:
+        assert self.offchain is not None and plan.task_id is not None
+        last: Exception | None = None
+        for _ in range(100):
+            try:
+                await self.offchain.review(key, plan.task_id, passed, reasons)
+                return
+            except RuntimeError as exc:  # the submission may not be indexed yet
+                last = exc
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"review of task {plan.task_id} refused: {last}")
+
     # -- chain-only paths ---------------------------------------------------------------
 
     async def _phase1_agent_review_pass(self, plan: TaskPlan) -> None:

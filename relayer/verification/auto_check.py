@@ -135,7 +135,8 @@ class _Plan:
     keyword_words: frozenset[str]
     keyword_context_rule: bool
     forbidden: tuple[str, ...]  # folded, flattened
-    forbidden_patterns: tuple[re.Pattern[str], ...]  # the same, any whitespace run between words
+    # The same, any whitespace run between words, each with its first word.
+    forbidden_patterns: tuple[tuple[str, re.Pattern[str]], ...]
     regex: JsRegex | None
     regex_refusal: str | None
     schema: ExpectedSchema | None
@@ -219,7 +220,10 @@ def _plan_for(criteria: VerificationCriteria) -> _Plan:
         keyword_context_rule=(criteria.min_length or 0) < DEFAULT_MIN_CONTENT_CHARS,
         forbidden=forbidden,
         forbidden_patterns=tuple(
-            re.compile(r"\s+".join(re.escape(word) for word in phrase.split(" ")))
+            (
+                phrase.split(" ")[0],
+                re.compile(r"\s+".join(re.escape(word) for word in phrase.split(" "))),
+            )
             for phrase in forbidden
         ),
         regex=regex,
@@ -406,7 +410,11 @@ def _score(
                 # Unflattened text: the patterns accept any whitespace run between words,
                 # which is what flattening would have turned into one space.
                 folded = text.fold(normalised)
-                found = any(p.search(folded) is not None for p in plan.forbidden_patterns)
+                found = any(
+                    # The first word is a cheap necessary condition for the pattern.
+                    first in folded and pattern.search(folded) is not None
+                    for first, pattern in plan.forbidden_patterns
+                )
             return 0.0 if found else 1.0
 
         items.add("forbidden_phrases", WEIGHT_FORBIDDEN_PHRASES, forbidden_phrases)
@@ -490,14 +498,19 @@ def _verdict(plan: _Plan, items: _Items) -> VerificationResult:
 # ── item scores ──────────────────────────────────────────────────────────────
 
 
+_CONTEXT_WINDOWS = (300, 3_000, 30_000, 300_000)
+
+
 def _context_words(plan: _Plan, lowered: str) -> int:
     """Words that are not keywords, counted no further than the rule needs."""
     finder = text.word_finder(lowered)
-    # Most outputs have 30 such words in their first few hundred characters; the window
-    # ends at a space so that no word is cut in two.
     is_keyword = plan.keyword_words.__contains__
-    window_end = lowered.find(" ", 300)
-    if window_end != -1:
+    # Most outputs have 30 such words in their first few hundred characters: widen the
+    # window only as needed. A window ends at a space so that no word is cut in two.
+    for size in _CONTEXT_WINDOWS:
+        window_end = lowered.find(" ", size)
+        if window_end == -1:
+            break
         words = finder.findall(lowered, 0, window_end)
         if len(words) - sum(map(is_keyword, words)) >= MIN_KEYWORD_CONTEXT_WORDS:
             return MIN_KEYWORD_CONTEXT_WORDS

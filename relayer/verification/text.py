@@ -28,7 +28,7 @@ from typing import cast
 
 import regex
 
-from relayer.verification.unicode_tables import FORMAT_CHARACTERS, MARKS, character_class
+from relayer.verification.unicode_tables import FORMAT_CHARACTERS, MARKS, split_class
 
 # JavaScript's \s: what JSON/JS tooling on the other side of the API calls whitespace.
 JS_WHITESPACE = (
@@ -40,11 +40,11 @@ JS_WHITESPACE = (
 HSPACE = "[" + re.escape(JS_WHITESPACE.replace("\n", "")) + "]"
 # Control characters JavaScript does not count as whitespace, and format characters.
 _ASCII_INVISIBLE = bytes([*range(0x09), *range(0x0E, 0x20), 0x7F])
-_INVISIBLE = re.compile(
-    "["
-    + character_class(FORMAT_CHARACTERS)
-    + "\x00-\x08\x0e-\x1f\x7f-\x9f\ufe00-\ufe0f\U000e0100-\U000e01ef]"
-)
+_INVISIBLE_BMP, _INVISIBLE_ASTRAL = split_class(
+    (*FORMAT_CHARACTERS, (0x00, 0x08), (0x0E, 0x1F), (0x7F, 0x9F), (0xFE00, 0xFE0F),
+     (0xE0100, 0xE01EF)),
+    "",
+)  # fmt: skip
 _APOSTROPHES = ("\u2018", "\u2019", "\u02bc")
 
 _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['-][a-z0-9]+)*")
@@ -53,10 +53,14 @@ _WORD_SOURCE = (
 )
 _WORD = regex.compile(_WORD_SOURCE)
 _ASCII_ANSWER_WORD = re.compile(r"[0-9]+(?:[.,][0-9]+)+(?![a-z0-9])|[a-z0-9]+(?:['-][a-z0-9]+)*")
+# Maximal runs of letters and digits joined by any separator: every answer word lies
+# inside one, and only runs holding "." or "," need the two-branch pattern above.
+_ASCII_JOINED_RUN = re.compile(r"[a-z0-9]+(?:[.,'-][a-z0-9]+)*")
+_ASCII_NUMBER = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
 _ANSWER_WORD = regex.compile(r"\p{N}+(?:[.,]\p{N}+)+(?![\p{L}\p{N}])|" + _WORD_SOURCE)
 _NUMBER = regex.compile(r"\p{N}+(?:[.,]\p{N}+)*")
 
-_MARKS = re.compile("[" + character_class(MARKS) + "]+")
+_MARKS_BMP, _MARKS_ASTRAL = split_class(MARKS, "+")
 # Cyrillic and Greek letters that render like Latin ones (lowercase: fold lowercases first).
 _HOMOGLYPHS = tuple(
     {
@@ -74,6 +78,15 @@ def js_trim(text: str) -> str:
     return text.strip(JS_WHITESPACE)
 
 
+def _remove(text: str, bmp: re.Pattern[str], astral: re.Pattern[str]) -> str:
+    """Delete what a code-point table matches; the astral half only runs when needed."""
+    if bmp.search(text) is not None:
+        text = bmp.sub("", text)
+    if max(text, default="\0") > "\uffff" and astral.search(text) is not None:
+        text = astral.sub("", text)
+    return text
+
+
 def canonical(text: str) -> str:
     """Normalised text with line structure kept (see the module docstring)."""
     if text.isascii():
@@ -84,8 +97,7 @@ def canonical(text: str) -> str:
         for apostrophe in _APOSTROPHES:
             if apostrophe in text:
                 text = text.replace(apostrophe, "'")
-        if _INVISIBLE.search(text) is not None:
-            text = _INVISIBLE.sub("", text)
+        text = _remove(text, _INVISIBLE_BMP, _INVISIBLE_ASTRAL)
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text
@@ -105,8 +117,7 @@ def fold(text: str) -> str:
     if lowered.isascii():
         return lowered
     folded = unicodedata.normalize("NFKD", lowered)
-    if _MARKS.search(folded) is not None:
-        folded = _MARKS.sub("", folded)
+    folded = _remove(folded, _MARKS_BMP, _MARKS_ASTRAL)
     for letter, latin in _HOMOGLYPHS:
         if letter in folded:
             folded = folded.replace(letter, latin)
@@ -140,13 +151,21 @@ def word_finder(lowered: str) -> re.Pattern[str] | regex.Pattern[str]:
 def answer_words(text: str) -> list[str]:
     """Words as `expected_answer` compares them: numbers like 443.21 or 1,204 stay whole."""
     lowered = text.lower()
-    if lowered.isascii():
-        return _ASCII_ANSWER_WORD.findall(lowered)
-    return cast(list[str], _ANSWER_WORD.findall(lowered))
+    if not lowered.isascii():
+        return cast(list[str], _ANSWER_WORD.findall(lowered))
+    found: list[str] = []
+    for run in _ASCII_JOINED_RUN.findall(lowered):
+        if "." in run or "," in run:
+            found.extend(_ASCII_ANSWER_WORD.findall(run))
+        else:
+            found.append(run)
+    return found
 
 
 def is_number(word: str) -> bool:
     """True for a number token such as `42`, `443.21` or `1,204`."""
+    if word.isascii():
+        return word[:1].isdigit() and _ASCII_NUMBER.fullmatch(word) is not None
     return _NUMBER.fullmatch(word) is not None
 
 

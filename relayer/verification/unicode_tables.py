@@ -4,10 +4,14 @@ Generated from :mod:`unicodedata` (``category(c) == "Cf"`` and ``category(c)[0] 
 over every code point); ``tests/unit/test_auto_check_rules.py`` checks them against the
 running interpreter. Kept as data because scanning 1.1 million code points at import
 costs a tenth of a second, and because ``str.translate`` and the ``regex`` module's
-property classes are an order of magnitude slower than a precompiled ``re`` class.
+property classes are several times slower than a precompiled ``re`` class. A ``re``
+class is fast only while all its ranges are in the BMP (it is then a bitmap): past that
+it tests range after range, so :func:`split_class` compiles the two halves apart.
 """
 
 from __future__ import annotations
+
+import re
 
 # fmt: off
 FORMAT_CHARACTERS: tuple[tuple[int, int], ...] = (
@@ -95,3 +99,15 @@ def character_class(ranges: tuple[tuple[int, int], ...]) -> str:
     for low, high in ranges:
         parts.append(f"\\U{low:08x}" if low == high else f"\\U{low:08x}-\\U{high:08x}")
     return "".join(parts)
+
+
+def split_class(
+    ranges: tuple[tuple[int, int], ...], quantifier: str
+) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """Two ``re`` classes for `ranges`: the BMP part and the astral part."""
+    bmp = tuple((low, min(high, 0xFFFF)) for low, high in ranges if low <= 0xFFFF)
+    astral = tuple((max(low, 0x10000), high) for low, high in ranges if high > 0xFFFF)
+    return (
+        re.compile(f"[{character_class(bmp)}]{quantifier}"),
+        re.compile(f"[{character_class(astral)}]{quantifier}" if astral else "(?!)"),
+    )

@@ -810,3 +810,20 @@ def test_json_text_is_written_as_javascript_writes_it() -> None:
         '{"2":[true,null,null],"10":2,"b":1}'
     )
     assert to_js_json("x") == '"x"'
+
+
+def test_answer_word_fast_path_matches_the_two_branch_pattern() -> None:
+    import random
+    import re
+
+    from relayer.verification.text import answer_words, is_number
+
+    reference = re.compile(r"[0-9]+(?:[.,][0-9]+)+(?![a-z0-9])|[a-z0-9]+(?:['-][a-z0-9]+)*")
+    rng = random.Random(5)
+    pieces = ["1", "12", "a", "x", ".", ",", "'", "-", " ", "5", "b2", "!", "\n"]
+    for _ in range(5_000):
+        sample = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 16)))
+        assert answer_words(sample) == reference.findall(sample.lower()), sample
+    assert [is_number(w) for w in ("42", "1,204", "443.21", "4x", "x4", "٤٢", "")] == [
+        True, True, True, False, False, True, False,
+    ]  # fmt: skip

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from escrowd.db import connect
@@ -80,7 +81,9 @@ CONFIGS = {
 }
 
 
-async def _check_prefix(conn, chain: LoadedChain, by_block: dict[int, set[str]]) -> int:  # type: ignore[no-untyped-def]
+async def _check_prefix(
+    conn: asyncpg.Connection, chain: LoadedChain, by_block: dict[int, set[str]]
+) -> int:
     """The stored events are exactly the chain's up to the cursor; returns the cursor."""
     cursor = await cursor_of(conn, chain.devnet.chain_id)
     number = -1 if cursor is None else cursor[0]

@@ -14,6 +14,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
@@ -119,12 +120,12 @@ def _reorg(devnet: Devnet, depth: int, region: Region) -> None:
         _send_raw(devnet, moved)
 
 
-async def _published_ids(conn) -> set[str]:  # type: ignore[no-untyped-def]
+async def _published_ids(conn: asyncpg.Connection) -> set[str]:
     rows = await conn.fetch("SELECT message_id FROM outbox WHERE published_at IS NOT NULL")
     return {r["message_id"] for r in rows}
 
 
-async def _settled(conn, devnet: Devnet) -> bool:  # type: ignore[no-untyped-def]
+async def _settled(conn: asyncpg.Connection, devnet: Devnet) -> bool:
     """The cursor sits on the head and everything `CONFIRMATIONS` deep is published."""
     head = devnet.rpc("eth_getBlockByNumber", "latest", False)
     cursor = await cursor_of(conn, devnet.chain_id)
@@ -134,7 +135,7 @@ async def _settled(conn, devnet: Devnet) -> bool:  # type: ignore[no-untyped-def
         "SELECT count(*) FROM outbox WHERE published_at IS NULL AND (block_number IS NULL OR block_number <= $1)",
         cursor[0] - CONFIRMATIONS,
     )
-    return pending == 0
+    return bool(pending == 0)
 
 
 def _check_kafka(

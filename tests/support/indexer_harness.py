@@ -109,7 +109,7 @@ def generate_task_events(
             in_block = min(per_block, events - sent)
             done = 0
             while done < in_block:
-                calls = []
+                calls: list[tuple[str, list[Any]]] = []
                 for _ in range(min(chunk, in_block - done)):
                     k = (sent + done + len(calls)) % len(posters)
                     tx = {
@@ -281,8 +281,10 @@ async def wait_until_published(
             cursor = await cursor_of(conn, chain_id)
             if cursor is None or cursor[0] < block:
                 return False
-            pending = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-            return pending == 0
+            pending = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
+            )
+            return not pending
 
         await wait_for(
             done, timeout=timeout, interval=0.05, what=f"all published up to block {block}"

@@ -47,6 +47,7 @@ from relayer.settlement.txs import complete_verification_data, sign_eip1559
 from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key, verdict_payload
 
 POLL = 0.02  # both measurements poll for completion at the same rate
+OVERRIDES: dict[str, Any] = {}  # relayer settings from --set name=value (experiments only)
 
 
 def _encode(fn: str, types: list[str], args: list[Any]) -> str:
@@ -166,26 +167,19 @@ async def index(devnet: Devnet, database_url: str) -> None:
         await asyncio.wait_for(task, 10)
 
 
-async def publish(bootstrap: str, topic: str, verdicts: list[Any]) -> None:
-    from aiokafka import AIOKafkaProducer
-
+async def publish(producer: Any, topic: str, verdicts: list[Any]) -> None:
     from escrowd.kafka import encode_headers
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1, max_batch_size=256 * 1024)
-    await producer.start()
-    try:
-        futures = [
-            await producer.send(
-                topic,
-                value=verdict_payload(s),
-                key=verdict_key(s.verdict),
-                headers=encode_headers(verdict_headers(s)),
-            )
-            for s in verdicts
-        ]
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+    futures = [
+        await producer.send(
+            topic,
+            value=verdict_payload(s),
+            key=verdict_key(s.verdict),
+            headers=encode_headers(verdict_headers(s)),
+        )
+        for s in verdicts
+    ]
+    await asyncio.gather(*futures)
 
 
 async def relayer_rate(
@@ -227,10 +221,16 @@ async def relayer_rate(
         relayer_trusted_signers=[signer.address],
         relayer_poll_interval=1.0,
         relayer_port=free_port(),
+        **OVERRIDES,
     )
+    from aiokafka import AIOKafkaProducer
+
     relayer = Relayer(settings, SecretKey.from_hex(devnet.marketplace_verifier.private_key))
     run = asyncio.create_task(relayer.run())
     conn = await asyncpg.connect(database_url)
+    # Started (connected, metadata fetched) before the clock runs: we time the relayer.
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1, max_batch_size=256 * 1024)
+    await producer.start()
 
     async def confirmed() -> int:
         return int(
@@ -240,7 +240,7 @@ async def relayer_rate(
         )
 
     try:
-        await publish(bootstrap, settings.verdicts_topic, [signed(warmup)])
+        await publish(producer, settings.verdicts_topic, [signed(warmup)])
         while await confirmed() < 1:
             if run.done():
                 run.result()
@@ -248,7 +248,7 @@ async def relayer_rate(
         batch = [signed(t) for t in tasks]
         db_start = await conn.fetchval("SELECT clock_timestamp()")
         started = time.perf_counter()
-        await publish(bootstrap, settings.verdicts_topic, batch)
+        await publish(producer, settings.verdicts_topic, batch)
         while await confirmed() < len(tasks) + 1:
             if run.done():
                 run.result()
@@ -282,6 +282,7 @@ async def relayer_rate(
             "latency_p99_ms": 1000 * sorted(latencies)[int(0.99 * (len(latencies) - 1))],
         }
     finally:
+        await producer.stop()
         await conn.close()
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
@@ -340,7 +341,11 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--verdicts", type=int, default=300, help="verdicts (and raw transactions) per run")
     parser.add_argument("--rounds", type=int, default=2, help="relayer runs, each between two raw runs")
+    parser.add_argument("--set", action="append", default=[], help="relayer setting override name=value")
     args = parser.parse_args()
+    for item in args.set:
+        name, _, value = item.partition("=")
+        OVERRIDES[name] = value
     configure_logging(json=True, level="WARNING")
     # Both helpers run their own event loop: start them before ours.
     postgres = start_postgres(prefix="escrowd_bench")

@@ -90,6 +90,9 @@ class RelayerSettings(BaseSettings):
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
     relayer_batch_size: int = Field(default=128, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
+    relayer_preflight_simulation: bool = Field(
+        default=True, description="eth_call each verdict first: a refusal then costs no nonce"
+    )
     relayer_poll_interval: float = Field(default=5.0, gt=0, description="Health / key-match check period")
     relayer_replace_after_seconds: float = Field(
         default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"

@@ -174,6 +174,7 @@ class SenderOptions:
     watch_blocks: int = 64
     recheck_interval: float = 5.0
     track_interval: float = 0.1  # at most one receipts round per this many seconds
+    simulate: bool = True  # eth_call each verdict before spending a nonce on it
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
@@ -461,26 +462,29 @@ class ChainSender:
             calls.append(
                 ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
             )
-            calls.append(
-                (
-                    "eth_call",
-                    [
-                        {
-                            "from": self.address,
-                            "to": row.escrow,
-                            "gas": hex(self._opt.gas_limit),
-                            "data": "0x" + self._calldata(row).hex(),
-                        },
-                        "latest",
-                    ],
+            if self._opt.simulate:
+                calls.append(
+                    (
+                        "eth_call",
+                        [
+                            {
+                                "from": self.address,
+                                "to": row.escrow,
+                                "gas": hex(self._opt.gas_limit),
+                                "data": "0x" + self._calldata(row).hex(),
+                            },
+                            "latest",
+                        ],
+                    )
                 )
-            )
         results = await self._rpc.batch(calls)
+        step = 2 if self._opt.simulate else 1
         ready: list[VerdictRow] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         key_refused = False
         for i, row in enumerate(rows):
-            judged, simulated = results[2 * i], results[2 * i + 1]
+            judged = results[step * i]
+            simulated = results[step * i + 1] if self._opt.simulate else "0x"
             if isinstance(judged, Exception) or (
                 isinstance(simulated, Exception) and not isinstance(simulated, Reverted)
             ):

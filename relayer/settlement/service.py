@@ -113,6 +113,7 @@ class Relayer:
                 # re-read is a backstop for silent rollbacks and need not be frequent.
                 recheck_interval=max(s.relayer_poll_interval, 5.0),
                 track_interval=s.relayer_track_interval,
+                simulate=s.relayer_preflight_simulation,
             )
             for chain in s.chains:
                 self.senders[chain.chain_id] = ChainSender(

@@ -480,3 +480,34 @@ def test_key_match() -> None:
     assert not matches and reason is not None and other in reason
     assert key_match([None], me)[0] is False
     assert key_match([], me)[0] is False
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def test_settings_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Env with comma-separated signers and the indexer's chain shape; the file wins over env."""
+    from relayer.settlement.config import RelayerSettings
+
+    signer = Account.from_key(KEY_B).address
+    chains = [{"chain_id": 31337, "rpc_urls": ["http://127.0.0.1:8545"], "escrow_addresses": [ESCROW.lower()],
+               "start_block": 5, "max_range": 100}]  # fmt: skip
+    monkeypatch.setenv("ESCROWD_DATABASE_URL", "postgresql://x@127.0.0.1/db")
+    monkeypatch.setenv("ESCROWD_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    monkeypatch.setenv("ESCROWD_CHAINS", json.dumps(chains))
+    monkeypatch.setenv("ESCROWD_RELAYER_KEY", KEY_A)
+    monkeypatch.setenv("ESCROWD_RELAYER_TRUSTED_SIGNERS", f"{signer.lower()}, {Account.from_key(KEY_A).address}")
+    monkeypatch.setenv("ESCROWD_RELAYER_POLL_INTERVAL", "2.5")
+    monkeypatch.delenv("ESCROWD_CONFIG", raising=False)
+    settings = RelayerSettings.load()
+    assert settings.relayer_trusted_signers[0] == signer
+    assert settings.chains[0].escrow_addresses == [ESCROW] and settings.chains[0].depth == 1
+    assert settings.relayer_poll_interval == 2.5
+    assert KEY_A[2:] not in repr(settings)
+    config = tmp_path / "relayer.yaml"
+    config.write_text("relayer_poll_interval: 0.75\nrelayer_fee_cap_wei: 1000000000\n")
+    from_file = RelayerSettings.load(config)
+    assert from_file.relayer_poll_interval == 0.75 and from_file.fee_policy().fee_cap == GWEI
+    monkeypatch.setenv("ESCROWD_RELAYER_KEYSTORE", str(tmp_path / "k.json"))
+    with pytest.raises(ValidationError):
+        RelayerSettings.load()

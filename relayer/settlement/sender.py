@@ -348,15 +348,12 @@ class ChainSender:
             await store.record_new_slots(
                 conn, self.chain_id, self.address, [(tx, None, "filler") for tx in signed], next_nonce
             )
-        slots = []
         for tx in signed:
+            # Broadcast by the maintain loop, behind the send gate like everything else.
             slot = Slot(nonce=tx.nonce, kind="filler", verdict=None, versions=[_version(tx, 0, "filler")])
-            slot.last_broadcast = time.monotonic()
-            slot.in_flight = True
+            slot.resend_reason = "new"
             self.slots[tx.nonce] = slot
-            slots.append(slot)
-        metrics.GAPS_FILLED.labels(self._label).inc(len(slots))
-        self._spawn_broadcast(slots, "new")
+        metrics.GAPS_FILLED.labels(self._label).inc(len(signed))
 
     # ------------------------------------------------------------------ helpers
 

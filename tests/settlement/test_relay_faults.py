@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import asyncpg
 import httpx
 from prometheus_client import REGISTRY
 
@@ -269,3 +270,46 @@ async def _sleep_true(seconds: float) -> bool:
     return True
 
 
+
+
+async def test_nonce_gap_is_filled_at_start_up(
+    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer
+) -> None:
+    """A counter ahead of the chain with nothing behind it (a restored database): the gap is
+    filled with fillers, then verdicts use the next nonces; mined = pending = counter."""
+    (item,) = submit_tasks(devnet, 1)
+    await indexer.caught_up()
+    relayer = devnet.marketplace_verifier.address
+    chain_nonce = int(devnet.rpc("eth_getTransactionCount", relayer, "latest"), 16)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)",
+            devnet.chain_id,
+            relayer.lower(),
+            chain_nonce + 2,
+        )
+    finally:
+        await conn.close()
+    filled_before = metric("escrowd_relayer_nonce_gaps_filled_total", chain_id=str(devnet.chain_id))
+    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address])
+    try:
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], [sign_verdict(make_verdict(devnet, item), service_signer.private_key)])
+
+        async def confirmed() -> bool:
+            run.check_alive()
+            return (await verdict_statuses(database_url)).get(item.task_id) == "confirmed"
+
+        await wait_until(confirmed, timeout=30, what="the verdict after the gap")
+        kinds = await fetch(database_url, "SELECT nonce, kind, state FROM settlement_transactions ORDER BY nonce")
+        assert [(r["nonce"], r["kind"]) for r in kinds] == [
+            (chain_nonce, "filler"),
+            (chain_nonce + 1, "filler"),
+            (chain_nonce + 2, "verdict"),
+        ]
+        latest = int(devnet.rpc("eth_getTransactionCount", relayer, "latest"), 16)
+        pending = int(devnet.rpc("eth_getTransactionCount", relayer, "pending"), 16)
+        assert latest == pending == chain_nonce + 3 == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
+        assert metric("escrowd_relayer_nonce_gaps_filled_total", chain_id=str(devnet.chain_id)) == filled_before + 2
+    finally:
+        await run.stop()

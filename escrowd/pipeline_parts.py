@@ -49,7 +49,6 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     from relayer.lifecycle.consumer import build_consumer as lifecycle_consumer
     from relayer.reputation.consumer import build_consumer as reputation_consumer
     from relayer.settlement.config import ChainSettings, RelayerSettings
-    from relayer.settlement.routes import metrics_router
     from relayer.settlement.service import Relayer, load_relayer_key
     from relayer.verification.service import RetryScheduler, VerificationSettings
     from relayer.verification.service import build_consumer as verification_consumer
@@ -106,7 +105,6 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     )
     app = create_app(api_settings)
     app.state.bridge_health = _RelayerHealth(relayer)
-    app.include_router(metrics_router)
     server = _Server(
         uvicorn.Config(app, host="127.0.0.1", port=config.api_port, log_config=None, access_log=False)
     )

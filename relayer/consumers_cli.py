@@ -32,15 +32,20 @@ class ConsumerSettings(BaseSettings):
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
     reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
     reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
 
-async def _run_until_signal(consumer: object, database_url: str, bootstrap: str) -> None:
+async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
     from escrowd.consumer import IdempotentConsumer
     from escrowd.db import migrate_url
     from escrowd.kafka import make_producer
     from escrowd.outbox import OutboxPublisher
 
     assert isinstance(consumer, IdempotentConsumer)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="0.0.0.0")  # noqa: S104 - scraped by Prometheus
     await migrate_url(database_url)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -85,7 +90,7 @@ def lifecycle(
         timers_topic=settings.timers_topic,
         dlq_topic=settings.dead_letter_topic,
     )
-    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap))
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
 
 
 @app.command()
@@ -109,4 +114,4 @@ def reputation(
         reputation_topic=settings.reputation_topic,
         dlq_topic=settings.dead_letter_topic,
     )
-    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap))
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))

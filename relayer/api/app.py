@@ -100,6 +100,9 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
     )
     install_error_handlers(app)
     app.include_router(tasks_router)
+    metrics = _optional_router("relayer.settlement.routes", "metrics_router")
+    if metrics is not None:
+        app.include_router(metrics)
     for module_name, attr in OPTIONAL_ROUTERS:
         router = _optional_router(module_name, attr)
         if router is not None:

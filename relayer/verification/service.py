@@ -78,6 +78,7 @@ class VerificationSettings(BaseSettings):
     retry_poll_seconds: float = Field(default=1.0, gt=0, description="How often due retries are looked for")
     max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
     @field_validator("database_url")
     @classmethod
@@ -211,6 +212,10 @@ def build_consumer(
 async def run_verification_consumer(settings: VerificationSettings) -> None:
     """Run the verification service until cancelled (see the module docstring)."""
     key = load_signing_key(settings)
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr="0.0.0.0")  # noqa: S104 - scraped by Prometheus
     await migrate_url(settings.database_url)
     t = settings.topics()
     await ensure_topics(

@@ -28,7 +28,7 @@ from eth_account import Account
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
 from hexbytes import HexBytes
-from web3 import Web3
+from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionNotFound
 from web3.types import RPCEndpoint, TxReceipt
 
@@ -524,25 +524,41 @@ class Devnet:
 
     # ------------------------------------------------------------------ escrow views
 
+    def call_many(self, calls: Sequence[tuple[str, str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
+        """Several views, (to, fn, args) each, in one JSON-RPC batch at the latest block."""
+        provider = cast(HTTPProvider, self.w3.provider)
+        batch = [
+            (
+                RPCEndpoint("eth_call"),
+                [{"to": to, "data": self._codec.encode_call(fn, args)}, "latest"],
+            )
+            for to, fn, args in calls
+        ]
+        replies = provider.make_batch_request(batch)
+        if not isinstance(replies, list):
+            raise DevnetError(f"batch eth_call failed: {replies.get('error')}")
+        results: list[tuple[Any, ...]] = []
+        for (_, fn, _), reply in zip(calls, replies, strict=True):
+            if "error" in reply:
+                raise DevnetError(f"eth_call {fn}: {reply['error']}")
+            out_types = self._codec.functions[fn].output_types
+            results.append(tuple(abi_decode(out_types, HexBytes(str(reply["result"])))))
+        return results
+
     def get_task(self, task_id: int) -> TaskView:
         """`getTask(taskId)` decoded; EscrowRevert("TaskNotFound") for unknown ids."""
         (t,) = self.call(self.escrow_address, "getTask", task_id)
-        return TaskView(
-            task_id=task_id,
-            poster=to_checksum_address(t[0]),
-            deadline=t[1],
-            status=TaskStatus(t[2]),
-            attempts=t[3],
-            judged_mask=t[4],
-            disputed=t[5],
-            agent=to_checksum_address(t[6]),
-            failed_at=t[7],
-            verifier=to_checksum_address(t[8]),
-            escalated_at=t[9],
-            reward=t[10],
-            task_hash=bytes(t[11]),
-            last_evidence_hash=bytes(t[12]),
-        )
+        return decode_task(task_id, t)
+
+    def get_tasks(self, task_ids: Sequence[int]) -> list[TaskView]:
+        """Several tasks in one batch (ids must exist)."""
+        replies = self.call_many([(self.escrow_address, "getTask", (i,)) for i in task_ids])
+        return [decode_task(i, r[0]) for i, r in zip(task_ids, replies, strict=True)]
+
+    def balances_of(self, holders: Sequence[Actor | str]) -> list[int]:
+        """Token balances of several holders in one batch."""
+        replies = self.call_many([(self.token_address, "balanceOf", (_addr(h),)) for h in holders])
+        return [int(r[0]) for r in replies]
 
     def task_count(self) -> int:
         """Number of tasks created so far (ids are 1..task_count)."""
@@ -704,6 +720,26 @@ class Devnet:
         return text_hash(f"{kind}:{self._hash_counter}:{time.time_ns()}")
 
 
+def decode_task(task_id: int, t: Sequence[Any]) -> TaskView:
+    """A TaskView from the decoded `getTask` tuple."""
+    return TaskView(
+        task_id=task_id,
+        poster=to_checksum_address(t[0]),
+        deadline=t[1],
+        status=TaskStatus(t[2]),
+        attempts=t[3],
+        judged_mask=t[4],
+        disputed=t[5],
+        agent=to_checksum_address(t[6]),
+        failed_at=t[7],
+        verifier=to_checksum_address(t[8]),
+        escalated_at=t[9],
+        reward=t[10],
+        task_hash=bytes(t[11]),
+        last_evidence_hash=bytes(t[12]),
+    )
+
+
 def task_id_of(devnet: Devnet, receipt: TxReceipt) -> int:
     """The task id a createTask / createTaskWithVerifier receipt announced."""
     return int(devnet.event(receipt, "TaskCreated")["taskId"])
@@ -712,23 +748,34 @@ def task_id_of(devnet: Devnet, receipt: TxReceipt) -> int:
 # ---------------------------------------------------------------------------- deployment
 
 
-def _deploy(rpc: Any, sender: str, name: str, args: Sequence[Any]) -> tuple[str, int]:
-    artifact = load_artifact(name)
-    ctor = next((i for i in artifact["abi"] if i["type"] == "constructor"), None)
+def deploy_contract(
+    rpc: Any, sender: str, bytecode: str, abi: list[dict[str, Any]], args: Sequence[Any] = ()
+) -> tuple[str, int]:
+    """Deploy `bytecode` with constructor `args` via `rpc(method, *params)`.
+
+    Returns (address, block number). Used for the escrow and token, and by tests that need
+    a contract of their own (e.g. a hostile token).
+    """
+    ctor = next((i for i in abi if i["type"] == "constructor"), None)
     types = [_abi_type(p) for p in ctor["inputs"]] if ctor else []
-    data = artifact["bytecode"] + abi_encode(types, list(args)).hex()
-    tx_hash = rpc("eth_sendTransaction", {"from": sender, "data": data, "gas": hex(5_000_000)})
+    data = bytecode + abi_encode(types, list(args)).hex()
+    tx_hash = rpc("eth_sendTransaction", {"from": sender, "data": data, "gas": hex(8_000_000)})
     receipt: dict[str, Any] | None = None
     deadline = time.monotonic() + 30
     while receipt is None:
         receipt = rpc("eth_getTransactionReceipt", tx_hash)
         if receipt is None:
             if time.monotonic() > deadline:
-                raise DevnetError(f"{name} deployment not mined")
+                raise DevnetError(f"deployment {tx_hash} not mined")
             time.sleep(0.001)
     if int(receipt["status"], 16) != 1:
-        raise DevnetError(f"{name} deployment reverted")
+        raise DevnetError(f"deployment {tx_hash} reverted")
     return to_checksum_address(receipt["contractAddress"]), int(receipt["blockNumber"], 16)
+
+
+def _deploy(rpc: Any, sender: str, name: str, args: Sequence[Any]) -> tuple[str, int]:
+    artifact = load_artifact(name)
+    return deploy_contract(rpc, sender, artifact["bytecode"], artifact["abi"], args)
 
 
 def deploy_devnet(

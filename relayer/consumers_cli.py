@@ -45,7 +45,7 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr="0.0.0.0")  # noqa: S104 - scraped by Prometheus
+        start_http_server(metrics_port, addr="0.0.0.0")
     await migrate_url(database_url)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -215,7 +215,7 @@ async def run_verification_consumer(settings: VerificationSettings) -> None:
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.metrics_port, addr="0.0.0.0")  # noqa: S104 - scraped by Prometheus
+        start_http_server(settings.metrics_port, addr="0.0.0.0")
     await migrate_url(settings.database_url)
     t = settings.topics()
     await ensure_topics(

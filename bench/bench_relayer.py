@@ -247,6 +247,7 @@ async def relayer_rate(
             await asyncio.sleep(0.01)
         batch = [signed(t) for t in tasks]
         db_start = await conn.fetchval("SELECT clock_timestamp()")
+        cpu_start = time.process_time()
         started = time.perf_counter()
         await publish(producer, settings.verdicts_topic, batch)
         while await confirmed() < len(tasks) + 1:
@@ -254,6 +255,7 @@ async def relayer_rate(
                 run.result()
             await asyncio.sleep(POLL)
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_start
         latencies = [
             float(r[0])
             for r in await conn.fetch(
@@ -273,6 +275,7 @@ async def relayer_rate(
             tasks[-1][0],
         )
         return {
+            "cpu_ms_per_verdict": 1000 * cpu / len(tasks),
             "stage_consumed_s": float(stages["consumed"]),
             "stage_signed_s": float(stages["signed"]),
             "stage_confirmed_s": float(stages["confirmed"]),
@@ -328,6 +331,7 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
                 {k.removeprefix("stage_").removesuffix("_s"): round(v, 3) for k, v in r.items() if k.startswith("stage_")}
                 for r in relayed
             ],
+            "relayer_process_cpu_ms_per_verdict": [round(r["cpu_ms_per_verdict"], 2) for r in relayed],
             "verdict_to_confirmation_p50_ms": [round(r["latency_p50_ms"], 1) for r in relayed],
             "verdict_to_confirmation_p99_ms": [round(r["latency_p99_ms"], 1) for r in relayed],
             "setup_seconds": round(setup_s, 1),

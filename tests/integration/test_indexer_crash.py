@@ -99,7 +99,13 @@ async def _check_prefix(
 async def _kill_loop(
     chain: LoadedChain, database_url: str, process: IndexerProcess, kills: int, rng: random.Random
 ) -> tuple[int, int]:
-    """Kill the child at random moments after it made progress; returns (kills, during backfill)."""
+    """Kill the child at random points of the backfill; returns (kills, during backfill).
+
+    Each life of the child gets a random cursor target between the current cursor and an
+    even share of what is left, so the kills spread over the whole backfill whatever the
+    machine's speed; the kill itself lands a random 0-20 ms after the target is reached,
+    in the middle of whatever the child is doing (a fetch, a COPY, a commit, a Kafka send).
+    """
     by_block: dict[int, set[str]] = {}
     for log in chain.logs:
         by_block.setdefault(log.block_number, set()).add(log.id)
@@ -109,20 +115,22 @@ async def _kill_loop(
         process.start()
         while process.kills < kills:
             before = await _check_prefix(conn, chain, by_block)
+            share = max(1, (chain.head - before) // (kills - process.kills + 1))
+            target = before + rng.randint(1, share)
 
-            async def progressed(before: int = before) -> bool:
+            async def reached(before: int = before, target: int = target) -> bool:
                 if not process.running:
                     raise AssertionError(f"indexer exited:\n{process.output()}")
                 cursor = await cursor_of(conn, chain.devnet.chain_id)
-                published = await conn.fetchval(
-                    "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
-                )
-                return (cursor is not None and cursor[0] > before) or (
-                    before >= chain.head and published > 0
-                )
+                if before >= chain.head:  # backfill done: kill while publishing instead
+                    published = await conn.fetchval(
+                        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
+                    )
+                    return bool(published > 0)
+                return cursor is not None and cursor[0] >= target
 
-            await wait_for(progressed, timeout=60, interval=0.005, what="progress after a restart")
-            await asyncio.sleep(rng.uniform(0.0, 0.15))
+            await wait_for(reached, timeout=60, interval=0.002, what="progress after a restart")
+            await asyncio.sleep(rng.uniform(0.0, 0.02))
             process.kill9()
             at_kill = await _check_prefix(conn, chain, by_block)
             if at_kill < chain.head:

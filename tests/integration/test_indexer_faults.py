@@ -76,6 +76,7 @@ async def test_rpc_errors_timeouts_refusals_and_slowness_leave_no_gap(
         slow_rate=0.1,
         slow_seconds=0.2,
         max_logs=300,
+        first=("http503", "timeout", "http429", "slow", "rpc_internal", "garbage"),
         seed=4,
     )
     topic = f"{topic_prefix}escrow.events.v1"

@@ -46,6 +46,9 @@ class Faults:
     """An `eth_getLogs` spanning more blocks than this fails before reaching anvil."""
     strip_block_timestamp: bool = False
     """Remove `blockTimestamp` from logs, as providers that predate that field do."""
+    first: tuple[str, ...] = ()
+    """Faults forced on the first eligible requests, in order, so each kind surely happens:
+    "http503", "http429", "rpc_internal", "garbage", "timeout", "slow"."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -75,6 +78,7 @@ class RpcFaultProxy:
         self.port = port
         self.stats = ProxyStats()
         self._rng = random.Random(self.faults.seed)
+        self._forced = list(self.faults.first)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -97,6 +101,7 @@ class RpcFaultProxy:
         with self._lock:
             self.faults = faults
             self._rng = random.Random(faults.seed)
+            self._forced = list(faults.first)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -205,7 +210,18 @@ class RpcFaultProxy:
         faults = self.faults
         methods = {c.get("method") for c in calls if isinstance(c, dict)}
         eligible = faults.methods is None or bool(methods & faults.methods)
+        forced = None
         if eligible:
+            with self._lock:
+                forced = self._forced.pop(0) if self._forced else None
+        if forced in {"timeout", "slow"}:
+            self.stats.injected[forced] += 1
+            await asyncio.sleep(faults.hang_seconds if forced == "timeout" else faults.slow_seconds)
+            if forced == "timeout":
+                return web.Response(status=504, text="gateway timeout")
+        elif forced is not None:
+            return self._error_reply(calls, payload, forced)
+        elif eligible:
             roll = self._draw()
             if roll < faults.error_rate:
                 return self._error_reply(calls, payload)
@@ -266,8 +282,8 @@ class RpcFaultProxy:
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
 
-    def _error_reply(self, calls: list[Any], payload: Any) -> web.Response:
-        kind = self._choice(["http503", "http429", "rpc_internal", "garbage"])
+    def _error_reply(self, calls: list[Any], payload: Any, kind: str | None = None) -> web.Response:
+        kind = kind or self._choice(["http503", "http429", "rpc_internal", "garbage"])
         self.stats.injected[kind] += 1
         if kind == "http503":
             return web.Response(status=503, text="service unavailable")

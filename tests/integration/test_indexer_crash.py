@@ -54,12 +54,12 @@ class LoadedChain:
     logs: list[ChainLog]
 
 
-def _load(events: int) -> Iterator[LoadedChain]:
+def _load(events: int, per_block: int = PER_BLOCK) -> Iterator[LoadedChain]:
     from tests.support.indexer_harness import generate_task_events
 
     with AnvilProcess(extra_args=("--gas-limit", "1000000000")) as anvil:
         devnet = deploy_devnet(anvil.rpc_url)
-        head = generate_task_events(devnet, events, per_block=PER_BLOCK)
+        head = generate_task_events(devnet, events, per_block=per_block)
         logs = chain_logs(
             devnet.rpc_url, devnet.chain_id, [devnet.escrow_address], devnet.deploy_block
         )
@@ -210,7 +210,7 @@ async def test_kill_9_soak(
     mode: str, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     """The same with 100,000 events and 30 kills (`make soak`)."""
-    for chain in _load(100_000):
+    for chain in _load(100_000, per_block=1000):
         await _run_crash_test(
             mode, chain, database_url, kafka_bootstrap, topic_prefix, tmp_path, 30
         )

@@ -54,7 +54,9 @@ class Cast:
     FEE: Actor  # platform fee recipient
     OUT: Actor  # an outsider with no role
 
-    def open(self, *, reward: int = REWARD, duration: int = WEEK, verifier: Actor | None = None) -> int:
+    def open(
+        self, *, reward: int = REWARD, duration: int = WEEK, verifier: Actor | None = None
+    ) -> int:
         return self.dn.post_task(self.P, reward=reward, duration=duration, verifier=verifier)
 
     def accepted(self, **kw: Any) -> int:

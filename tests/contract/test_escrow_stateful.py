@@ -62,7 +62,7 @@ ALLOWED_EDGES = {
 
 MAX_TASKS = 3
 MAX_EXAMPLES = int(os.environ.get("ESCROW_STATEFUL_EXAMPLES", "200"))
-STEPS = 40
+STEPS = 35
 
 
 @dataclass

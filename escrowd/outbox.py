@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter, Gauge, Histogram
 
 from escrowd.db import is_connection_error
-from escrowd.kafka import encode_headers
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -115,10 +116,10 @@ async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessag
 
 
 _PENDING_SQL = """
-SELECT o.seq, o.topic, o.key, o.headers, o.payload, o.chain_id, o.block_number
+SELECT o.seq, o.topic, o.key, o.headers::text AS headers, o.payload, o.chain_id, o.block_number
 FROM outbox o
 LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
-WHERE o.published_at IS NULL
+WHERE o.published_at IS NULL AND o.seq > $2
   AND (o.block_number IS NULL OR o.block_number <= c.block_number - c.confirmations)
 ORDER BY o.seq
 LIMIT $1
@@ -135,11 +136,13 @@ class OutboxPublisher:
         *,
         batch_size: int = 2000,
         idle_poll_seconds: float = 0.25,
+        batches_per_cycle: int = 16,
     ) -> None:
         self._database_url = database_url
         self._producer = producer
         self._batch_size = batch_size
         self._idle_poll_seconds = idle_poll_seconds
+        self._batches_per_cycle = batches_per_cycle
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -177,7 +180,7 @@ class OutboxPublisher:
     async def _drain_forever(self, conn: asyncpg.Connection) -> None:
         last_gauge = 0.0
         while not self._stopping.is_set():
-            sent = await self.publish_batch(conn)
+            sent = await self.publish_cycle(conn)
             now = time.monotonic()
             if now - last_gauge > 1.0:
                 await self._update_gauges(conn)
@@ -189,40 +192,71 @@ class OutboxPublisher:
 
     async def publish_batch(self, conn: asyncpg.Connection) -> int:
         """Send one batch of publishable rows, await every ack, mark them; return how many."""
+        return await self.publish_cycle(conn, max_batches=1)
+
+    async def publish_cycle(self, conn: asyncpg.Connection, *, max_batches: int | None = None) -> int:
+        """Send batches back to back; the acks and marking of one overlap the next's send.
+
+        Rows go out in `seq` order (one producer keeps per-partition order). A cycle only
+        moves forward in `seq`, so a row held back by confirmations and released meanwhile
+        waits for the next cycle; the shared lock keeps a reorg rollback from deleting rows
+        while they are in flight.
+        """
+        limit = max_batches or self._batches_per_cycle
         await conn.execute("SELECT pg_advisory_lock_shared($1)", SENDING_LOCK)
+        in_flight: deque[tuple[list[asyncpg.Record], asyncio.Future[Any], float]] = deque()
+        total = 0
+        after = 0
         try:
-            return await self._send_batch(conn)
+            for _ in range(limit):
+                rows = await conn.fetch(_PENDING_SQL, self._batch_size, after)
+                if not rows:
+                    break
+                after = rows[-1]["seq"]
+                started = time.perf_counter()
+                in_flight.append((rows, await self._send(rows), started))
+                if len(in_flight) > 1:
+                    total += await self._complete(conn, *in_flight.popleft())
+            while in_flight:
+                total += await self._complete(conn, *in_flight.popleft())
         finally:
+            for _, acks, _ in in_flight:  # after a failure: collect, never leave them unawaited
+                with contextlib.suppress(BaseException):
+                    await acks
             with contextlib.suppress(Exception):  # a dead connection has released it already
                 await conn.execute("SELECT pg_advisory_unlock_shared($1)", SENDING_LOCK)
+        return total
 
-    async def _send_batch(self, conn: asyncpg.Connection) -> int:
-        rows = await conn.fetch(_PENDING_SQL, self._batch_size)
-        if not rows:
-            return 0
-        started = time.perf_counter()
-        futures = []
-        for row in rows:
-            futures.append(
-                await self._producer.send(
-                    row["topic"],
-                    value=row["payload"],
-                    key=row["key"],
-                    headers=encode_headers(row["headers"]),
-                )
+    async def _send(self, rows: list[asyncpg.Record]) -> asyncio.Future[Any]:
+        futures = [
+            await self._producer.send(
+                row["topic"],
+                value=row["payload"],
+                key=row["key"],
+                headers=[(k, v.encode()) for k, v in orjson.loads(row["headers"]).items()],
             )
-        await asyncio.gather(*futures)
+            for row in rows
+        ]
+        return asyncio.gather(*futures)
+
+    async def _complete(
+        self, conn: asyncpg.Connection, rows: list[asyncpg.Record], acks: asyncio.Future[Any], started: float
+    ) -> int:
+        await acks
         await conn.execute(
             "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
             [row["seq"] for row in rows],
         )
+        per_topic: dict[str, int] = {}
         published_blocks: dict[int, int] = {}
         for row in rows:
-            OUTBOX_PUBLISHED.labels(row["topic"]).inc()
+            per_topic[row["topic"]] = per_topic.get(row["topic"], 0) + 1
             if row["chain_id"] is not None and row["block_number"] is not None:
                 published_blocks[row["chain_id"]] = max(
                     published_blocks.get(row["chain_id"], -1), row["block_number"]
                 )
+        for topic, count in per_topic.items():
+            OUTBOX_PUBLISHED.labels(topic).inc(count)
         for chain_id, block in published_blocks.items():
             PUBLISHED_BLOCK.labels(str(chain_id)).set(block)
         OUTBOX_BATCH_SECONDS.observe(time.perf_counter() - started)

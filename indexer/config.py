@@ -38,6 +38,9 @@ class ChainConfig(BaseModel):
     poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
     rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
     keep_blocks: int = Field(default=512, ge=16, description="Recent block hashes kept for reorg walks")
+    max_events_per_commit: int = Field(
+        default=10_000, ge=1, description="Events per transaction (a window commits in pieces at block boundaries)"
+    )
 
     @field_validator("rpc_urls")
     @classmethod

@@ -28,7 +28,10 @@ class RangeSizer:
         """After a successful request: grow while cheap, shrink gently when heavy."""
         if logs < self.target_logs // 2 and seconds < self.target_seconds / 2:
             return replace(self, size=min(self.max_size, max(self.size + 1, self.size * 3 // 2)))
-        if logs > self.target_logs or seconds > self.target_seconds:
+        if logs > self.target_logs:
+            # Dense blocks: jump straight to the size that would have met the target.
+            return replace(self, size=max(self.min_size, self.size * self.target_logs // logs))
+        if seconds > self.target_seconds:
             return replace(self, size=max(self.min_size, self.size * 3 // 4))
         return self
 

@@ -281,7 +281,8 @@ class ChainIndexer:
                     return progressed
                 timestamps.update((ref.number, ref.timestamp) for ref in found)
             events = self._decode(logs, timestamps)
-            await self._store(conn, events, [refs[-1]], refs[-1])
+            for chunk, tip in _chunks(events, refs[-1], {}, self.chain.max_events_per_commit):
+                await self._store(conn, chunk, [tip], tip)
             metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
             self.sizer = self.sizer.observe(logs=len(logs), seconds=seconds)
             progressed = True
@@ -319,7 +320,11 @@ class ChainIndexer:
             self._bound.info("window_inconsistent", reason=outcome.reason)
             return False
         events = self._decode(logs, {r.number: r.timestamp for r in refs})
-        await self._store(conn, events, refs, refs[-1])
+        by_number = {r.number: r for r in refs}
+        stored_up_to = self.cursor.number
+        for chunk, tip in _chunks(events, refs[-1], by_number, self.chain.max_events_per_commit):
+            await self._store(conn, chunk, [r for r in refs if stored_up_to < r.number <= tip.number], tip)
+            stored_up_to = tip.number
         metrics.BATCH_SECONDS.labels(self.chain_label).observe(time.perf_counter() - started)
         self.head_window = min(self.chain.head_window, self.head_window * 2)
         return True
@@ -357,6 +362,31 @@ class ChainIndexer:
         self._bound.warning(
             "reorg_repaired", depth=depth, ancestor=ancestor, events_removed=removed, retractions=retracted
         )
+
+
+def _chunks(
+    events: list[DecodedLog], last: BlockRef, headers: dict[int, BlockRef], limit: int
+) -> list[tuple[list[DecodedLog], BlockRef]]:
+    """Split a window's events into commits of about `limit` events, at block boundaries.
+
+    Each commit moves the cursor to the last block it holds; the hash of that block comes
+    from its header when the window fetched it, else from its own logs (which the window
+    already checked against the range's first and last headers). The final commit ends at
+    `last`. One block's events are never split: a block is the unit of the cursor.
+    """
+    chunks: list[tuple[list[DecodedLog], BlockRef]] = []
+    current: list[DecodedLog] = []
+    for i, event in enumerate(events):
+        current.append(event)
+        next_block = events[i + 1].block_number if i + 1 < len(events) else None
+        if len(current) >= limit and next_block is not None and next_block != event.block_number:
+            tip = headers.get(event.block_number) or BlockRef(
+                event.block_number, event.block_hash, "", event.block_timestamp
+            )
+            chunks.append((current, tip))
+            current = []
+    chunks.append((current, last))
+    return chunks
 
 
 def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> dict[int, set[str]]:

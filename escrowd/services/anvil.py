@@ -12,10 +12,14 @@ files of another anvil running on the same machine.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -34,6 +38,33 @@ PRUNE_HISTORY = 64
 
 class AnvilError(RuntimeError):
     """anvil could not be started or did not answer."""
+
+
+_HOME_PREFIX = "escrowd-anvil-"
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: ask Linux to SIGTERM anvil when its parent dies, so a
+    # test run killed with SIGKILL does not leave anvil behind. (The signal fires when the
+    # thread that started it exits: start anvil from a long-lived thread.)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _sweep_stale_homes() -> None:
+    """Delete private homes left by anvils whose owning process was killed hard."""
+    for home in Path(tempfile.gettempdir()).glob(_HOME_PREFIX + "*"):
+        try:
+            owner = int((home / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # being created right now, or not ours to judge
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(home, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, owned by another user
 
 
 def anvil_binary() -> Path:
@@ -105,8 +136,12 @@ class AnvilProcess:
         """Start anvil and block until it answers `eth_chainId`."""
         if self.running:
             return self
-        self._home = Path(tempfile.mkdtemp(prefix="escrowd-anvil-"))
+        _sweep_stale_homes()
+        self._home = Path(tempfile.mkdtemp(prefix=_HOME_PREFIX))
         env = {**os.environ, "HOME": str(self._home)}
+        # stderr goes to a file, not a pipe: nobody reads a pipe while anvil runs, and a
+        # full one would block it.
+        log_path = self._home / "anvil.log"
         # A free port can be taken between the probe and anvil's bind (other test
         # processes run concurrently): retry with a fresh port a few times.
         attempts = 1 if self._requested_port else 4
@@ -114,14 +149,17 @@ class AnvilProcess:
         for _ in range(attempts):
             if not self._requested_port:
                 self.port = free_port()
-            self._proc = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # a Ctrl-C in the terminal reaches us, not anvil
-            )
+            with log_path.open("wb") as log:
+                self._proc = subprocess.Popen(
+                    self._command(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,  # a Ctrl-C in the terminal reaches us, not anvil
+                    preexec_fn=_die_with_parent,
+                )
+            (self._home / "owner.pid").write_text(str(os.getpid()))
             try:
                 self._wait_ready()
                 return self
@@ -147,7 +185,10 @@ class AnvilProcess:
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                err = ""
+                if self._home is not None:
+                    with contextlib.suppress(OSError):
+                        err = (self._home / "anvil.log").read_text(errors="replace")
                 raise AnvilError(f"exited with {self._proc.returncode}: {err.strip()[-500:]}")
             try:
                 chain_id = self._rpc("eth_chainId", timeout=1.0)
@@ -172,8 +213,6 @@ class AnvilProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
     def stop(self) -> None:
         """Stop anvil and delete its private home (and so its `~/.foundry/anvil/tmp/`)."""

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,38 @@ def test_anvil_process_lifecycle() -> None:
         assert anvil._rpc("eth_chainId") == hex(4242)
     assert not anvil.running
     assert not home.exists()  # its private ~/.foundry (anvil/tmp included) is gone
+
+
+def test_anvil_dies_with_a_killed_owner_and_its_home_is_swept() -> None:
+    code = (
+        "from escrowd.services.anvil import AnvilProcess; import sys, time;"
+        "a = AnvilProcess().start(); print(a.port, a._home, flush=True); time.sleep(60)"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        port_text, home_text = owner.stdout.readline().split()
+        probe = AnvilProcess(port=int(port_text))
+        assert probe._rpc("eth_chainId") == hex(31337)
+        owner.kill()  # SIGKILL: no cleanup code runs in the owner
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                probe._rpc("eth_chainId", timeout=0.5)
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "anvil outlived its owner"
+            time.sleep(0.05)
+        assert Path(home_text).exists()
+        with AnvilProcess():  # the next start removes the orphaned home
+            assert not Path(home_text).exists()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
 
 
 def test_anvil_binary_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

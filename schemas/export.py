@@ -39,9 +39,9 @@ def exported_models() -> dict[str, type[BaseModel]]:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError:
             continue
-        model = getattr(module, class_name, None)
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            models[class_name] = model
+        candidate = getattr(module, class_name, None)
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            models[class_name] = candidate
     return models
 
 

@@ -97,7 +97,7 @@ def make_tasks(devnet: Devnet, count: int, tag: str) -> list[tuple[int, str]]:
     return [(task_id, "0x" + e.hex()) for task_id, e in zip(ids, evidence, strict=True)]
 
 
-async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]]) -> float:
+async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]], *, batched: bool) -> float:
     rpc = devnet.rpc_url
     start_nonce = int(devnet.rpc("eth_getTransactionCount", key.address, "latest"), 16)
     base = int(devnet.rpc("eth_getBlockByNumber", "latest", False)["baseFeePerGas"], 16)
@@ -131,8 +131,23 @@ async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]])
             async with session.post(rpc, json=body) as response:
                 return int((await response.json())["result"], 16)
 
+        async def send_batch(i: int, chunk: list[str]) -> None:
+            async with gate:
+                body = [
+                    {"jsonrpc": "2.0", "id": i + j, "method": "eth_sendRawTransaction", "params": [raw]}
+                    for j, raw in enumerate(chunk)
+                ]
+                async with session.post(rpc, json=body) as response:
+                    for reply in await response.json():
+                        if "error" in reply:
+                            raise RuntimeError(f"raw send refused: {reply['error']}")
+
         started = time.perf_counter()
-        await asyncio.gather(*(send(i, raw) for i, raw in enumerate(raws)))
+        if batched:
+            chunks = [raws[i : i + 16] for i in range(0, len(raws), 16)]
+            await asyncio.gather(*(send_batch(16 * i, c) for i, c in enumerate(chunks)))
+        else:
+            await asyncio.gather(*(send(i, raw) for i, raw in enumerate(raws)))
         while await mined_count() < end_nonce:  # noqa: ASYNC110 -- polling the node is the measurement
             await asyncio.sleep(POLL)
         return len(raws) / (time.perf_counter() - started)
@@ -300,30 +315,36 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
         anvil.start()
         devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url, spare=2)
         await migrate_url(database_url)
-        # raw, relayer, raw, relayer, ..., raw: the relayer always sits between two raw runs.
-        plan = ["raw"] + ["relayer", "raw"] * rounds
+        # raw sends one request per transaction (16 in flight); raw_batched sends JSON-RPC
+        # batches of 16 (16 in flight), as the relayer does: on anvil's automine that also
+        # packs more transactions per block. Every relayer run sits between raw runs.
+        plan = ["raw", "raw_batched"] + ["relayer", "raw", "raw_batched"] * rounds
         setup = time.perf_counter()
         tasks = make_tasks(devnet, sum(verdicts + (kind == "relayer") for kind in plan), "bench")
         await index(devnet, database_url)
         setup_s = time.perf_counter() - setup
         key = SecretKey.from_hex(devnet.marketplace_verifier.private_key)
         raw: list[float] = []
+        raw_batched: list[float] = []
         relayed: list[dict[str, float]] = []
         for kind in plan:
-            if kind == "raw":
+            if kind in ("raw", "raw_batched"):
                 batch, tasks = tasks[:verdicts], tasks[verdicts:]
-                raw.append(await raw_rate(devnet, key, batch))
+                rate = await raw_rate(devnet, key, batch, batched=kind == "raw_batched")
+                (raw if kind == "raw" else raw_batched).append(rate)
             else:
                 batch, tasks = tasks[: verdicts + 1], tasks[verdicts + 1 :]
                 relayed.append(await relayer_rate(devnet, database_url, bootstrap, batch[1:], batch[0], len(relayed)))
-        raw_median = statistics.median(raw)
+        # The baseline is the better of the two raw methods: the target must hold against both.
+        raw_median = max(statistics.median(raw), statistics.median(raw_batched))
         relay_rate = statistics.median(r["rate"] for r in relayed)
         return {
             "benchmark": "relayer",
             "verdicts_per_run": verdicts,
             "raw_presigned_tx_per_s": [round(r, 1) for r in raw],
+            "raw_batched_tx_per_s": [round(r, 1) for r in raw_batched],
             "relayer_verdicts_per_s": [round(r["rate"], 1) for r in relayed],
-            "raw_median": round(raw_median, 1),
+            "raw_baseline": round(raw_median, 1),
             "relayer_median": round(relay_rate, 1),
             "ratio": round(relay_rate / raw_median, 3),
             "target_ratio": 0.75,

@@ -71,6 +71,9 @@ class RelayerSettings(BaseSettings):
     dlq_topic: str = Field(default=DEAD_LETTERS, description="Dead-letter topic")
     relayer_consumer_group: str = Field(default="settlement-relayer", description="Kafka consumer group")
     relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+    relayer_consumer_max_records: int = Field(
+        default=500, ge=1, description="Verdicts per consumer transaction at most"
+    )
 
     relayer_key: SecretStr | None = Field(default=None, description="Raw 0x key (devnet only)")
     relayer_keystore: Path | None = Field(default=None, description="Encrypted keystore file")

@@ -219,8 +219,6 @@ class VerdictHandler:
             return
         outcome = "awaiting_evidence" if status == "awaiting_evidence" else "accepted"
         metrics.VERDICTS_RECEIVED.labels(outcome).inc()
-        if status == "queued":
-            await store.notify_sender(conn, verdict.chain_id)
         bound.info("verdict_accepted", status=status, passed=verdict.passed, score=verdict.score)
 
     async def _reject(

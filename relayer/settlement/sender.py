@@ -178,6 +178,7 @@ class SenderOptions:
     recheck_interval: float = 5.0
     track_interval: float = 0.1  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
+    dispatch_coalesce: float = 0.02  # seconds to let queued verdicts accumulate
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
@@ -445,6 +446,10 @@ class ChainSender:
         while True:
             await self._wait(self._wake, 1.0)
             await self.gate.wait_open()
+            # Verdicts arrive in many small consumer commits, each with its notification:
+            # a short pause lets them pile up into one round (one preflight round trip, one
+            # database transaction) instead of one round per commit.
+            await asyncio.sleep(self._opt.dispatch_coalesce)
             while self.gate.is_open:
                 capacity = self._opt.max_in_flight - len(self._pending())
                 if capacity <= 0:

@@ -134,6 +134,7 @@ class Relayer:
                 handler=self.handler,
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
+                max_records=s.relayer_consumer_max_records,
             )
             log.info(
                 "relayer_starting",

@@ -134,12 +134,16 @@ async def insert_verdict(
     issued_at: datetime,
     wait_until: datetime | None,
 ) -> int | None:
-    """Insert the idempotency row; None when the attempt already has one."""
+    """Insert the idempotency row (waking the sender when queued); None when the attempt has one."""
+    # One round trip: the insert and, when it queued something, the sender's wake-up
+    # (delivered when the caller's transaction commits).
     value = await conn.fetchval(
-        "INSERT INTO settlement_verdicts (chain_id, escrow, task_id, attempt, evidence_hash, passed,"
-        " score, message_id, signer, signed_verdict, status, issued_at, wait_until)"
+        "WITH ins AS (INSERT INTO settlement_verdicts (chain_id, escrow, task_id, attempt, evidence_hash,"
+        " passed, score, message_id, signer, signed_verdict, status, issued_at, wait_until)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13)"
-        " ON CONFLICT (chain_id, escrow, task_id, attempt) DO NOTHING RETURNING id",
+        " ON CONFLICT (chain_id, escrow, task_id, attempt) DO NOTHING RETURNING id, status)"
+        " SELECT id FROM ins, LATERAL (SELECT CASE WHEN ins.status = 'queued'"
+        " THEN pg_notify($14, $1::text) END) AS wake",
         chain_id,
         escrow.lower(),
         task_id,
@@ -153,6 +157,7 @@ async def insert_verdict(
         status,
         issued_at,
         wait_until,
+        NOTIFY_CHANNEL,
     )
     return None if value is None else int(value)
 

@@ -471,3 +471,13 @@ def verdict_events(devnet: Devnet) -> dict[tuple[int, int], int]:
             key = (int(event["taskId"]), int(event["attempt"]))
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+async def on_chain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a synchronous devnet call in a worker thread.
+
+    The relayer and the indexer share the test's event loop; a blocking HTTP call to anvil
+    from the loop would stall their WebSocket readers while anvil pushes notifications to
+    them, and neither side would make progress.
+    """
+    return await asyncio.to_thread(fn, *args, **kwargs)

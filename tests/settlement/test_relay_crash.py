@@ -37,6 +37,7 @@ from tests.settlement.conftest import (
     IndexerRun,
     fetch,
     fetchval,
+    on_chain,
     publish,
     relayer_env,
     signed_verdicts,
@@ -119,7 +120,7 @@ async def crash_campaign(
     seed: int,
 ) -> dict[str, object]:
     rng = random.Random(seed)
-    items = submit_tasks(devnet, verdicts, prefix=f"crash{seed}")
+    items = await on_chain(submit_tasks, devnet, verdicts, prefix=f"crash{seed}")
     await indexer.caught_up(timeout=120)
     signed = signed_verdicts(devnet, items, service_signer)
     env = relayer_env(
@@ -134,7 +135,7 @@ async def crash_campaign(
     )
     topic = env["ESCROWD_VERDICTS_TOPIC"]
     log_file = tmp_path / "relayer.log"
-    first_block = devnet.block_number() + 1
+    first_block = (await on_chain(devnet.block_number)) + 1
     half = len(signed) // 2
     await publish(kafka_bootstrap, topic, signed[:half])
 
@@ -193,14 +194,13 @@ async def crash_campaign(
     relayer = devnet.marketplace_verifier.address
     # 1. Every attempt judged exactly once on chain.
     for item in items:
-        assert devnet.is_judged(item.task_id, 1)
-    events = Counter(
-        (int(e["taskId"]), int(e["attempt"])) for e in devnet.logs() if e.name == "VerificationCompleted"
-    )
+        assert await on_chain(devnet.is_judged, item.task_id, 1)
+    logs = await on_chain(lambda: list(devnet.logs()))
+    events = Counter((int(e["taskId"]), int(e["attempt"])) for e in logs if e.name == "VerificationCompleted")
     assert events == Counter({(i.task_id, 1): 1 for i in items})
     # 2. No verdict transaction sent twice for an attempt: every mined relayer tx is a
     #    distinct verdict or a filler, and none reverted (a second verdict would revert).
-    txs = relayer_transactions(devnet, relayer, first_block)
+    txs = await on_chain(relayer_transactions, devnet, relayer, first_block)
     verdict_txs = Counter()
     fillers = 0
     for tx in txs:
@@ -214,8 +214,8 @@ async def crash_campaign(
         verdict_txs[(decoded[0], decoded[1])] += 1
     assert verdict_txs == Counter({(i.task_id, 1): 1 for i in items})
     # 3. No nonce gap, no drift.
-    latest = int(devnet.rpc("eth_getTransactionCount", relayer, "latest"), 16)
-    pending = int(devnet.rpc("eth_getTransactionCount", relayer, "pending"), 16)
+    latest = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest"), 16)
+    pending = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "pending"), 16)
     counter = await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
     assert latest == pending == counter == len(txs)
     assert sorted(int(tx["nonce"], 16) for tx in txs) == list(range(latest))
@@ -235,6 +235,7 @@ async def crash_campaign(
     return {"kills": sum(kills.values()), "by_kind": dict(kills), "points_hit": injected, "fillers": fillers}
 
 
+@pytest.mark.timeout(300)
 async def test_kill_nine_at_every_crash_point_keeps_exactly_once(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
 ) -> None:
@@ -248,6 +249,7 @@ async def test_kill_nine_at_every_crash_point_keeps_exactly_once(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(900)
 async def test_kill_nine_soak_300_verdicts_20_kills(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
 ) -> None:

@@ -7,6 +7,7 @@ import time
 
 import asyncpg
 import httpx
+import pytest
 from prometheus_client import REGISTRY
 
 from escrowd.devnet import Devnet, text_hash
@@ -18,6 +19,7 @@ from tests.settlement.conftest import (
     fetch,
     fetchval,
     make_verdict,
+    on_chain,
     publish,
     publish_raw,
     relayer_env,
@@ -27,6 +29,9 @@ from tests.settlement.conftest import (
     verdict_statuses,
     wait_until,
 )
+
+# A hang must fail fast, with its stack, not after the global 10 minutes.
+pytestmark = pytest.mark.timeout(120)
 
 
 def metric(name: str, **labels: str) -> float:
@@ -52,11 +57,11 @@ async def test_refused_verdicts_are_recorded_and_never_sent(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, rogue_signer
 ) -> None:
     """Bad signature, untrusted signer, stale or unindexed attempt, wrong evidence: recorded, never sent."""
-    tampered, untrusted, stale, wrong_hash, unindexed = submit_tasks(devnet, 5)
+    tampered, untrusted, stale, wrong_hash, unindexed = await on_chain(submit_tasks, devnet, 5)
     # `stale`: attempt 1 failed on chain, attempt 2 submitted: a verdict on attempt 1 is stale.
-    devnet.complete_verification(stale.task_id, 1, bytes.fromhex(stale.evidence_hash[2:]), False, 10, sender=devnet.marketplace_verifier)
-    agent = devnet.get_task(stale.task_id).agent
-    devnet.submit_evidence(stale.task_id, text_hash("second try"), sender=agent)
+    await on_chain(devnet.complete_verification, stale.task_id, 1, bytes.fromhex(stale.evidence_hash[2:]), False, 10, sender=devnet.marketplace_verifier)
+    agent = (await on_chain(devnet.get_task, stale.task_id)).agent
+    await on_chain(devnet.submit_evidence, stale.task_id, text_hash("second try"), sender=agent)
     await indexer.caught_up()
     run, env = await start_relayer(
         devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], relayer_evidence_wait_seconds=2
@@ -103,12 +108,12 @@ async def test_refused_verdicts_are_recorded_and_never_sent(
         await wait_until(genuine_confirmed, timeout=30, what="the genuine verdict confirmed")
         assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions") == 1
         assert await fetchval(database_url, "SELECT count(*) FROM settlement_verdicts") == 1
-        events = verdict_events(devnet)
+        events = (await on_chain(verdict_events, devnet))
         assert events == {(tampered.task_id, 1): 1, (stale.task_id, 1): 1}  # the latter from the set-up
-        assert devnet.get_task(tampered.task_id).status == 4
+        assert (await on_chain(devnet.get_task, tampered.task_id)).status == 4
         for item in (untrusted, wrong_hash, unindexed):
-            assert devnet.get_task(item.task_id).judged_mask == 0
-        assert devnet.get_task(stale.task_id).judged_mask == 1
+            assert (await on_chain(devnet.get_task, item.task_id)).judged_mask == 0
+        assert (await on_chain(devnet.get_task, stale.task_id)).judged_mask == 1
     finally:
         await run.stop()
 
@@ -117,14 +122,14 @@ async def test_stuck_transaction_is_replaced_and_only_one_lands(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer
 ) -> None:
     """Mining paused: the verdict tx is replaced with a fee bump; the old one never lands."""
-    (item,) = submit_tasks(devnet, 1)
+    (item,) = await on_chain(submit_tasks, devnet, 1)
     await indexer.caught_up()
     run, env = await start_relayer(
         devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], relayer_replace_after_seconds=1
     )
     replaced_before = metric("escrowd_relayer_tx_replaced_total", chain_id=str(devnet.chain_id))
     try:
-        devnet.rpc("evm_setAutomine", False)
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
         await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], [sign_verdict(make_verdict(devnet, item), service_signer.private_key)])
 
         async def replaced() -> bool:
@@ -140,11 +145,11 @@ async def test_stuck_transaction_is_replaced_and_only_one_lands(
         first, second = versions[0], versions[1]
         assert second["max_fee_per_gas"] * 100 >= first["max_fee_per_gas"] * 110
         assert second["max_priority_fee_per_gas"] * 100 >= first["max_priority_fee_per_gas"] * 110
-        pool = devnet.rpc("txpool_content")["pending"]
+        pool = (await on_chain(devnet.rpc, "txpool_content"))["pending"]
         in_pool = {tx["hash"] for txs in pool.values() for tx in txs.values()}
         assert first["tx_hash"] not in in_pool
-        devnet.rpc("evm_setAutomine", True)
-        devnet.mine()
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await on_chain(devnet.mine)
 
         async def confirmed() -> bool:
             run.check_alive()
@@ -153,13 +158,13 @@ async def test_stuck_transaction_is_replaced_and_only_one_lands(
         await wait_until(confirmed, timeout=30, what="the replacement confirmed")
         row = (await fetch(database_url, "SELECT tx_hash FROM settlement_verdicts"))[0]
         assert row["tx_hash"] == versions[-1]["tx_hash"]
-        assert devnet.rpc("eth_getTransactionReceipt", first["tx_hash"]) is None
-        devnet.mine(3)
-        assert devnet.rpc("eth_getTransactionReceipt", first["tx_hash"]) is None
-        assert verdict_events(devnet) == {(item.task_id, 1): 1}
+        assert (await on_chain(devnet.rpc, "eth_getTransactionReceipt", first["tx_hash"])) is None
+        await on_chain(devnet.mine, 3)
+        assert (await on_chain(devnet.rpc, "eth_getTransactionReceipt", first["tx_hash"])) is None
+        assert (await on_chain(verdict_events, devnet)) == {(item.task_id, 1): 1}
         assert metric("escrowd_relayer_tx_replaced_total", chain_id=str(devnet.chain_id)) >= replaced_before + 1
     finally:
-        devnet.rpc("evm_setAutomine", True)
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
         await run.stop()
 
 
@@ -167,7 +172,7 @@ async def test_reorg_removing_a_confirmed_verdict_is_detected_and_resent(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer
 ) -> None:
     """A reorg drops a confirmed verdict tx: the relayer notices and sends it again."""
-    (item,) = submit_tasks(devnet, 1)
+    (item,) = await on_chain(submit_tasks, devnet, 1)
     await indexer.caught_up()
     run, env = await start_relayer(
         devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], confirmations=2
@@ -178,24 +183,24 @@ async def test_reorg_removing_a_confirmed_verdict_is_detected_and_resent(
 
         async def confirmed() -> bool:
             run.check_alive()
-            devnet.mine()
+            await on_chain(devnet.mine)
             return (await verdict_statuses(database_url)).get(item.task_id) == "confirmed"
 
         await wait_until(confirmed, timeout=30, what="first confirmation")
         mined_block = await fetchval(database_url, "SELECT block_number FROM settlement_verdicts")
-        assert devnet.is_judged(item.task_id, 1)
-        depth = devnet.block_number() - mined_block + 1
-        devnet.reorg(depth)  # replaces the blocks from the verdict's one up: the tx is gone
-        assert not devnet.is_judged(item.task_id, 1)
+        assert (await on_chain(devnet.is_judged, item.task_id, 1))
+        depth = (await on_chain(devnet.block_number)) - mined_block + 1
+        await on_chain(devnet.reorg, depth)  # replaces the blocks from the verdict's one up: the tx is gone
+        assert not (await on_chain(devnet.is_judged, item.task_id, 1))
 
         async def resent_and_confirmed() -> bool:
             run.check_alive()
-            devnet.mine()
+            await on_chain(devnet.mine)
             rows = await fetch(database_url, "SELECT status, reorgs FROM settlement_verdicts")
-            return rows[0]["reorgs"] >= 1 and rows[0]["status"] == "confirmed" and devnet.is_judged(item.task_id, 1)
+            return rows[0]["reorgs"] >= 1 and rows[0]["status"] == "confirmed" and (await on_chain(devnet.is_judged, item.task_id, 1))
 
         await wait_until(resent_and_confirmed, timeout=30, what="resend after the reorg")
-        assert verdict_events(devnet) == {(item.task_id, 1): 1}
+        assert (await on_chain(verdict_events, devnet)) == {(item.task_id, 1): 1}
         assert metric("escrowd_relayer_reorgs_detected_total", chain_id=str(devnet.chain_id)) >= reorgs_before + 1
         assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions") == 1
     finally:
@@ -206,7 +211,7 @@ async def test_rotating_the_verifier_key_stops_and_resumes_sending(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer
 ) -> None:
     """The escrow trusts another key: verifierMatches false within one poll interval, no sends; back: resumes."""
-    first, second = submit_tasks(devnet, 2)
+    first, second = await on_chain(submit_tasks, devnet, 2)
     await indexer.caught_up()
     run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address])
     interval = run.settings.relayer_poll_interval
@@ -222,7 +227,7 @@ async def test_rotating_the_verifier_key_stops_and_resumes_sending(
 
             await wait_until(lambda: matches(True), timeout=10, what="initial match")
             rotated_at = time.monotonic()
-            devnet.set_marketplace_verifier(devnet.spare[2])
+            await on_chain(devnet.set_marketplace_verifier, devnet.spare[2])
             took = await wait_until(lambda: matches(False), timeout=10, interval=0.02, what="mismatch seen")
             # One poll interval, plus the time one check and one HTTP round trip take.
             assert time.monotonic() - rotated_at <= interval + 0.5, took
@@ -250,7 +255,7 @@ async def test_rotating_the_verifier_key_stops_and_resumes_sending(
             assert set((await verdict_statuses(database_url)).values()) == {"queued"}
             assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions") == 0
 
-            devnet.set_marketplace_verifier(devnet.marketplace_verifier)
+            await on_chain(devnet.set_marketplace_verifier, devnet.marketplace_verifier)
             await wait_until(lambda: matches(True), timeout=10, what="match again")
 
             async def confirmed() -> bool:
@@ -258,7 +263,7 @@ async def test_rotating_the_verifier_key_stops_and_resumes_sending(
                 return set((await verdict_statuses(database_url)).values()) == {"confirmed"}
 
             await wait_until(confirmed, timeout=30, what="sending resumed")
-            assert verdict_events(devnet) == {(first.task_id, 1): 1, (second.task_id, 1): 1}
+            assert (await on_chain(verdict_events, devnet)) == {(first.task_id, 1): 1, (second.task_id, 1): 1}
     finally:
         await run.stop()
 
@@ -277,10 +282,10 @@ async def test_nonce_gap_is_filled_at_start_up(
 ) -> None:
     """A counter ahead of the chain with nothing behind it (a restored database): the gap is
     filled with fillers, then verdicts use the next nonces; mined = pending = counter."""
-    (item,) = submit_tasks(devnet, 1)
+    (item,) = await on_chain(submit_tasks, devnet, 1)
     await indexer.caught_up()
     relayer = devnet.marketplace_verifier.address
-    chain_nonce = int(devnet.rpc("eth_getTransactionCount", relayer, "latest"), 16)
+    chain_nonce = int((await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest")), 16)
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
@@ -307,8 +312,8 @@ async def test_nonce_gap_is_filled_at_start_up(
             (chain_nonce + 1, "filler"),
             (chain_nonce + 2, "verdict"),
         ]
-        latest = int(devnet.rpc("eth_getTransactionCount", relayer, "latest"), 16)
-        pending = int(devnet.rpc("eth_getTransactionCount", relayer, "pending"), 16)
+        latest = int((await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest")), 16)
+        pending = int((await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "pending")), 16)
         assert latest == pending == chain_nonce + 3 == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
         assert metric("escrowd_relayer_nonce_gaps_filled_total", chain_id=str(devnet.chain_id)) == filled_before + 2
     finally:

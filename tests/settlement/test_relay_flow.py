@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from escrowd.devnet import Devnet
 from tests.settlement.conftest import (
     IndexerRun,
     RelayerRun,
     fetch,
+    on_chain,
     publish,
     relayer_env,
     settings_from_env,
@@ -19,12 +21,15 @@ from tests.settlement.conftest import (
     wait_until,
 )
 
+# A hang must fail fast, with its stack, not after the global 10 minutes.
+pytestmark = pytest.mark.timeout(120)
+
 
 async def test_verdicts_are_relayed_and_confirmed(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
 ) -> None:
     """Signed verdicts from Kafka end up judged on chain exactly once, confirmed in the database."""
-    items = submit_tasks(devnet, 12)
+    items = await on_chain(submit_tasks, devnet, 12)
     await indexer.caught_up()
     env = relayer_env(
         devnet=devnet,
@@ -42,15 +47,15 @@ async def test_verdicts_are_relayed_and_confirmed(
 
         async def all_confirmed() -> bool:
             run.check_alive()
-            devnet.mine()  # a live chain keeps producing blocks: confirmations need them
+            await on_chain(devnet.mine)  # a live chain keeps producing blocks: confirmations need them
             statuses = await verdict_statuses(database_url)
             return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
 
         await wait_until(all_confirmed, timeout=60, what="all verdicts confirmed")
-        events = verdict_events(devnet)
+        events = (await on_chain(verdict_events, devnet))
         assert events == {(i.task_id, 1): 1 for i in items}
         for item, signed in zip(items, verdicts, strict=True):
-            task = devnet.get_task(item.task_id)
+            task = (await on_chain(devnet.get_task, item.task_id))
             assert task.judged_mask == 1
             assert int(task.status) == (4 if signed.verdict.passed else 3)
         rows = await fetch(database_url, "SELECT count(*) AS n, count(DISTINCT nonce) AS d FROM settlement_transactions")
@@ -79,8 +84,8 @@ async def test_verdict_waits_for_its_evidence_to_be_indexed(
     from tests.settlement.conftest import Submitted, make_verdict
 
     agent = devnet.agents[0]
-    task_id = devnet.post_task(devnet.posters[0])
-    devnet.accept_task(task_id, sender=agent)
+    task_id = (await on_chain(devnet.post_task, devnet.posters[0]))
+    await on_chain(devnet.accept_task, task_id, sender=agent)
     evidence = text_hash("delivered later")
     await indexer.caught_up()
     env = relayer_env(
@@ -101,14 +106,14 @@ async def test_verdict_waits_for_its_evidence_to_be_indexed(
             return (await verdict_statuses(database_url)).get(task_id) == "awaiting_evidence"
 
         await wait_until(waiting, timeout=30, what="the verdict waiting for its evidence")
-        devnet.submit_evidence(task_id, evidence, sender=agent)
+        await on_chain(devnet.submit_evidence, task_id, evidence, sender=agent)
 
         async def confirmed() -> bool:
             run.check_alive()
             return (await verdict_statuses(database_url)).get(task_id) == "confirmed"
 
         await wait_until(confirmed, timeout=30, what="the verdict sent once its evidence was indexed")
-        assert verdict_events(devnet) == {(task_id, 1): 1}
+        assert (await on_chain(verdict_events, devnet)) == {(task_id, 1): 1}
         assert await fetch(database_url, "SELECT * FROM settlement_rejections") == []
     finally:
         await run.stop()

@@ -139,14 +139,15 @@ class Pipeline:
             " (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed_block,"
             " (SELECT count(*) FROM escrow_events WHERE event_name = 'VerificationCompleted') AS verdicts"
         )
-        statuses = await self._conn.fetch(
-            "SELECT status, count(*) AS n FROM ("
-            "  SELECT DISTINCT ON (task_id) task_id, (args->>'status')::int AS status FROM escrow_events"
-            "  WHERE task_id IS NOT NULL AND args ? 'status'"
-            "  ORDER BY task_id, block_number DESC, log_index DESC) latest GROUP BY status ORDER BY status"
-        )
+        # Tasks by state as the lifecycle consumer holds them (what subscribers see).
+        statuses = await self._conn.fetch("SELECT status, count(*) AS n FROM task_states GROUP BY status ORDER BY status")
+        relayed = await self._conn.fetchval("SELECT count(*) FROM settlement_verdicts WHERE status = 'confirmed'")
         assert row is not None
-        return {**dict(row), "tasks_by_status": {r["status"]: r["n"] for r in statuses}}
+        return {
+            **dict(row),
+            "verdicts_relayed": relayed,
+            "tasks_by_status": {r["status"]: r["n"] for r in statuses},
+        }
 
     async def wait_indexed(self, block: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Until the indexer's cursor reaches `block` and the outbox is drained."""

@@ -222,4 +222,26 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
         if rows.get(agent) != (score, disputes.get(agent, 0))
     ]
     results.append(("reputation of every agent as the rules dictate", not mismatched, "; ".join(mismatched[:5])))
+
+    # The relayer: every attempt the marketplace key judged on chain went out exactly once.
+    marketplace = pipeline.config.devnet.marketplace_verifier.address.lower()
+    judged_by_us = {
+        (int(e.args["taskId"]), int(e.args["attempt"]))
+        for e in events
+        if e.name == "VerificationCompleted" and str(e.args["verifier"]).lower() == marketplace
+    }
+    rows = await conn.fetch(
+        "SELECT v.task_id, v.attempt, v.status, count(t.nonce) FILTER (WHERE t.receipt_status = 1) AS mined_ok,"
+        " count(t.nonce) AS nonces FROM settlement_verdicts v"
+        " LEFT JOIN settlement_transactions t ON t.verdict_id = v.id AND t.kind = 'verdict'"
+        " GROUP BY v.id"
+    )
+    relayed = {(int(r["task_id"]), r["attempt"]): r for r in rows}
+    problems = [f"{key}: not relayed" for key in judged_by_us if key not in relayed]
+    problems += [
+        f"{key}: status {r['status']}, {r['mined_ok']} successful txs, {r['nonces']} nonces"
+        for key, r in relayed.items()
+        if r["status"] != "confirmed" or r["mined_ok"] != 1 or r["nonces"] != 1
+    ]
+    results.append(("relayer: one transaction per judged attempt, each confirmed", not problems, "; ".join(problems[:5])))
     return results

@@ -170,6 +170,7 @@ async def _settle_and_check(
         "elapsed_seconds": round(time.monotonic() - started, 2),
         "events_indexed": snapshot["events"],
         "verdicts_on_chain": snapshot["verdicts"],
+        "verdicts_relayed": snapshot["verdicts_relayed"],
         "final_statuses": {
             STATUS_NAMES[s]: n for s, n in sorted(_count(statuses.values()).items())
         },
@@ -203,7 +204,7 @@ def _render(snapshot: dict[str, Any], stats: Any) -> Table:
     for status, n in snapshot["tasks_by_status"].items():
         table.add_row(f"  tasks {STATUS_NAMES.get(status, status)}", str(n))
     table.add_row("events indexed", str(snapshot["events"]))
-    table.add_row("verdicts on chain", str(snapshot["verdicts"]))
+    table.add_row("verdicts on chain / relayed by us", f"{snapshot['verdicts']} / {snapshot['verdicts_relayed']}")
     table.add_row("indexed block / lag", f"{snapshot['indexed_block']} / {snapshot['lag']}")
     table.add_row("outbox pending", str(snapshot["outbox_pending"]))
     return table

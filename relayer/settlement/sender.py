@@ -460,7 +460,13 @@ class ChainSender:
     async def _dispatch_once(self, limit: int) -> int:
         async with self._pool.acquire() as conn:
             rows = await store.queued_verdicts(conn, self.chain_id, limit)
-        live = {s.verdict.id for s in self.slots.values() if s.verdict is not None and s.kind == "verdict"}
+        # A verdict whose transaction reverted may be queued again (key rotated): its old,
+        # reverted slot does not make it live, exactly as in the database's unique index.
+        live = {
+            s.verdict.id
+            for s in self.slots.values()
+            if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
+        }
         rows = [r for r in rows if r.id not in live]
         if not rows:
             return 0

@@ -3,6 +3,7 @@ transaction, a reorg under a confirmed verdict, and the escrow rotating its veri
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import asyncpg
@@ -317,4 +318,58 @@ async def test_nonce_gap_is_filled_at_start_up(
         assert latest == pending == chain_nonce + 3 == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
         assert metric("escrowd_relayer_nonce_gaps_filled_total", chain_id=str(devnet.chain_id)) == filled_before + 2
     finally:
+        await run.stop()
+
+
+async def test_verdict_refused_by_a_rotation_in_flight_is_sent_again_after_rotating_back(
+    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer
+) -> None:
+    """The key rotates while a verdict tx waits in the pool: it reverts NotVerifier, is queued
+    again behind the closed gate, and lands once the key is trusted again, judged once."""
+    from relayer.settlement.txs import selector
+
+    (item,) = await on_chain(submit_tasks, devnet, 1)
+    await indexer.caught_up()
+    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address])
+    try:
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], [sign_verdict(make_verdict(devnet, item), service_signer.private_key)])
+
+        async def in_pool() -> bool:
+            run.check_alive()
+            return (await fetchval(database_url, "SELECT count(*) FROM settlement_tx_versions")) == 1
+
+        await wait_until(in_pool, timeout=30, what="the verdict tx in the pool")
+        await asyncio.sleep(0.3)  # broadcast done
+        rotate = "0x" + (selector("setMarketplaceVerifier") + bytes(12) + bytes.fromhex(devnet.spare[2].address[2:])).hex()
+        # A higher tip orders the rotation before our verdict in the same block.
+        await on_chain(
+            devnet.rpc,
+            "eth_sendTransaction",
+            {"from": devnet.owner.address, "to": devnet.escrow_address, "data": rotate, "gas": hex(200_000),
+             "maxPriorityFeePerGas": hex(100 * 10**9), "maxFeePerGas": hex(200 * 10**9)},
+        )  # fmt: skip
+        await on_chain(devnet.rpc, "evm_mine")
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        assert not await on_chain(devnet.is_judged, item.task_id, 1)
+
+        async def requeued() -> bool:
+            run.check_alive()
+            row = (await fetch(database_url, "SELECT status, error FROM settlement_verdicts"))[0]
+            return row["status"] == "queued" and "NotVerifier" in (row["error"] or "")
+
+        await wait_until(requeued, timeout=30, what="the reverted verdict queued again")
+        assert run.relayer.gates[devnet.chain_id].is_open is False
+        await on_chain(devnet.set_marketplace_verifier, devnet.marketplace_verifier)
+
+        async def confirmed() -> bool:
+            run.check_alive()
+            return (await verdict_statuses(database_url)).get(item.task_id) == "confirmed"
+
+        await wait_until(confirmed, timeout=30, what="the verdict sent again and confirmed")
+        slots = await fetch(database_url, "SELECT state, receipt_status FROM settlement_transactions ORDER BY nonce")
+        assert [(r["state"], r["receipt_status"]) for r in slots] == [("confirmed", 0), ("confirmed", 1)]
+        assert (await on_chain(verdict_events, devnet)) == {(item.task_id, 1): 1}
+    finally:
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
         await run.stop()

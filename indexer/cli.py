@@ -44,3 +44,38 @@ def run(
         asyncio.run(run_indexer(settings))
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+@app.command("publish")
+def publish(
+    database_url: str = typer.Option(..., envvar="ESCROWD_DATABASE_URL", help="PostgreSQL URL"),
+    kafka_bootstrap: str = typer.Option(..., envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers"),
+    log_json: bool = typer.Option(True, "--log-json/--log-console", help="JSON log lines"),
+) -> None:
+    """Run only the outbox publisher (pair with `run_publisher: false` on the indexers).
+
+    A process of its own takes the per-message Kafka work off the indexer's core; several
+    may run, one publishes and the others wait on the advisory lock as standbys.
+    """
+    import contextlib
+    import signal
+
+    from escrowd.kafka import make_producer
+    from escrowd.outbox import OutboxPublisher
+
+    configure_logging(json=log_json)
+
+    async def main() -> None:
+        producer = make_producer(kafka_bootstrap, client_id="escrowd-publisher")
+        await producer.start()
+        publisher = OutboxPublisher(database_url, producer)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, publisher.stop)
+        try:
+            await publisher.run()
+        finally:
+            await producer.stop()
+
+    asyncio.run(main())

@@ -13,7 +13,7 @@ attempt (every mined relayer transaction is a distinct verdict or a filler, none
 reverted), no nonce gap (mined count = pool count = our counter), and the key never
 appeared in the logs.
 
-CI runs ~60 verdicts with 7+ kills; the 300-verdict, 20-kill version is marked `soak`.
+It runs at full size in CI (300 verdicts, 20 kills: 1–2.5 minutes on two shared cores).
 """
 
 from __future__ import annotations
@@ -235,25 +235,11 @@ async def crash_campaign(
     return {"kills": sum(kills.values()), "by_kind": dict(kills), "points_hit": injected, "fillers": fillers}
 
 
-@pytest.mark.timeout(300)
-async def test_kill_nine_at_every_crash_point_keeps_exactly_once(
+@pytest.mark.timeout(600)
+async def test_kill_nine_300_verdicts_20_kills_keeps_exactly_once(
     devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
 ) -> None:
-    """CI size: ~60 verdicts, each crash point once plus random external kills."""
-    result = await crash_campaign(
-        devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer, tmp_path,
-        verdicts=60, point_cycles=1, external_kills=3, seed=7,
-    )  # fmt: skip
-    assert result["kills"] >= 5
-    assert result["points_hit"] == set(POINTS), result
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(900)
-async def test_kill_nine_soak_300_verdicts_20_kills(
-    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
-) -> None:
-    """Soak size: 300 verdicts, every crash point twice plus ten random external kills."""
+    """300 verdicts, 20 kills: every crash point twice plus ten random external kills."""
     result = await crash_campaign(
         devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer, tmp_path,
         verdicts=300, point_cycles=2, external_kills=10, seed=11,

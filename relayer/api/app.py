@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 from fastapi import APIRouter, FastAPI
@@ -55,12 +56,36 @@ async def _forget_nonces_forever(app: FastAPI) -> None:
             log.warning("nonce_cleanup_failed", error_type=type(exc).__name__)
 
 
+def _bridge_health(app: FastAPI, settings: ApiSettings) -> list[Any]:
+    """Serve /health/bridge from this process when the relayer's address and chains are set.
+
+    Returns the RPC clients to close. A source set beforehand (e.g. by `escrowd run`, whose
+    relayer runs in the same process) is kept.
+    """
+    if getattr(app.state, "bridge_health", None) is not None:
+        return []
+    if not settings.bridge_relayer_address or not settings.bridge_chains:
+        return []
+    from relayer.settlement.config import ChainSettings
+    from relayer.settlement.health import BridgeHealthChecker, CachedHealth
+    from relayer.settlement.rpc import EthRpc
+
+    chains = [ChainSettings.model_validate(c) for c in settings.bridge_chains]
+    rpcs = {c.chain_id: EthRpc(c.rpc_urls, chain_id=c.chain_id, timeout=c.rpc_timeout) for c in chains}
+    checker = BridgeHealthChecker(
+        chains=chains, rpcs=rpcs, pool=app.state.pool, relayer_address=settings.bridge_relayer_address
+    )
+    app.state.bridge_health = CachedHealth(checker)
+    return list(rpcs.values())
+
+
 def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:
     """The API application; resources open in its lifespan."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.pool = await create_pool(settings.database_url, max_size=settings.db_pool_size)
+        bridge_rpcs = _bridge_health(app, settings)
         background: list[asyncio.Task[None]] = [asyncio.create_task(_forget_nonces_forever(app))]
         producer = None
         publisher = None
@@ -85,6 +110,9 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
             if producer is not None:
                 with contextlib.suppress(Exception):
                     await producer.stop()
+            for rpc in bridge_rpcs:
+                with contextlib.suppress(Exception):
+                    await rpc.close()
             await app.state.pool.close()
 
     app = FastAPI(

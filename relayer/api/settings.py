@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +48,13 @@ class ApiSettings(BaseSettings):
     )
     executions_limit: int = Field(default=200, ge=1, le=10_000, description="Most executions one list returns")
     db_pool_size: int = Field(default=8, ge=1, description="Database connections of the API")
+    bridge_relayer_address: str | None = Field(
+        default=None, description="The relayer's sending address, for /health/bridge (no key needed)"
+    )
+    bridge_chains: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Chains /health/bridge checks (the indexer's `chains` shape: chain_id, rpc_urls, escrow_addresses)",
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -17,7 +17,6 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from functools import cache
 from importlib import resources
 from typing import Any, cast
@@ -31,6 +30,8 @@ from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionNotFound
 from web3.types import RPCEndpoint, TxReceipt
+
+from schemas.task_state import TaskStatus  # re-exported: the escrow's fixed codes
 
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
 USDC = 10**6  # one token in base units (6 decimals)
@@ -50,21 +51,6 @@ _FIRST_FREE_INDEX = 4
 
 _PANIC_SELECTOR = bytes.fromhex("4e487b71")
 _ERROR_SELECTOR = bytes.fromhex("08c379a0")
-
-
-class TaskStatus(IntEnum):
-    """The escrow's status codes (fixed: consumers store them)."""
-
-    OPEN = 0
-    ACCEPTED = 1
-    SUBMITTED = 2
-    FAILED = 3
-    COMPLETED = 4
-    DISPUTED = 5
-    ESCALATED = 6
-    REFUNDED = 7
-    CANCELLED = 8
-    RESOLVED = 9
 
 
 class EscrowRevert(Exception):

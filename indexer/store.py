@@ -213,7 +213,8 @@ class IndexerStore:
                 "SELECT e.event_id, e.chain_id, e.escrow_address, e.block_number, e.block_hash,"
                 " e.block_timestamp, e.tx_hash, e.tx_index, e.log_index, e.event_name, e.task_id, e.args,"
                 " (SELECT o.message_id FROM outbox o WHERE o.event_id = e.event_id AND o.topic = $3"
-                "  AND o.published_at IS NOT NULL AND o.message_id NOT LIKE '%:removed'"
+                "  AND (o.published_at IS NOT NULL OR o.send_attempts > 0)"
+                "  AND o.message_id NOT LIKE '%:removed'"
                 "  ORDER BY o.seq DESC LIMIT 1) AS published_as"
                 " FROM escrow_events e WHERE e.chain_id = $1 AND e.block_number > $2"
                 " ORDER BY e.block_number DESC, e.log_index DESC",
@@ -230,7 +231,9 @@ class IndexerStore:
             ]
             removed_ids = [row["event_id"] for row in rows]
             if removed_ids:
-                # Unpublished rows of removed events simply vanish: nobody has seen them.
+                # Unpublished rows of removed events vanish. A row whose send was attempted
+                # but never marked (the publisher died before the ack was recorded) may have
+                # reached Kafka: it is retracted above, and must not be sent late either.
                 await conn.execute(
                     "DELETE FROM outbox WHERE event_id = ANY($1::text[]) AND published_at IS NULL"
                     " AND topic = $2",

@@ -55,6 +55,8 @@ CREATE TABLE outbox (
     block_number bigint,
     event_id     text,
     created_at   timestamptz NOT NULL DEFAULT now(),
+    -- Incremented before each send: a row tried but never marked may be on Kafka.
+    send_attempts integer    NOT NULL DEFAULT 0,
     published_at timestamptz,
     UNIQUE (topic, message_id)
 );

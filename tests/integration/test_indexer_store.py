@@ -66,3 +66,21 @@ async def test_unpublished_events_vanish_without_retraction(database_url: str) -
         assert await conn.fetchval("SELECT count(*) FROM chain_blocks WHERE block_number > 1") == 0
     finally:
         await conn.close()
+
+
+async def test_row_sent_but_never_marked_is_retracted(database_url: str) -> None:
+    """The publisher died between Kafka's ack and marking the row: a reorg still retracts it."""
+    store = IndexerStore(CHAIN, "events")
+    conn = await connect(database_url)
+    try:
+        base, a1 = _block(1), _block(2)
+        await store.append(conn, events=[], blocks=[base], tip=base, confirmations=0, head=None)
+        event = _event(a1, 0, 9)
+        await store.append(conn, events=[event], blocks=[a1], tip=a1, confirmations=0, head=None)
+        await conn.execute("UPDATE outbox SET send_attempts = 1")  # what the publisher does before sending
+        removed, retracted = await store.rollback_to(conn, base)
+        assert (removed, retracted) == (1, 1)
+        ids = [r["message_id"] for r in await conn.fetch("SELECT message_id FROM outbox ORDER BY seq")]
+        assert ids == [f"{event.id}:removed"], "the unmarked original is not sent late; its retraction is"
+    finally:
+        await conn.close()

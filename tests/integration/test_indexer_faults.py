@@ -180,7 +180,9 @@ async def test_failover_to_the_second_rpc_url(
             await _assert_complete(database_url, kafka_bootstrap, topic, devnet)
             running.check()
             endpoints = running.indexer.rpc.endpoints
-            assert endpoints[0].failures >= 1 and not endpoints[0].healthy
+            # Marked unhealthy and never recovered (the window itself is time-based: a slow
+            # run may see it lapse, so the mark, not the clock, is what is asserted).
+            assert endpoints[0].failures >= 1 and endpoints[0].unhealthy_until > 0
             assert endpoints[1].failures >= 1
             assert endpoints[2].failures == 0 and endpoints[2].last_latency > 0
 

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter, Gauge, Histogram
 
 from escrowd.db import is_connection_error
+from escrowd.kafka import encode_headers
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -240,7 +241,7 @@ class OutboxPublisher:
                 row["topic"],
                 value=row["payload"],
                 key=row["key"],
-                headers=[(k, v.encode()) for k, v in orjson.loads(row["headers"]).items()],
+                headers=encode_headers(orjson.loads(row["headers"])),
             )
             for row in rows
         ]

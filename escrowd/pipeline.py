@@ -149,6 +149,12 @@ class Pipeline:
             "tasks_by_status": {r["status"]: r["n"] for r in statuses},
         }
 
+    @property
+    def conn(self) -> asyncpg.Connection:
+        """The pipeline's own database connection (for progress and checks)."""
+        assert self._conn is not None, "pipeline not started"
+        return self._conn
+
     async def wait_indexed(self, block: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109
         """Until the indexer's cursor reaches `block` and the outbox is drained."""
         assert self._conn is not None

@@ -182,7 +182,7 @@ def offchain_client(api_port: int, devnet: Devnet) -> OffChain:
 
 async def settle(pipeline: Any) -> None:
     """Wait until the consumers have caught up with every indexed event."""
-    conn = pipeline._conn
+    conn = pipeline.conn
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
         behind = await conn.fetchval(
@@ -198,7 +198,7 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
     """Pipeline-side invariants: lifecycle states and reputations equal what the chain implies."""
     from escrowd.invariants import verdict_counts
 
-    conn = pipeline._conn
+    conn = pipeline.conn
     results: list[tuple[str, bool, str]] = []
     states = {
         int(r["task_id"]): r["status"]

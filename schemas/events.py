@@ -14,7 +14,7 @@ field names and types: `uint*` become integers, `address` a checksummed hex stri
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -111,5 +111,3 @@ class EscrowEventMessage(BaseModel):
             raise ValueError(f"unknown escrow event {self.event!r}")
         return model.model_validate(self.args)
 
-
-Retraction = Literal[True]

@@ -26,12 +26,13 @@ from escrowd.outbox import OutboxMessage, enqueue
 from relayer.lifecycle import machine
 from schemas import jsoncodec
 from schemas.events import EscrowEventMessage, message_key
-from schemas.task_state import TaskState
+from schemas.task_state import AppealWindowClosed, DeadlinePassed, EscalationCollectible, TaskState
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, TASKS, TIMERS
 
 log = structlog.get_logger(__name__)
 
 GROUP = "escrowd-lifecycle"
+_TIMER_EVENTS = (DeadlinePassed, AppealWindowClosed, EscalationCollectible)
 
 
 def _next_timer_at(state: TaskState) -> int | None:
@@ -157,7 +158,7 @@ class LifecycleHandler:
                         ),
                     )
                 )
-            elif getattr(effect, "kind", None) in {"deadline_passed", "appeal_window_closed", "escalation_collectible"}:
+            elif isinstance(effect, _TIMER_EVENTS):
                 body = effect.model_dump(mode="json")
                 message_id = f"timer:{state.chain_id}:{state.task_id}:{body['kind']}:{body.get('at', '')}"
                 messages.append(

@@ -4,46 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer
 
 from escrowd.db import connect
 from escrowd.devnet import Devnet
-from escrowd.kafka import TopicSpec, decode_headers, ensure_topics, make_producer
+from escrowd.kafka import TopicSpec, ensure_topics, make_producer
 from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
-from schemas import jsoncodec
 from schemas.events import EscrowEventMessage, event_type
-
-
-async def _wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
-
-
-async def _read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list:  # type: ignore[type-arg]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=f"reader-{secrets.token_hex(4)}",
-        auto_offset_reset="earliest", enable_auto_commit=False,
-    )
-    await consumer.start()
-    records = []
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(records) < expected and asyncio.get_running_loop().time() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for items in batch.values():
-                records.extend(items)
-    finally:
-        await consumer.stop()
-    return records
+from tests.support.indexer_harness import read_topic, wait_for
 
 
 async def test_every_event_type_reaches_postgres_and_kafka(
@@ -72,7 +44,7 @@ async def test_every_event_type_reaches_postgres_and_kafka(
             return bool(await conn.fetchval(
                 "SELECT block_number >= $1 FROM chain_cursor WHERE chain_id = $2", head, devnet.chain_id))
 
-        await _wait_for(indexed)
+        await wait_for(indexed, timeout=30, what="indexer at the head")
         rows = await conn.fetch("SELECT * FROM escrow_events ORDER BY block_number, log_index")
         assert [(r["event_name"], r["block_number"], r["log_index"]) for r in rows] == [
             (e.name, e.block_number, e.log_index) for e in chain_logs
@@ -81,12 +53,12 @@ async def test_every_event_type_reaches_postgres_and_kafka(
             assert dict(row["args"]) == {k: _normal(v) for k, v in log.args.items()}, log.name
             assert row["tx_hash"] == log.tx_hash
 
-        records = await _read_topic(kafka_bootstrap, topic, len(rows))
+        records = await read_topic(kafka_bootstrap, topic, timeout=30)
         assert len(records) == len(rows)
         by_id = {}
         for record in records:
-            headers = decode_headers(record.headers)
-            message = EscrowEventMessage.model_validate(jsoncodec.loads(record.value))
+            headers = record.headers
+            message = EscrowEventMessage.model_validate(record.payload)
             message.typed_args()  # the args match the event's own schema
             assert headers["ce_id"] == message.id
             assert headers["ce_type"] == event_type(message.event)

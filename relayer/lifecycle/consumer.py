@@ -9,10 +9,11 @@ A refold also withdraws every published timer the remaining events no longer jus
 (`TimerRetracted`, e.g. "appeal window closed" after a reorg removed the failed verdict),
 and a timer that comes back later is published again under a new id.
 
-Chain time for timers comes from the indexer's published position: when every partition a
-member owns is caught up, it sweeps its tasks whose next timer is due at the timestamp of
-the newest block whose events are all published (`chain_time`), so a timer never fires
-ahead of an event that precedes it on the chain.
+Chain time for timers is per task (`relayer/lifecycle/clock.py`): the newest confirmed
+block below the first of the task's indexed events this consumer has not applied yet. When
+every partition a member owns is caught up it sweeps its tasks whose next timer is due at
+that time, so a timer never fires ahead of an event that precedes it on the chain, however
+far the publisher or the broker lags.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ GROUP = "escrowd-lifecycle"
 _TIMER_EVENTS = (DeadlinePassed, AppealWindowClosed, EscalationCollectible)
 
 
+_SWEEP_CLOCK = clock.TASK_TIME_SQL.format(chain="s.chain_id", escrow="s.escrow", task="s.task_id")
+
+
 def _next_timer_at(state: TaskState) -> int | None:
     return min((t.at for t in state.pending_timers), default=None)
 
@@ -62,9 +66,6 @@ class LifecycleHandler:
         event_message = EscrowEventMessage.model_validate(message.json())
         if event_message.task_id is None:
             return  # escrow-wide events (key rotation, …) belong to no task
-        event = machine.event_from_message(event_message)
-        if event is None:
-            return
         key = (event_message.chain_id, event_message.escrow_address.lower(), event_message.task_id)
         if event_message.removed:
             await conn.execute("DELETE FROM lifecycle_events WHERE event_id = $1", event_message.id)
@@ -81,7 +82,10 @@ class LifecycleHandler:
             event_message.log_index,
             event_message.model_dump(mode="json"),
         )
-        if inserted is None:
+        # Recorded even when the machine ignores it: the task's clock waits for every one of
+        # its indexed events to be applied (relayer/lifecycle/clock.py).
+        event = machine.event_from_message(event_message)
+        if inserted is None or event is None:
             return
         state = await self._load(conn, key)
         latest_position = state.position if state is not None else None
@@ -115,7 +119,7 @@ class LifecycleHandler:
             for e in (machine.event_from_message(EscrowEventMessage.model_validate(r["message"])) for r in rows)
             if e is not None
         ]
-        now = await clock.confirmed_time(conn, key[0])
+        now = await clock.task_time(conn, *key)
         try:
             state, effects = machine.replay(events, now)
         except machine.TransitionError as exc:
@@ -258,7 +262,7 @@ class LifecycleHandler:
         partitions = [tp.partition for tp in assignment if tp.topic == self.events_topic]
         rows = await conn.fetch(
             "SELECT s.state, s.kafka_partition, t.chain_time FROM task_states s"
-            f" JOIN LATERAL ({clock.CONFIRMED_TIME_SQL.format(chain='s.chain_id')}) t(chain_time) ON true"
+            f" JOIN LATERAL ({_SWEEP_CLOCK}) t(chain_time) ON true"
             " WHERE s.next_timer_at IS NOT NULL AND s.next_timer_at <= t.chain_time"
             " AND s.kafka_partition = ANY($1::int[])"
             " FOR UPDATE OF s SKIP LOCKED",

@@ -49,7 +49,7 @@ async def task_state(
             escrow.lower(),
             task_id,
         )
-        confirmed = await clock.confirmed_time(conn, chain_id) if raw is not None and at is None else None
+        confirmed = await clock.task_time(conn, chain_id, escrow, task_id) if raw is not None and at is None else None
     if raw is None:
         raise ApiProblem(404, "TASK_NOT_FOUND", f"task {task_id} on chain {chain_id} is not indexed (yet)")
     state = TaskState.model_validate(raw)

@@ -20,7 +20,8 @@ from aiokafka import AIOKafkaProducer
 from escrowd.consumer import IdempotentConsumer
 from escrowd.db import connect
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
-from escrowd.kafka import TopicSpec, ensure_topics
+from escrowd.kafka import TopicSpec, ensure_topics, make_producer
+from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from relayer.lifecycle import consumer as lifecycle_consumer
@@ -73,7 +74,8 @@ class Consumers:
 
 @contextlib.asynccontextmanager
 async def pipeline(
-    devnet: Devnet, database_url: str, bootstrap: str, prefix: str, *, confirmations: int = 0
+    devnet: Devnet, database_url: str, bootstrap: str, prefix: str, *, confirmations: int = 0,
+    publish: bool = True,
 ) -> AsyncIterator[Consumers]:
     consumers = Consumers(database_url, bootstrap, prefix)
     await ensure_topics(
@@ -85,7 +87,7 @@ async def pipeline(
         chain_id=devnet.chain_id, rpc_urls=[devnet.rpc_url], ws_url=devnet.ws_url,
         escrow_addresses=[devnet.escrow_address], confirmations=confirmations, poll_interval=0.1,
     )
-    async with in_process_indexer(chain, database_url, bootstrap, consumers.events_topic):
+    async with in_process_indexer(chain, database_url, bootstrap, consumers.events_topic, publish=publish):
         await consumers.start()
         try:
             yield consumers
@@ -522,5 +524,74 @@ async def test_the_api_answers_at_the_confirmed_time_task_state_holds(
                     assert ("agent", "accept") not in {
                         (c["actor"], c["action"]) for c in at_head["allowed"]["capabilities"]
                     }
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _publisher(database_url: str, bootstrap: str) -> AsyncIterator[None]:
+    producer = make_producer(bootstrap, client_id="test-publisher")
+    await producer.start()
+    publisher = OutboxPublisher(database_url, producer)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield
+    finally:
+        publisher.stop()
+        await asyncio.wait_for(task, 20)
+        await producer.stop()
+
+
+async def test_a_timer_never_fires_ahead_of_an_event_still_unpublished(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The publisher stalls with a cancel in the outbox; time passes the deadline: no "deadline passed"."""
+    poster = devnet.posters[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix, publish=False):
+        conn = await connect(database_url)
+        try:
+            async with _publisher(database_url, kafka_bootstrap):
+                victim = devnet.post_task(poster, duration=DAY)
+                control = devnet.post_task(poster, duration=DAY)
+                await _wait_consumed(conn, devnet)
+            # The publisher is stopped: what follows is indexed but reaches no consumer.
+            devnet.cancel(victim, sender=poster)
+            devnet.increase_time(DAY + 10)  # past both deadlines
+            head = devnet.block_number()
+
+            async def indexed() -> bool:
+                cursor = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", devnet.chain_id)
+                return cursor is not None and cursor >= head
+
+            await wait_for(indexed, timeout=60, what="the cancel and the time jump indexed")
+            unpublished = await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND event_id IS NOT NULL")
+            assert unpublished >= 1  # the cancel waits in the outbox
+            assert await conn.fetchval("SELECT count(*) FROM escrow_events WHERE event_name = 'TaskCancelled'") == 1
+
+            # The control task's deadline fires: the sweep ran at the new chain time...
+            async def control_fired() -> bool:
+                return bool(await conn.fetchval(
+                    "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1 AND kind = 'deadline_passed'",
+                    control))
+
+            await wait_for(control_fired, timeout=60, what="the control task's deadline timer")
+            # ...and in that same sweep the victim's clock stopped below its unapplied cancel.
+            assert await conn.fetchval(
+                "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1", victim) == 0
+            assert (await _states(conn))[victim].status == 0  # still Open as far as the consumer knows
+
+            async with _publisher(database_url, kafka_bootstrap):
+                states = await _wait_consumed(conn, devnet)
+                assert int(states[victim].status) == int(devnet.get_task(victim).status)  # Cancelled
+                await wait_for(
+                    lambda: conn.fetchval("SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"),
+                    timeout=60, what="outbox drained",
+                )  # fmt: skip
+            assert await conn.fetchval(
+                "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1", victim) == 0
+            timers = await read_topic(kafka_bootstrap, f"{topic_prefix}timers", timeout=10)
+            assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == victim] == []
+            assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == control] == ["deadline_passed"]
         finally:
             await conn.close()

@@ -6,7 +6,9 @@ once (inbox row), in a savepoint, and its offsets are committed after the databa
 For one message the handler:
 
 1. parses it (a payload that is not an escrow event or a request is a `PermanentError`:
-   the runtime dead-letters it with the reason);
+   the runtime dead-letters it with the reason); a finalize, review or verifier report must
+   carry the requester's signed request or a trusted API service signature
+   (`relayer.verification.request_auth`), else it is dead-lettered the same way;
 2. takes the task's advisory lock, loads the task's state (`results_store.load_state`);
 3. asks the pure `routing.decide` what to do, and applies each effect; a `Judge` effect runs
    the auto-check and the terms' registry verifier, and its outcome goes back through
@@ -37,6 +39,7 @@ from escrowd.outbox import OutboxMessage, enqueue
 from relayer.verification import results_store as store
 from relayer.verification.auto_check import auto_check
 from relayer.verification.registry import VerificationError, VerifierRegistry, describe
+from relayer.verification.request_auth import RequestNotTrusted, authenticate
 from relayer.verification.routing import (
     ChainEvent,
     CouldNotJudge,
@@ -99,6 +102,9 @@ _TASK_EVENTS = frozenset(
 VERDICTS = Counter(
     "escrowd_verification_verdicts_total", "Verdicts recorded, by mode, source and result", ["mode", "source", "result"]
 )
+UNTRUSTED_REQUESTS = Counter(
+    "escrowd_verification_untrusted_requests_total", "Request messages dead-lettered for want of a trusted signature"
+)
 VERIFIER_ERRORS = Counter(
     "escrowd_verification_verifier_errors_total", "Registry verifiers that could not answer", ["kind"]
 )
@@ -123,6 +129,8 @@ class VerificationHandler:
     topics: Topics = field(default_factory=Topics)
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.time
+    trusted_api_signers: frozenset[str] = frozenset()
+    """API service addresses whose signature vouches for a request (besides the requester's own)."""
 
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         parsed = self.parse(message)
@@ -166,6 +174,11 @@ class VerificationHandler:
             )
         if message.topic == self.topics.requests:
             request = parse_request_message(data)
+            try:
+                authenticate(request, self.trusted_api_signers)
+            except RequestNotTrusted as exc:
+                UNTRUSTED_REQUESTS.inc()
+                raise PermanentError(f"request not trusted: {exc}"[:500]) from None
             key = TaskKey(request.chain_id, request.escrow_address, request.task_id)
             if isinstance(request, RetryDue):
                 return key, RetryDueObserved(request.target_request_id, request.retry_count)
@@ -277,7 +290,10 @@ def _record(
     request: FinalizeRequested | ReviewSubmitted | VerifierVerdictReported | VerifierFailed,
 ) -> RequestRecord:
     payload: Mapping[str, Any] = request.model_dump(
-        mode="json", exclude={"request_id", "chain_id", "escrow_address", "task_id", "attempt", "evidence_hash", "actor"}
+        mode="json", exclude={
+            "request_id", "chain_id", "escrow_address", "task_id", "attempt", "evidence_hash", "actor",
+            "requester", "service",
+        },
     )
     return RequestRecord(
         request_id=request.request_id,

@@ -219,6 +219,7 @@ async def pipeline(
     settings = api_settings(
         database_url, verification_requests_topic=topics.requests, evidence_wait_seconds=15, finalize_wait_seconds=20,
         marketplace_verifier_address=devnet.marketplace_verifier.address,
+        deployments=[{"chain_id": devnet.chain_id, "escrow": devnet.escrow_address}],
     )  # fmt: skip
     try:
         await verdicts.start()

@@ -64,11 +64,11 @@ _TASK_PATH = re.compile(r"^/v1/tasks/([0-9]+)/(0x[0-9a-fA-F]{40})/")
 def deployment_of(path: str, body: Any) -> Deployment:
     """The deployment a request acts on, as the API reads it: the task path, else the terms body."""
     match = _TASK_PATH.match(path)
-    if match is not None:
+    if match is not None and 0 < int(match.group(1)) < 2**256:
         return Deployment(int(match.group(1)), match.group(2))
-    if isinstance(body, dict) and isinstance(body.get("chainId"), int) and isinstance(body.get("escrow"), str):
-        with contextlib.suppress(ValueError):
-            return Deployment(body["chainId"], body["escrow"])
+    chain, escrow = (body.get("chainId"), body.get("escrow")) if isinstance(body, dict) else (None, None)
+    if isinstance(chain, int) and 0 < chain < 2**256 and isinstance(escrow, str) and re.fullmatch(r"0x[0-9a-fA-F]{40}", escrow):
+        return Deployment(chain, escrow)
     return Deployment(CHAIN_ID, ESCROW)
 
 

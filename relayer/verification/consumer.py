@@ -30,6 +30,7 @@ from typing import Any
 
 import asyncpg
 import structlog
+from eth_utils.crypto import keccak
 from prometheus_client import Counter
 from pydantic import ValidationError
 
@@ -309,14 +310,21 @@ def request_message(
     request: FinalizeRequested | ReviewSubmitted | VerifierVerdictReported | VerifierFailed | RetryDue,
     topic: str,
 ) -> OutboxMessage:
-    """The outbox row carrying a request to the consumer (keyed like the task's events)."""
+    """The outbox row carrying a request to the consumer (keyed like the task's events).
+
+    Its message id (the consumer's inbox key) is the request id plus a digest of the whole
+    payload, proofs included: a forged message that reuses a predictable request id can
+    never make the consumer skip the genuine message as a duplicate of itself.
+    """
+    payload = jsoncodec.dumps(request.model_dump(mode="json"))
+    message_id = f"{request.request_id}#{bytes(keccak(payload)).hex()[:32]}"
     return OutboxMessage(
-        message_id=request.request_id,
+        message_id=message_id,
         topic=topic,
         key=f"{request.chain_id}:{request.task_id}".encode(),
-        payload=jsoncodec.dumps(request.model_dump(mode="json")),
+        payload=payload,
         headers=cloudevent_headers(
-            id=request.request_id,
+            id=message_id,
             source=f"escrowd/verification-api/{request.chain_id}/{request.escrow_address}",
             type=request_event_type(request.kind),
             subject=str(request.task_id),

@@ -19,7 +19,7 @@ from eth_account import Account
 from escrowd.devnet import Devnet
 from escrowd.kafka import encode_headers, make_producer
 from relayer.verification.consumer import request_message
-from relayer.verification.request_auth import authenticate, request_id_for, service_proof
+from relayer.verification.request_auth import authenticate, request_id_for, service_problem, service_proof
 from schemas import jsoncodec
 from schemas.request_auth import Deployment, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
@@ -117,12 +117,15 @@ async def test_forged_and_unsigned_requests_are_dead_lettered_and_real_ones_judg
     (verdict,) = run.verdicts.verdicts()
     assert (verdict.verdict.attempt, verdict.verdict.passed, verdict.verdict.reasons) == (1, False, ["Lyon is wrong"])
     payload = await run.conn.fetchval(
-        "SELECT payload FROM outbox WHERE topic = $1 AND message_id = $2", run.topics.requests, response.json()["requestId"]
+        "SELECT payload FROM outbox WHERE topic = $1 AND message_id LIKE $2", run.topics.requests,
+        response.json()["requestId"] + "#%",
     )
     relayed = parse_request_message(jsoncodec.loads(bytes(payload)))
     assert relayed.requester is not None and relayed.service is not None
     assert authenticate(relayed, frozenset()) == "requester"  # no service trust needed
-    assert authenticate(relayed.model_copy(update={"requester": None}), frozenset({SERVICE})) == "service"
+    # The service signature covers the whole message, the requester's proof included.
+    assert service_problem(relayed, relayed.service, frozenset({SERVICE})) is None
+    assert service_problem(relayed.model_copy(update={"requester": None}), relayed.service, frozenset({SERVICE})) is not None
 
     # A message vouched for by the trusted API service key alone is judged too.
     await run.settle(verdict)

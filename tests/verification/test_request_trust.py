@@ -19,7 +19,12 @@ from eth_account import Account
 from escrowd.devnet import Devnet
 from escrowd.kafka import encode_headers, make_producer
 from relayer.verification.consumer import request_message
-from relayer.verification.request_auth import authenticate, request_id_for, service_problem, service_proof
+from relayer.verification.request_auth import (
+    authenticate,
+    request_id_for,
+    service_problem,
+    service_proof,
+)
 from schemas import jsoncodec
 from schemas.request_auth import Deployment, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash

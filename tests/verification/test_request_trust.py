@@ -8,14 +8,21 @@ signature, is judged; a message vouched for by a trusted API service key is judg
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from eth_account import Account
 
+from escrowd.db import connect
 from escrowd.devnet import Devnet
 from escrowd.kafka import encode_headers, make_producer
 from relayer.verification.consumer import request_message
@@ -28,8 +35,9 @@ from relayer.verification.request_auth import (
 from schemas import jsoncodec
 from schemas.request_auth import Deployment, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
+from tests.support.indexer_harness import escrowd_command
 
-from .conftest import Who
+from .conftest import CHAIN_ID, ESCROW, IndexedChain, Who, api_settings, running_api
 from .pipeline import Pipeline, pipeline
 
 pytestmark = pytest.mark.timeout(240)
@@ -37,6 +45,7 @@ pytestmark = pytest.mark.timeout(240)
 SERVICE_KEY = "0x" + "5e" * 32
 SERVICE = Account.from_key(SERVICE_KEY).address
 UNTRUSTED_KEY = "0x" + "6f" * 32
+TASK = 7
 FIRST = "The capital of France is Lyon, the old silk city on the Rhone."
 SECOND = "The capital of France is Paris. It has been the capital for centuries and is its largest city."
 
@@ -158,3 +167,132 @@ def test_the_verdict_key_can_never_vouch_for_requests() -> None:
     assert build_consumer(settings.model_copy(update={"trusted_api_signers": [SERVICE]}), signing_key=verdict_key) is not None
     with pytest.raises(ValueError, match="not an address"):
         VerificationSettings(database_url="postgresql://unused/x", kafka_bootstrap="unused:9092", trusted_api_signers=["nope"])
+
+
+# ---------------------------------------------------------------------------- a real consumer process
+
+
+class ConsumerProcess:
+    """`escrowd consume verification run` as a child process (its own outbox publisher included)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = {**os.environ, **env}
+        self.log = Path(tempfile.mkstemp(prefix="escrowd-verification-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*escrowd_command(), "consume", "verification", "run", "--log-console"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            )  # fmt: skip
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.log.unlink(missing_ok=True)
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")[-3000:]
+
+
+async def wait_until(predicate: Any, what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        await asyncio.sleep(0.2)
+
+
+async def test_a_consumer_process_dead_letters_forged_requests_across_a_kill(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str, who: dict[str, Who]
+) -> None:
+    """A real consumer process: forged reviews on the topic are dead-lettered, never judged, and stay so after kill -9."""
+    t = {
+        "events": f"{topic_prefix}escrow.events.v1", "requests": f"{topic_prefix}escrow.verification-requests.v1",
+        "verdicts": f"{topic_prefix}escrow.verdicts.v1", "dlq": f"{topic_prefix}escrow.dlq.v1",
+    }  # fmt: skip
+    group = f"{topic_prefix}verification"
+    consumer = ConsumerProcess({
+        "ESCROWD_DATABASE_URL": database_url, "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "ESCROWD_VERIFICATION_GROUP": group, "ESCROWD_EVENTS_TOPIC": t["events"],
+        "ESCROWD_VERIFICATION_REQUESTS_TOPIC": t["requests"], "ESCROWD_VERDICTS_TOPIC": t["verdicts"],
+        "ESCROWD_DEAD_LETTER_TOPIC": t["dlq"], "ESCROWD_TOPIC_PARTITIONS": "2",
+        "ESCROWD_VERIFICATION_SIGNING_KEY": "0x" + "3c" * 32, "ESCROWD_TRUSTED_API_SIGNERS": json.dumps([SERVICE]),
+    })  # fmt: skip
+    poster, agent, stranger = who["poster"], who["agent"], who["stranger"]
+    chain = IndexedChain(database_url, topic=t["events"])
+    settings = api_settings(database_url, verification_requests_topic=t["requests"])
+    conn = await connect(database_url)
+    consumer.start()
+    try:
+        async with running_api(settings) as api:
+            registered = await api.call("POST", "/v1/terms", {
+                "chainId": CHAIN_ID, "escrow": ESCROW, "poster": poster.address, "instructionsDigest": "0x" + "ab" * 32,
+            }, as_=poster)  # fmt: skip
+            assert registered.status_code == 201, registered.text
+            await chain.created(TASK, poster.address, registered.json()["taskHash"])
+            await chain.accepted(TASK, agent.address)
+            evidence = result_hash("the delivered work")
+            await chain.submitted(TASK, agent.address, 1, evidence)
+            path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/{TASK}/review"
+            approve = {"attempt": 1, "evidenceHash": evidence, "passed": True, "reasons": []}
+            base = ReviewSubmitted(
+                request_id=request_id_for("review", CHAIN_ID, ESCROW, TASK, 1, evidence), chain_id=CHAIN_ID,
+                escrow_address=ESCROW, task_id=TASK, attempt=1, evidence_hash=evidence, actor=poster.address,
+                requested_at=int(time.time()), passed=True,
+            )  # fmt: skip
+            raw = json.dumps(approve).encode()
+            stolen = sign_request(stranger.key, "POST", path, raw, deployment=Deployment(CHAIN_ID, ESCROW),
+                                  expires_at=int(time.time()) + 300)  # fmt: skip
+            impostor = requester_proof("POST", path, raw, poster.address, stolen["X-Escrowd-Nonce"],
+                                       int(stolen["X-Escrowd-Expires-At"]), stolen["X-Escrowd-Signature"])  # fmt: skip
+            forged = [base, base.model_copy(update={"requester": impostor}),
+                      base.model_copy(update={"service": service_proof(base, UNTRUSTED_KEY)})]  # fmt: skip
+            producer = make_producer(kafka_bootstrap)
+            await producer.start()
+            try:
+                for message in forged:
+                    row = request_message(message, t["requests"])
+                    await producer.send_and_wait(row.topic, row.payload, key=row.key, headers=encode_headers(dict(row.headers)))
+            finally:
+                await producer.stop()
+
+            async def dead() -> bool:
+                return int(await conn.fetchval("SELECT count(*) FROM dead_letters WHERE consumer = $1", group)) >= len(forged)
+
+            await wait_until(dead, "three dead letters")
+            reasons = [r["reason"] for r in await conn.fetch("SELECT reason FROM dead_letters WHERE consumer = $1 ORDER BY id", group)]
+            assert all(r.startswith("request not trusted:") for r in reasons), reasons
+            assert "unsigned request" in reasons[0] and "not the signer's" in reasons[1] and "not a trusted API service key" in reasons[2]
+            assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = $1", TASK) == 0
+
+            consumer.kill9()
+            consumer.start()
+            # The poster's own review, relayed by the API, is judged by the restarted process.
+            reject = {"attempt": 1, "evidenceHash": evidence, "passed": False, "reasons": ["not what I asked for"]}
+            assert (await api.call("POST", path, reject, as_=poster)).status_code == 202
+
+            async def judged() -> bool:
+                return await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = $1", TASK) == 1
+
+            await wait_until(judged, "the real review judged")
+            row = await conn.fetchrow("SELECT passed, source FROM verification_results WHERE task_id = $1", TASK)
+            assert row is not None and row["passed"] is False, dict(row or {})
+            assert await conn.fetchval("SELECT count(*) FROM dead_letters WHERE consumer = $1", group) == len(forged)
+    except BaseException:
+        print(consumer.output())
+        raise
+    finally:
+        consumer.stop()
+        await conn.close()

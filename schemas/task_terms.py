@@ -480,10 +480,16 @@ class _RequestBase(BaseModel):
 
 
 class FinalizeRequested(_RequestBase):
-    """The agent finalized attempt `attempt` with `result` (whose hash is `evidence_hash`)."""
+    """The agent finalized attempt `attempt` with `result` (whose hash is `evidence_hash`).
+
+    With `result_in_proof` the result travels once, inside the requester's signed body
+    (`requester.body`), and `result` is null here: the consumer takes it from the body it
+    has verified, so a large result does not fill the message twice.
+    """
 
     kind: Literal["finalize"] = "finalize"
     result: Any
+    result_in_proof: bool = False
 
 
 class ReviewSubmitted(_RequestBase):

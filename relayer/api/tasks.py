@@ -140,7 +140,10 @@ async def _caller(request: Request, ctx: Ctx, chain_id: int | None = None, escro
 
 def _relayed(ctx: Ctx, caller: Caller, message: RelayedRequest) -> RelayedRequest:
     """The message with the caller's signed request, and the API's service proof when keyed."""
-    message = message.model_copy(update={"requester": caller.proof})
+    update: dict[str, Any] = {"requester": caller.proof}
+    if isinstance(message, FinalizeRequested):
+        update |= {"result": None, "result_in_proof": True}  # the signed body holds it
+    message = message.model_copy(update=update)
     key = ctx.settings.api_service_key
     if key is not None:
         message = message.model_copy(update={"service": service_proof(message, key.get_secret_value())})

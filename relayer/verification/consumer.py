@@ -40,7 +40,7 @@ from escrowd.outbox import OutboxMessage, enqueue
 from relayer.verification import results_store as store
 from relayer.verification.auto_check import auto_check
 from relayer.verification.registry import VerificationError, VerifierRegistry, describe
-from relayer.verification.request_auth import RequestNotTrusted, authenticate
+from relayer.verification.request_auth import RequestNotTrusted, authenticate, resolved
 from relayer.verification.routing import (
     ChainEvent,
     CouldNotJudge,
@@ -177,6 +177,7 @@ class VerificationHandler:
             request = parse_request_message(data)
             try:
                 authenticate(request, self.trusted_api_signers)
+                request = resolved(request)
             except RequestNotTrusted as exc:
                 UNTRUSTED_REQUESTS.inc()
                 raise PermanentError(f"request not trusted: {exc}"[:500]) from None
@@ -293,7 +294,7 @@ def _record(
     payload: Mapping[str, Any] = request.model_dump(
         mode="json", exclude={
             "request_id", "chain_id", "escrow_address", "task_id", "attempt", "evidence_hash", "actor",
-            "requester", "service",
+            "requester", "service", "result_in_proof",
         },
     )
     return RequestRecord(

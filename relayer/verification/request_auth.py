@@ -51,6 +51,7 @@ from schemas.task_terms import (
     VerifierReportRequest,
     VerifierVerdictReported,
     canonical_json,
+    result_hash,
 )
 
 RelayedRequest = FinalizeRequested | ReviewSubmitted | VerifierVerdictReported | VerifierFailed
@@ -109,6 +110,25 @@ def authenticate(request: RelayedRequest | RetryDue, trusted_services: Collectio
     if not problems:
         raise RequestNotTrusted("unsigned request: neither the requester's signature nor a trusted service signature")
     raise RequestNotTrusted("; ".join(problems))
+
+
+def resolved(request: RelayedRequest | RetryDue) -> RelayedRequest | RetryDue:
+    """The request with a finalize's result taken from its signed body (`result_in_proof`).
+
+    Call after `authenticate`; RequestNotTrusted when the body that should hold the result
+    is missing or unreadable.
+    """
+    if not isinstance(request, FinalizeRequested) or not request.result_in_proof:
+        return request
+    if request.requester is None:
+        raise RequestNotTrusted("result_in_proof without the requester's signed body")
+    try:
+        final = FinalizeRequest.model_validate(jsoncodec.loads(request.requester.raw_body()))
+    except (ValueError, ValidationError):
+        raise RequestNotTrusted("the signed body holding the result does not parse") from None
+    if result_hash(final.result) != request.evidence_hash.lower():
+        raise RequestNotTrusted("the signed result does not hash to the message's evidence hash")
+    return request.model_copy(update={"result": final.result, "result_in_proof": False})
 
 
 def service_problem(request: RelayedRequest, proof: ServiceProof, trusted: Collection[str]) -> str | None:
@@ -171,6 +191,11 @@ def _body_problem(request: RelayedRequest, body: dict[str, Any]) -> str | None:
     try:
         if isinstance(request, FinalizeRequested):
             final = FinalizeRequest.model_validate(body)
+            if request.result_in_proof:
+                if request.result is not None:
+                    return "a message with result_in_proof carries a result of its own"
+                same = result_hash(final.result) == request.evidence_hash.lower()
+                return None if same else "the signed result does not hash to the message's evidence hash"
             same = canonical_json(final.result) == canonical_json(request.result)
             return None if same else "the message's result is not the signed one"
         if isinstance(request, ReviewSubmitted):

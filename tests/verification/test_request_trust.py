@@ -27,8 +27,10 @@ from escrowd.devnet import Devnet
 from escrowd.kafka import encode_headers, make_producer
 from relayer.verification.consumer import request_message
 from relayer.verification.request_auth import (
+    RequestNotTrusted,
     authenticate,
     request_id_for,
+    resolved,
     service_problem,
     service_proof,
 )
@@ -296,3 +298,31 @@ async def test_a_consumer_process_dead_letters_forged_requests_across_a_kill(
     finally:
         consumer.stop()
         await conn.close()
+
+
+async def test_a_relayed_finalize_carries_its_result_once(api: Any, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
+    """The result travels inside the agent's signed body only: a large result does not double the message."""
+    poster, agent = who["poster"], who["agent"]
+    registered = await api.call("POST", "/v1/terms", {
+        "chainId": CHAIN_ID, "escrow": ESCROW, "poster": poster.address, "instructionsDigest": "0x" + "ab" * 32,
+    }, as_=poster)  # fmt: skip
+    await chain.created(TASK, poster.address, registered.json()["taskHash"])
+    await chain.accepted(TASK, agent.address)
+    result = {"output": "x" * 400_000}
+    await chain.submitted(TASK, agent.address, 1, result_hash(result))
+    response = await api.call("POST", f"/v1/tasks/{CHAIN_ID}/{ESCROW}/{TASK}/finalize", {"result": result}, as_=agent)
+    assert response.status_code == 202, response.text
+    conn = await connect(database_url)
+    try:
+        payload = bytes(await conn.fetchval("SELECT payload FROM outbox WHERE message_id LIKE 'finalize:%'"))
+    finally:
+        await conn.close()
+    assert len(payload) < 1.4 * 400_000  # once, base64-encoded; twice would be over 930 kB
+    message = parse_request_message(jsoncodec.loads(payload))
+    assert message.result_in_proof and message.result is None  # type: ignore[union-attr]
+    assert authenticate(message, frozenset()) == "requester"
+    assert resolved(message).result == result  # type: ignore[union-attr]
+    # A relayed finalize whose result was swapped for another is refused.
+    swapped = message.model_copy(update={"result_in_proof": False, "result": {"output": "other"}})
+    with pytest.raises(RequestNotTrusted, match="result is not the signed one"):
+        authenticate(swapped, frozenset())

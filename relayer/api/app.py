@@ -125,6 +125,8 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
     if settings.api_service_key is not None:
         # Never let the service key reach a log line, even inside an error.
         register_secret(settings.api_service_key.get_secret_value())
+    if not settings.served_deployments():
+        log.warning("api_serves_no_deployment", hint="set ESCROWD_DEPLOYMENTS: every signed request is refused")
     app.state.settings = settings
     app.state.clock = clock
     app.state.registry = VerifierRegistry(

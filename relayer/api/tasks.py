@@ -4,8 +4,9 @@ Every write is signed by the acting address for the deployment it acts on
 (`relayer.api.auth`) and answered with either a result or one `{"error": {code, message}}`.
 The nonce is spent as soon as the signature verifies, whatever the outcome; a write then
 stores its request row and queues its message (to the verification consumer, through the
-outbox, carrying the signed request so the consumer can verify it again) in one transaction. The chain as this API sees it is the indexer's `escrow_events`; chain time is
-the indexer's newest block time (the wall clock until the indexer has run).
+outbox, carrying the signed request so the consumer can verify it again) in one
+transaction. The chain as this API sees it is the indexer's `escrow_events`; chain time
+is the indexer's newest block time (the wall clock until the indexer has run).
 
 The decisions are pure functions (`finalize_check`, `review_check`, `report_check`,
 `visibility`); the routes only load, decide and store.
@@ -82,6 +83,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "Conflicts with the task's state (see `error.code`)"),
         (413, "The result is too large"),
         (422, "The body does not fit the schema"),
+        (503, "The API is configured with no deployment to serve (`NO_DEPLOYMENT`)"),
     )
 }
 _POLL_SECONDS = 0.2

@@ -326,3 +326,15 @@ async def test_a_relayed_finalize_carries_its_result_once(api: Any, chain: Index
     swapped = message.model_copy(update={"result_in_proof": False, "result": {"output": "other"}})
     with pytest.raises(RequestNotTrusted, match="result is not the signed one"):
         authenticate(swapped, frozenset())
+
+
+def test_a_bad_api_service_key_stops_the_api_without_showing_it(database_url: str) -> None:
+    """A service key that is no key is refused at start-up, and the error does not carry it."""
+    from pydantic import SecretStr
+
+    from relayer.api.app import create_app
+
+    bad = "0x" + "ff" * 32  # above the curve order: not a private key
+    with pytest.raises(ValueError, match="api_service_key is not a valid") as caught:
+        create_app(api_settings(database_url, api_service_key=SecretStr(bad)))
+    assert "ff" * 8 not in str(caught.value)

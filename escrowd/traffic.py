@@ -43,7 +43,10 @@ class OffChain:
     async def finalize(self, agent_key: str, task_id: int, result: Any) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
 
-    async def review(self, poster_key: str, task_id: int, passed: bool, reasons: list[str]) -> dict[str, Any]:  # pragma: no cover
+    async def review(
+        self, poster_key: str, task_id: int, attempt: int, evidence_hash: str, passed: bool, reasons: list[str]
+    ) -> dict[str, Any]:  # pragma: no cover
+        """The poster's decision on `attempt`, whose on-chain evidence is `evidence_hash`."""
         raise NotImplementedError
 
 
@@ -257,20 +260,27 @@ class TrafficGenerator:
         poster, _ = self._actors(plan)
         await self._post_with_terms(plan, {"verificationMode": "manual"}, duration=LONG_DEADLINE)
         assert plan.task_id is not None
-        await self._deliver(plan, self._bad_result(plan, 1))
-        await self._review_when_indexed(plan, poster.private_key, False, ["The summary table is missing."])
+        first = self._bad_result(plan, 1)
+        await self._deliver(plan, first)
+        await self._review_when_indexed(plan, poster.private_key, 1, first, False, ["The summary table is missing."])
         await self._wait_status(plan, 3)
-        await self._deliver(plan, self._good_result(plan, 2))
-        await self._review_when_indexed(plan, poster.private_key, True, [])
+        second = self._good_result(plan, 2)
+        await self._deliver(plan, second)
+        await self._review_when_indexed(plan, poster.private_key, 2, second, True, [])
         await self._wait_status(plan, 4)
         plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
 
-    async def _review_when_indexed(self, plan: TaskPlan, key: str, passed: bool, reasons: list[str]) -> None:
+    async def _review_when_indexed(
+        self, plan: TaskPlan, key: str, attempt: int, result: Any, passed: bool, reasons: list[str]
+    ) -> None:
+        """Review `attempt` (whose evidence is `result`'s hash) once the API has indexed it."""
+        from schemas.task_terms import result_hash
+
         assert self.offchain is not None and plan.task_id is not None
         last: Exception | None = None
         for _ in range(100):
             try:
-                await self.offchain.review(key, plan.task_id, passed, reasons)
+                await self.offchain.review(key, plan.task_id, attempt, result_hash(result), passed, reasons)
                 return
             except RuntimeError as exc:  # the submission may not be indexed yet
                 last = exc

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 from eth_account import Account
+from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -67,6 +68,11 @@ class VerificationSettings(BaseSettings):
     verification_keystore_password: SecretStr | None = Field(
         default=None, description="Password of the keystore file"
     )
+    trusted_api_signers: list[str] = Field(
+        default_factory=list,
+        description="API service addresses whose signature vouches for a relayed request (besides the"
+        " requester's own signature); never the verdict-signing key's address",
+    )
     plugin_packages: list[str] = Field(
         default_factory=list, description="Packages whose modules may be plugin verifiers"
     )
@@ -86,6 +92,14 @@ class VerificationSettings(BaseSettings):
         if not url.startswith(("postgres://", "postgresql://")):
             raise ValueError("database_url must be a postgresql:// URL")
         return url
+
+    @field_validator("trusted_api_signers")
+    @classmethod
+    def _addresses(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not is_address(value):
+                raise ValueError("trusted_api_signers holds something that is not an address")
+        return [str(to_checksum_address(v)) for v in values]
 
     def topics(self) -> Topics:
         """The topic names in use."""
@@ -191,8 +205,13 @@ def build_consumer(
 ) -> IdempotentConsumer:
     """The verification consumer, ready to `run()`."""
     key = signing_key or load_signing_key(settings)
+    trusted = frozenset(settings.trusted_api_signers)
+    if Account.from_key(key).address in trusted:
+        # One key must not both vouch for requests and sign the verdicts they lead to.
+        raise SigningKeyError("trusted_api_signers must not hold the verdict-signing key's address")
     t = settings.topics()
     handler = VerificationHandler(
+        trusted_api_signers=trusted,
         registry=registry or settings.registry(),
         signing_key=lambda: key,
         topics=t,

@@ -34,3 +34,7 @@ async def model_endpoint() -> AsyncIterator[ModelEndpoint]:
         yield ModelEndpoint(stub, url)
     finally:
         await runner.cleanup()
+
+
+# The verification tests' actors, signed API client and indexed-chain writer serve here too.
+from tests.verification.conftest import api, chain, who  # noqa: E402, F401

@@ -200,6 +200,9 @@ class VerificationHandler:
         outbox: list[OutboxMessage] = []
         if effect.sign:
             reasons = [str(r) for r in effect.verification_result.get("reasons", ())][:64]
+            if state.terms is not None and state.terms.private:
+                # Reasons can quote a private brief and result: the verdicts topic carries none.
+                reasons = []
             verdict = Verdict(
                 chain_id=key.chain_id,
                 escrow=key.escrow,

@@ -62,16 +62,3 @@ CREATE TABLE brief_keys (
     wrapped      text        NOT NULL,
     PRIMARY KEY (task_hash, recipient)
 );
-
--- The hosted verifier's own bookkeeping: model failures per attempt (it gives up after 5).
-CREATE TABLE verifier_agent_attempts (
-    verifier        text        NOT NULL,
-    chain_id        bigint      NOT NULL,
-    escrow_address  text        NOT NULL,
-    task_id         numeric(78) NOT NULL,
-    attempt         integer     NOT NULL,
-    failures        integer     NOT NULL DEFAULT 0,
-    last_error      text,
-    given_up        boolean     NOT NULL DEFAULT false,
-    PRIMARY KEY (verifier, chain_id, escrow_address, task_id, attempt)
-);

@@ -415,3 +415,71 @@ async def get_brief(task_hash: HashPath, request: Request) -> BriefView:
     if wrapped is None:
         raise ApiProblem(403, "BRIEF_NOT_WRAPPED_TO_CALLER", "the brief's key is not wrapped to the signer")
     return BriefView(task_hash=task_hash.lower(), private=True, ciphertext=briefs.b64(bytes(row["ciphertext"])), wrapped_key=wrapped)
+
+
+# ---------------------------------------------------------------------------- the verifier's queue
+
+
+class QueueItem(BaseModel):
+    """An attempt waiting for the signer's verdict, with what it needs to judge it."""
+
+    chain_id: int = Field(serialization_alias="chainId")
+    escrow: str
+    task_id: int = Field(serialization_alias="taskId")
+    task_hash: str = Field(serialization_alias="taskHash")
+    attempt: int
+    evidence_hash: str = Field(serialization_alias="evidenceHash")
+    result: Any = None
+    acceptance: str | None = None
+    private: bool
+    failures: int = Field(description="Failed tries reported for this attempt so far")
+
+
+class Queue(BaseModel):
+    """The signer's pending verifications."""
+
+    items: list[QueueItem]
+
+
+@router.get(
+    "/verifiers/me/queue",
+    response_model=Queue,
+    response_model_by_alias=True,
+    summary="The signer's queue: listed agent-review tasks naming it, delivered, finalized and unjudged",
+)
+async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> Queue:
+    """Signed by the verifier; attempts marked never judged (5 failed tries) are left out. Counts as a heartbeat."""
+    caller = await caller_of(request)
+    async with request.app.state.pool.acquire() as conn:
+        async with conn.transaction():
+            await spend_nonce(conn, caller)
+            await directory.heartbeat(conn, caller.address)
+        items: list[QueueItem] = []
+        for row in await store.verifier_tasks(conn, caller.address, limit):
+            key = TaskKey(row["chain_id"], row["escrow_address"], int(row["task_id"]))
+            chain = fold_chain(await vstore.indexed_events(conn, key))
+            attempt = chain.current_attempt
+            if not chain.submitted or attempt in chain.verdicts or chain.task_hash != row["task_hash"]:
+                continue
+            evidence = chain.attempts[attempt]
+            failure = (await vstore.task_failures(conn, key)).get(attempt)
+            if failure is not None and failure["never_judged"]:
+                continue
+            finalized = await vstore.request_row(
+                conn, f"finalize:{key.chain_id}:{key.escrow.lower()}:{key.task_id}:{attempt}:{evidence}"
+            )
+            if finalized is None:
+                continue  # delivered on chain, but the agent has not handed over the result yet
+            terms = await vstore.load_terms(conn, row["task_hash"])
+            assert terms is not None
+            criteria = terms.criteria or {}
+            acceptance = criteria.get("acceptance")
+            items.append(
+                QueueItem(
+                    chain_id=key.chain_id, escrow=key.escrow, task_id=key.task_id, task_hash=row["task_hash"],
+                    attempt=attempt, evidence_hash=evidence, result=finalized["payload"].get("result"),
+                    acceptance=acceptance if isinstance(acceptance, str) else None, private=terms.private,
+                    failures=int(failure["failures"]) if failure is not None else 0,
+                )
+            )
+    return Queue(items=items)

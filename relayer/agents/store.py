@@ -85,3 +85,16 @@ async def wrapped_key(conn: asyncpg.Connection, task_hash: str, reader: str) -> 
         "SELECT wrapped FROM brief_keys WHERE task_hash = $1 AND recipient = $2", task_hash.lower(), reader.lower()
     )
     return value
+
+
+async def verifier_tasks(conn: asyncpg.Connection, verifier: str, limit: int) -> list[Any]:
+    """Listed agent-review tasks naming `verifier`, oldest listing first."""
+    return list(
+        await conn.fetch(
+            "SELECT l.chain_id, l.escrow_address, l.task_id, l.task_hash FROM task_listings l"
+            " JOIN task_terms t ON t.task_hash = l.task_hash WHERE t.verification_mode = 'agent'"
+            " AND lower(t.verifier_address) = lower($1) ORDER BY l.listed_at, l.task_id LIMIT $2",
+            verifier,
+            limit,
+        )
+    )

@@ -287,3 +287,35 @@ def verifier_agent(
         typer.echo(f"configuration error: {exc}", err=True)
         raise typer.Exit(2) from None
     asyncio.run(run_verifier_agent(settings, model_settings))
+
+
+@dataclass
+class LocalHostedVerifier:
+    """A hosted verifier with the deterministic local model, inside one process (`escrowd run`)."""
+
+    agent: VerifierAgent
+    model_url: str
+    _stop: asyncio.Event
+    _task: asyncio.Task[None]
+    _runner: Any
+
+    @classmethod
+    async def start(cls, *, api_url: str, rpc_url: str, chain_id: int, wallet_key: str) -> LocalHostedVerifier:
+        """Start the local model server and the verifier's poll loop."""
+        from relayer.agents.stub_model import StubModel, start_stub
+
+        runner, model_url = await start_stub(StubModel())
+        settings = VerifierAgentSettings(
+            api_url=api_url, rpc_url=rpc_url, chain_id=chain_id, wallet_key=SecretStr(wallet_key), poll_seconds=0.5
+        )
+        agent = VerifierAgent(settings, ModelClient(ModelSettings(url=model_url, name="local-deterministic")))
+        stop = asyncio.Event()
+        return cls(agent, model_url, stop, asyncio.create_task(agent.run(stop)), runner)
+
+    async def stop(self) -> None:
+        """Stop polling, close sessions, stop the model server."""
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._task, 30)
+        await self.agent.close()
+        await self._runner.cleanup()

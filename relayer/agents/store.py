@@ -88,12 +88,18 @@ async def wrapped_key(conn: asyncpg.Connection, task_hash: str, reader: str) -> 
 
 
 async def verifier_tasks(conn: asyncpg.Connection, verifier: str, limit: int) -> list[Any]:
-    """Listed agent-review tasks naming `verifier`, oldest listing first."""
+    """Listed agent-review tasks naming `verifier` whose newest indexed status is Submitted.
+
+    Finished tasks stay listed; filtering them here keeps them from filling the page.
+    """
     return list(
         await conn.fetch(
             "SELECT l.chain_id, l.escrow_address, l.task_id, l.task_hash FROM task_listings l"
             " JOIN task_terms t ON t.task_hash = l.task_hash WHERE t.verification_mode = 'agent'"
-            " AND lower(t.verifier_address) = lower($1) ORDER BY l.listed_at, l.task_id LIMIT $2",
+            " AND lower(t.verifier_address) = lower($1) AND (SELECT (e.args->>'status')::int FROM escrow_events e"
+            "  WHERE e.chain_id = l.chain_id AND e.task_id = l.task_id AND lower(e.escrow_address) = lower(l.escrow_address)"
+            "  AND e.args ? 'status' ORDER BY e.block_number DESC, e.log_index DESC LIMIT 1) = 2"
+            " ORDER BY l.listed_at, l.task_id LIMIT $2",
             verifier,
             limit,
         )

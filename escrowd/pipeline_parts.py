@@ -127,8 +127,8 @@ class ApiClient:
     async def call(self, method: str, path: str, body: Any, key: str) -> httpx.Response:
         from relayer.api.auth import Deployment, sign_request
 
-        raw = json.dumps(body).encode()
-        headers = {"content-type": "application/json"}
+        raw = b"" if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if body is not None else {}
         deployment = Deployment(self.devnet.chain_id, self.devnet.escrow_address)
         headers.update(sign_request(key, method, path, raw, deployment=deployment, expires_at=int(time.time()) + 300))
         for attempt in range(50):
@@ -174,6 +174,17 @@ class ApiClient:
             raise RuntimeError(f"review: {response.status_code} {response.text}")
         data: dict[str, Any] = response.json()
         return data
+
+    async def list_task(self, poster_key: str, task_id: int) -> None:
+        """List the task once its TaskCreated is indexed (404 TASK_NOT_FOUND until then)."""
+        for _ in range(600):
+            response = await self.call("POST", self._task_path(task_id, "listing"), None, poster_key)
+            if response.status_code in (200, 201):
+                return
+            if response.status_code != 404:
+                raise RuntimeError(f"listing: {response.status_code} {response.text}")
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"listing: task {task_id} never indexed")
 
     async def close(self) -> None:
         await self.client.aclose()

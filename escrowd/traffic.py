@@ -49,6 +49,9 @@ class OffChain:
         """The poster's decision on `attempt`, whose on-chain evidence is `evidence_hash`."""
         raise NotImplementedError
 
+    async def list_task(self, poster_key: str, task_id: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
 
 @dataclass
 class TaskPlan:
@@ -105,9 +108,11 @@ class TrafficGenerator:
         offchain: OffChain | None = None,
         seed: int = 0,
         wait_judged: Callable[[int, int], Awaitable[bool]] | None = None,
+        hosted_verifier: Any = None,
     ) -> None:
         self.dn = devnet
         self.offchain = offchain
+        self.hosted_verifier = hosted_verifier
         self.random = random.Random(seed)
         self.stats = TrafficStats()
         self._wait_judged = wait_judged
@@ -118,7 +123,8 @@ class TrafficGenerator:
         """Paths this run can play (the pipeline paths need the API)."""
         if self.offchain is None:
             return self.CHAIN_ONLY_PATHS
-        return self.PIPELINE_PATHS + self.CHAIN_ONLY_PATHS
+        hosted = ("agent_review_hosted",) if self.hosted_verifier is not None else ()
+        return self.PIPELINE_PATHS + hosted + self.CHAIN_ONLY_PATHS
 
     def plan(self, count: int) -> list[TaskPlan]:
         """`count` tasks spread over every path, in a seeded order."""
@@ -286,6 +292,22 @@ class TrafficGenerator:
                 last = exc
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"review of task {plan.task_id} refused: {last}")
+
+    async def _phase1_agent_review_hosted(self, plan: TaskPlan) -> None:
+        """Agent review by the running hosted verifier: terms, post with it, list, deliver; it judges."""
+        assert self.offchain is not None and self.hosted_verifier is not None
+        poster, _ = self._actors(plan)
+        terms = {
+            "verificationMode": "agent",
+            "verifierAddress": self.hosted_verifier.address,
+            "verificationCriteria": {"acceptance": 'The report covers the "escrow" flow.'},
+        }
+        task_hash = await self.offchain.register_terms(poster.private_key, terms)
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=self.hosted_verifier, task_hash=task_hash)
+        await self.offchain.list_task(poster.private_key, task)
+        await self._deliver(plan, self._good_result(plan, 1))
+        await self._wait_status(plan, 4)
+        plan.passed_rounds, plan.final_status = 1, 4
 
     # -- chain-only paths ---------------------------------------------------------------
 

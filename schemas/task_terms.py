@@ -60,6 +60,7 @@ VerifierKind = Literal[
     "execution_result",
     "optimization_score",
     "multi_verifier",
+    "keyword_rubric",
 ]
 
 _CAMEL = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")

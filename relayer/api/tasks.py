@@ -25,6 +25,7 @@ from eth_utils.address import is_address, to_checksum_address
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from escrowd.outbox import enqueue
+from relayer.agents.checks import check_named_verifier
 from relayer.api.auth import Caller, Deployment, has_auth, spend_nonce, verify_signature
 from relayer.api.errors import ApiProblem
 from relayer.api.settings import ApiSettings
@@ -362,6 +363,8 @@ async def register_terms(
     )
     digest = task_hash(terms)
     async with ctx.pool.acquire() as conn, conn.transaction():
+        if terms.verifier_address is not None:
+            await check_named_verifier(conn, terms.verifier_address)  # 409 VERIFIER_NOT_OPTED_IN
         new = await store.insert_terms(
             conn,
             task_hash=digest,

@@ -215,6 +215,9 @@ class VerificationHandler:
         outbox: list[OutboxMessage] = []
         if effect.sign:
             reasons = [str(r) for r in effect.verification_result.get("reasons", ())][:64]
+            if state.terms is not None and state.terms.private:
+                # Reasons can quote a private brief and result: the verdicts topic carries none.
+                reasons = []
             verdict = Verdict(
                 chain_id=key.chain_id,
                 escrow=key.escrow,
@@ -270,6 +273,8 @@ class VerificationHandler:
             VERIFIER_ERRORS.labels(ref.kind).inc()
             log.warning("verifier_could_not_answer", verifier=exc.verifier, reason=exc.reason, task_id=state.key.task_id)
             return CouldNotJudge(exc.verifier, exc.reason)
+        # A rubric judge names the version it used (`rubric:owner/name@3`): the verdict records it.
+        name = str(outcome.detail.get("resolvedAs") or name)
         result = combine(auto, name, outcome.reward, ref.pass_reward, outcome.reasons)
         kind = name if auto is None else f"auto-check+{name}"
         return Judged(result, kind)

@@ -111,12 +111,15 @@ class VerificationSettings(BaseSettings):
         )
 
     def registry(self) -> VerifierRegistry:
-        """The verifier registry this service runs."""
+        """The verifier registry this service runs (with the rubric judge when `ESCROWD_MODEL_URL` is set)."""
+        from relayer.agents.rubrics import rubric_judge_from_env
+
         return VerifierRegistry(
             allowed_plugin_packages=self.plugin_packages,
             allowed_endpoint_hosts=self.endpoint_hosts,
             endpoint_timeout=self.endpoint_timeout,
             rubrics=RubricStore(self.rubric_dir),
+            rubric_judge=rubric_judge_from_env(self.database_url),
         )
 
 

@@ -61,22 +61,24 @@ def who() -> dict[str, Who]:
 _TASK_PATH = re.compile(r"^/v1/tasks/([0-9]+)/(0x[0-9a-fA-F]{40})/")
 
 
-def deployment_of(path: str, body: Any) -> Deployment:
-    """The deployment a request acts on, as the API reads it: the task path, else the terms body."""
+def deployment_of(path: str, body: Any, default: Deployment | None = None) -> Deployment:
+    """The deployment a request acts on, as the API reads it: the task path, else the terms
+    body, else the API's own (first) deployment."""
     match = _TASK_PATH.match(path)
     if match is not None and 0 < int(match.group(1)) < 2**256:
         return Deployment(int(match.group(1)), match.group(2))
     chain, escrow = (body.get("chainId"), body.get("escrow")) if isinstance(body, dict) else (None, None)
     if isinstance(chain, int) and 0 < chain < 2**256 and isinstance(escrow, str) and re.fullmatch(r"0x[0-9a-fA-F]{40}", escrow):
         return Deployment(chain, escrow)
-    return Deployment(CHAIN_ID, ESCROW)
+    return default or Deployment(CHAIN_ID, ESCROW)
 
 
 class Api:
     """An HTTP client of the real app (in process) that signs requests as one actor or another."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, default: Deployment | None = None) -> None:
         self.client = client
+        self.default = default
 
     async def call(
         self,
@@ -95,7 +97,7 @@ class Api:
         if as_ is not None:
             sent.update(
                 sign_request(
-                    as_.key, method, path, raw, deployment=deployment or deployment_of(path, body),
+                    as_.key, method, path, raw, deployment=deployment or deployment_of(path, body, self.default),
                     expires_at=int(time.time()) + expires_in, nonce=nonce,
                 )
             )  # fmt: skip
@@ -124,7 +126,8 @@ async def running_api(settings: ApiSettings) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as client:
-            yield Api(client)
+            served = settings.served_deployments()
+            yield Api(client, served[0] if served else None)
 
 
 @pytest.fixture

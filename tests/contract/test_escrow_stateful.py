@@ -3,7 +3,9 @@ reference model of the rules.
 
 Every call's acceptance or refusal (and the refusal's custom error) must be what the model
 predicts. After every step: the escrow's token balance equals the sum of unsettled rewards,
-every holder's balance equals the model's ledger (so no task is ever paid twice), each
+every holder's balance equals the model's ledger (so no task is ever paid twice), nothing
+is credited for later withdrawal (the token never refuses a payout here; hostile tokens are
+in test_escrow_edges.py), each
 settling transaction moves exactly the task's reward out of the escrow, every task's
 on-chain fields match the model, and statuses only move along the allowed edges.
 
@@ -36,6 +38,8 @@ from escrowd.devnet import (
     BPS,
     DAY,
     ESCALATION_DELAY,
+    JUDGING_GRACE,
+    MAX_REWARD,
     MAX_SUBMISSIONS,
     USDC,
     Actor,
@@ -104,7 +108,11 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
     outsider = dn.spare[0]
     people = [*posters, *agents, named_verifier, original_mv, outsider, dn.arbiter, dn.owner]
     ledger_holders = [*people, dn.fee_recipient]  # anyone may end up paid
-    rotation_targets = [original_mv, outsider, agents[0]]
+    # Role overlaps: the marketplace key and the arbiter may be rotated onto a party.
+    rotation_targets = [original_mv, outsider, agents[0], posters[0]]
+    arbiter_targets = [dn.arbiter, posters[0], agents[0]]
+    for poster in posters:  # enough for tasks at the largest reward the escrow accepts
+        dn.mint(poster, MAX_TASKS * MAX_REWARD)
     snapshot = {"id": dn.snapshot()}
 
     class EscrowMachine(RuleBasedStateMachine):
@@ -118,6 +126,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             self.t = dn.now() + 1  # the timestamp the next transaction will get
             self.model: dict[int, MTask] = {}
             self.mv: Actor = original_mv
+            self.arb: Actor = dn.arbiter
             self.rotations = 0
             self.ledger: dict[str, int] = dict(
                 zip(
@@ -185,7 +194,11 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         @rule(
             target=tasks,
             poster=st.sampled_from(posters),
-            reward=st.one_of(st.integers(1, 25), st.integers(1, 10**9)),
+            reward=st.one_of(
+                st.integers(1, 25),
+                st.integers(1, 10**9),
+                st.sampled_from([MAX_REWARD, MAX_REWARD + 1]),
+            ),
             duration=st.sampled_from([0, 60, 3_600, DAY, DAY, 2 * DAY, 2 * DAY, 4 * DAY]),
             verifier=st.sampled_from(["marketplace"] * 3 + ["named"] * 2 + ["self"]),
         )
@@ -198,6 +211,10 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             error = None
             if named is not None and named == poster:
                 error = "VerifierIsPoster"
+            elif named is None and poster == self.mv:
+                error = "VerifierIsPoster"
+            elif reward > MAX_REWARD:
+                error = "RewardTooLarge"
             elif deadline <= self.t:
                 error = "DeadlineInPast"
             expected = Outcome(error)
@@ -300,6 +317,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                 expected = Outcome("NotVerifier")
             elif sender == m.agent:
                 expected = Outcome("VerifierIsWorker")
+            elif sender == m.poster:
+                expected = Outcome("VerifierIsPoster")
             elif already:
                 expected = Outcome("AlreadyJudged")
             elif m.status != SUBMITTED:
@@ -352,9 +371,11 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         )
         def resolve(self, tid: int, choice: int, bps: int) -> None:
             m = self.model[tid]
-            sender = self.pick(choice, dn.arbiter)
-            if sender != dn.arbiter:
+            sender = self.pick(choice, self.arb)
+            if sender != self.arb:
                 expected = Outcome("NotArbiter")
+            elif sender in (m.poster, m.agent):
+                expected = Outcome("ArbiterIsParty")
             elif m.status not in (DISPUTED, ESCALATED):
                 expected = Outcome("WrongStatus")
             elif bps > BPS:
@@ -371,14 +392,19 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         @rule(tid=tasks, choice=st.integers(0, 99))
         def claim_timeout(self, tid: int, choice: int) -> None:
             m = self.model[tid]
-            sender = self.pick(choice, m.poster)
+            # Mostly the poster; a third of the time the agent (escalating unjudged work).
+            agent_turn = choice % 3 == 1 and m.agent is not None
+            sender = self.pick(choice, m.agent if agent_turn and m.agent else m.poster)
+            is_poster = sender == m.poster
             escalate = False
-            if sender != m.poster:
+            if not is_poster and m.status != SUBMITTED:
                 expected = Outcome("NotPoster")
             elif m.status > FAILED:
                 expected = Outcome("WrongStatus")
             elif self.t < m.deadline:
                 expected = Outcome("DeadlineNotReached")
+            elif m.status == SUBMITTED and not is_poster and self.t < m.deadline + JUDGING_GRACE:
+                expected = Outcome("EscalationNotOpen")
             elif m.status == SUBMITTED:
                 expected, escalate = Outcome(), True
             elif m.status == FAILED and self.t <= m.failed_at + APPEAL_WINDOW:
@@ -455,9 +481,12 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                     self.verdict(tid, 0, 0, True, passed and branch < 2, 60)
                 elif branch < 8:
                     self.dispute(tid, branch)
-                else:
+                elif branch == 8:
                     self.jump_to(m.deadline - 1 + edge)
                     self.claim_timeout(tid, 0)
+                else:  # nobody judged: the agent escalates once the judging grace ends
+                    self.jump_to(m.deadline + JUDGING_GRACE - 1 + edge)
+                    self.claim_timeout(tid, 1)
             elif m.status == FAILED:
                 window_end = m.failed_at + APPEAL_WINDOW
                 if branch < 4:
@@ -484,7 +513,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             self.t = max(self.t, timestamp)
 
         @precondition(lambda self: self.rotations < 3)
-        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 2))
+        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 3))
         def rotate_marketplace_verifier(self, choice: int, target_index: int) -> None:
             sender = self.pick(choice, dn.owner)
             new = rotation_targets[target_index]
@@ -493,9 +522,19 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             if self.transact(expected, lambda: dn.set_marketplace_verifier(new, sender=sender)):
                 self.mv = new
 
+        @precondition(lambda self: self.rotations < 3)
+        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 2))
+        def rotate_arbiter(self, choice: int, target_index: int) -> None:
+            sender = self.pick(choice, dn.owner)
+            new = arbiter_targets[target_index]
+            expected = Outcome("NotOwner" if sender != dn.owner else None)
+            self.rotations += 1
+            if self.transact(expected, lambda: dn.set_arbiter(new, sender=sender)):
+                self.arb = new
+
         @rule(
             tid=tasks,
-            kind=st.sampled_from(["deadline", "appeal", "escalation", "seconds"]),
+            kind=st.sampled_from(["deadline", "grace", "appeal", "escalation", "seconds"]),
             delta=st.sampled_from([-1, 0, 1]),
             seconds=st.sampled_from([1, 3_600, DAY, 3 * DAY, 14 * DAY]),
         )
@@ -505,6 +544,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             m = self.model[tid]
             boundary = {
                 "deadline": m.deadline,
+                "grace": m.deadline + JUDGING_GRACE,
                 "appeal": m.failed_at + APPEAL_WINDOW if m.failed_at else 0,
                 "escalation": m.escalated_at + ESCALATION_DELAY if m.escalated_at else 0,
                 "seconds": self.t + seconds,
@@ -518,16 +558,17 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             ids = sorted(self.model)
             holders = [dn.escrow_address, *self.ledger]
             replies = dn.call_many(
-                [(dn.escrow_address, "taskCount", ())]
+                [(dn.escrow_address, "taskCount", ()), (dn.escrow_address, "totalOwed", ())]
                 + [(dn.token_address, "balanceOf", (h,)) for h in holders]
                 + [(dn.escrow_address, "getTask", (i,)) for i in ids]
             )
-            task_count = replies[0][0]
-            escrow_balance, *holder_balances = (r[0] for r in replies[1 : 1 + len(holders)])
+            task_count, total_owed = replies[0][0], replies[1][0]
+            escrow_balance, *holder_balances = (r[0] for r in replies[2 : 2 + len(holders)])
             views = [
-                decode_task(i, r[0]) for i, r in zip(ids, replies[1 + len(holders) :], strict=True)
+                decode_task(i, r[0]) for i, r in zip(ids, replies[2 + len(holders) :], strict=True)
             ]
             assert task_count == self.task_count
+            assert total_owed == 0
 
             unsettled = sum(m.reward for m in self.model.values() if m.status in UNSETTLED)
             assert escrow_balance == unsettled == self.escrow_balance

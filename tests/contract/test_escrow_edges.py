@@ -170,7 +170,7 @@ def test_only_the_poster_escalates_at_the_deadline_and_only_the_poster_is_refund
 
 
 def test_reward_cap_is_the_largest_reward_every_payout_path_settles(c: Cast) -> None:  # noqa: F811
-    assert MAX_REWARD == int(c.dn.call(c.dn.escrow_address, "MAX_REWARD")[0])
+    assert int(c.dn.call(c.dn.escrow_address, "MAX_REWARD")[0]) == MAX_REWARD
     assert MAX_REWARD * BPS < 2**256 <= (MAX_REWARD + 1) * BPS
     c.dn.mint(c.P, 9 * MAX_REWARD)
     with refused("RewardTooLarge", MAX_REWARD):

@@ -209,10 +209,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         def _create(self, poster: Actor, reward: int, duration: int, named: Actor | None) -> Any:
             deadline = self.t + duration
             error = None
-            if named is not None and named == poster:
-                error = "VerifierIsPoster"
-            elif named is None and poster == self.mv:
-                error = "VerifierIsPoster"
+            if poster == (named if named is not None else self.mv):
+                error = "VerifierIsPoster"  # the poster would judge its own task
             elif reward > MAX_REWARD:
                 error = "RewardTooLarge"
             elif deadline <= self.t:

@@ -1,7 +1,8 @@
 """HTTP routes of the lifecycle and reputation consumers' state (included by the API app).
 
 - `GET /v1/tasks/{chain_id}/{escrow}/{task_id}/state`: the task's state and "what can whom
-  do now" at the latest chain time the indexer has seen (or `?at=<unix seconds>`);
+  do now" at the latest chain time the indexer has seen (or `?at=<unix seconds>`), with the
+  escrow's current marketplace verifier and arbiter (relayer/lifecycle/roles.py);
 - `GET /v1/agents/{address}/reputation`: the agent's reputation and matching score.
 """
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from relayer.api.errors import ApiProblem
+from relayer.lifecycle import roles
 from relayer.lifecycle.machine import allowed_actions_view
 from relayer.reputation.rules import initial
 from schemas.task_state import AllowedActions, Reputation, TaskState
@@ -41,6 +43,7 @@ async def task_state(
     at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the chain head's time)")] = None,
 ) -> TaskStateView:
     async with request.app.state.pool.acquire() as conn:
+        escrow_roles = await roles.load(conn, chain_id, escrow)
         row = await conn.fetchrow(
             "SELECT s.state, c.head_timestamp FROM task_states s"
             " LEFT JOIN chain_cursor c ON c.chain_id = s.chain_id"
@@ -53,7 +56,7 @@ async def task_state(
         raise ApiProblem(404, "TASK_NOT_FOUND", f"task {task_id} on chain {chain_id} is not indexed (yet)")
     state = TaskState.model_validate(row["state"])
     now = at if at is not None else max(int(row["head_timestamp"] or 0), state.last_block_timestamp)
-    return TaskStateView(state=state, allowed=allowed_actions_view(state, now))
+    return TaskStateView(state=state, allowed=allowed_actions_view(state, now, escrow_roles))
 
 
 @router.get(

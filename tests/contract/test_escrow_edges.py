@@ -12,11 +12,7 @@ The hostile tokens are the test-only mocks in `contracts/mocks/`, compiled here.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,82 +26,22 @@ from escrowd.devnet import (
     USDC,
     Devnet,
     TaskStatus,
-    deploy_contract,
-    load_artifact,
     split_fee,
-    text_hash,
 )
 from tests.contract.test_escrow_rules import EV1, WEEK, Cast, c, refused  # noqa: F401
+from tests.support.hostile_tokens import block, compile_mock_tokens, escrow_over
 
-ROOT = Path(__file__).resolve().parents[2]
 YEAR = 365 * DAY
-
-_COMPILE_JS = r"""
-const fs = require("fs");
-const solc = require("solc");
-const files = process.argv.slice(1);
-const sources = {};
-for (const f of files) sources[f] = { content: fs.readFileSync(f, "utf8") };
-const input = {
-  language: "Solidity",
-  sources,
-  settings: {
-    optimizer: { enabled: true, runs: 200 },
-    evmVersion: "cancun",
-    outputSelection: { "*": { "*": ["abi", "evm.bytecode.object"] } },
-  },
-};
-const out = JSON.parse(solc.compile(JSON.stringify(input)));
-const errors = (out.errors || []).filter((e) => e.severity === "error");
-if (errors.length) { console.error(JSON.stringify(errors)); process.exit(1); }
-const flat = {};
-for (const f of files) for (const [name, c] of Object.entries(out.contracts[f])) flat[name] = c;
-process.stdout.write(JSON.stringify(flat));
-"""
-
 
 @pytest.fixture(scope="module")
 def mock_tokens() -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node, "node is required to compile the test tokens"
-    files = ["contracts/mocks/BlacklistToken.sol", "contracts/mocks/FeeOnTransferToken.sol"]
-    done = subprocess.run(
-        [node, "-e", _COMPILE_JS, *files], cwd=ROOT, check=True, capture_output=True, timeout=300
-    )
-    compiled: dict[str, Any] = json.loads(done.stdout)
-    return compiled
-
-
-def _escrow_over(dn: Devnet, artifact: dict[str, Any]) -> Devnet:
-    """The same actors with a fresh escrow over the given token; posters funded and approved."""
-    token, _ = deploy_contract(
-        dn.rpc, dn.owner.address, "0x" + artifact["evm"]["bytecode"]["object"], artifact["abi"]
-    )
-    escrow_art = load_artifact("AgentEscrow")
-    escrow, block = deploy_contract(
-        dn.rpc,
-        dn.owner.address,
-        escrow_art["bytecode"],
-        escrow_art["abi"],
-        [token, dn.marketplace_verifier.address, dn.arbiter.address, dn.fee_recipient.address],
-    )
-    other = replace(dn, token_address=token, escrow_address=escrow, deploy_block=block)
-    for poster in dn.posters[:2]:
-        other.mint(poster, 1_000 * USDC)
-        other.approve_escrow(poster)
-    return other
+    return compile_mock_tokens()
 
 
 @pytest.fixture
 def bl(c: Cast, mock_tokens: dict[str, Any]) -> Cast:  # noqa: F811
     """The cast over an escrow whose token has a blacklist."""
-    return replace(c, dn=_escrow_over(c.dn, mock_tokens["BlacklistToken"]))
-
-
-def _block(dn: Devnet, who: Any, blocked: bool = True) -> None:
-    selector = text_hash("setBlocked(address,bool)")[:4].hex()
-    data = "0x" + selector + f"{int(who.address, 16):064x}" + f"{int(blocked):064x}"
-    dn.send(dn.owner, dn.token_address, data)
+    return replace(c, dn=escrow_over(c.dn, mock_tokens["BlacklistToken"]))
 
 
 def _conserved(dn: Devnet, live_rewards: int) -> None:
@@ -215,7 +151,7 @@ def test_reward_cap_is_the_largest_reward_every_payout_path_settles(c: Cast) -> 
 def test_blocked_agent_is_credited_and_withdraws_to_another_address(bl: Cast) -> None:
     dn = bl.dn
     tid = bl.submitted()
-    _block(dn, bl.A)
+    block(dn, bl.A)
     receipt = dn.complete_verification(tid, 1, EV1, True, 90, sender=bl.MV)
     agent_amount, fee = split_fee(10 * USDC)
     assert bl.status(tid) == TaskStatus.COMPLETED
@@ -247,7 +183,7 @@ def test_blocked_agent_is_credited_and_withdraws_to_another_address(bl: Cast) ->
 
 def test_blocked_fee_recipient_blocks_no_pass(bl: Cast) -> None:
     dn = bl.dn
-    _block(dn, bl.FEE)
+    block(dn, bl.FEE)
     agent_amount, fee = split_fee(10 * USDC)
     for _ in range(2):
         tid = bl.submitted()
@@ -256,7 +192,7 @@ def test_blocked_fee_recipient_blocks_no_pass(bl: Cast) -> None:
     assert dn.balance_of(bl.A) == 2 * agent_amount
     assert dn.owed(bl.FEE) == 2 * fee
     _conserved(dn, 0)
-    _block(dn, bl.FEE, False)  # unblocked later: it withdraws to itself
+    block(dn, bl.FEE, False)  # unblocked later: it withdraws to itself
     dn.withdraw(bl.FEE, sender=bl.FEE)
     assert dn.balance_of(bl.FEE) == 2 * fee
     _conserved(dn, 0)
@@ -268,7 +204,7 @@ def test_blocked_agent_cannot_freeze_collection_rulings_or_refunds(bl: Cast) -> 
     escalated = bl.submitted()
     disputed = bl.submitted()
     dn.raise_dispute(disputed, sender=bl.P)
-    _block(dn, bl.A)
+    block(dn, bl.A)
     dn.increase_time(WEEK)
     dn.claim_timeout(escalated, sender=bl.P)
     dn.increase_time(ESCALATION_DELAY)
@@ -283,7 +219,7 @@ def test_blocked_agent_cannot_freeze_collection_rulings_or_refunds(bl: Cast) -> 
     open_tid = bl.open()
     accepted = bl.open()
     dn.accept_task(accepted, sender=bl.A2)
-    _block(dn, bl.P)
+    block(dn, bl.P)
     dn.cancel(open_tid, sender=bl.P)
     dn.increase_time(WEEK)
     dn.claim_timeout(accepted, sender=bl.P)
@@ -294,7 +230,7 @@ def test_blocked_agent_cannot_freeze_collection_rulings_or_refunds(bl: Cast) -> 
 def test_fee_on_transfer_token_is_refused_at_creation(c: Cast, mock_tokens: dict[str, Any]) -> None:  # noqa: F811
     """Chosen: such a token is refused (balance delta measured), so every task is funded
     with exactly its reward and every event's amounts are what the escrow holds."""
-    fot = _escrow_over(c.dn, mock_tokens["FeeOnTransferToken"])
+    fot = escrow_over(c.dn, mock_tokens["FeeOnTransferToken"])
     with refused("TokenTransferFailed"):
         fot.post_task(c.P, reward=10 * USDC)
     assert fot.task_count() == 0

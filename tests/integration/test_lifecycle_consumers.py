@@ -14,19 +14,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import asyncpg
+import httpx
 from aiokafka import AIOKafkaProducer
+from fastapi import FastAPI
 
 from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect
+from escrowd.db import connect, create_pool
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
 from escrowd.kafka import TopicSpec, ensure_topics
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from relayer.lifecycle import consumer as lifecycle_consumer
+from relayer.lifecycle import roles as lifecycle_roles
 from relayer.lifecycle.machine import allowed_actions
+from relayer.lifecycle.routes import router as lifecycle_router
 from relayer.reputation import consumer as reputation_consumer
 from schemas import jsoncodec
+from schemas.events import event_id
 from schemas.task_state import TaskState
+from tests.support.hostile_tokens import block, compile_mock_tokens, escrow_over
 from tests.support.indexer_harness import in_process_indexer, read_topic, wait_for
 
 
@@ -344,6 +350,8 @@ def _actor_for(devnet: Devnet, state: TaskState, role: str) -> str:
         return state.agent or devnet.agents[3].address
     if role == "arbiter":
         return devnet.arbiter.address
+    if role == "anyone":
+        return devnet.spare[0].address
     return state.verifier or devnet.marketplace_verifier.address
 
 
@@ -403,5 +411,120 @@ async def test_timers_fire_once_as_chain_time_crosses_them(
             assert sorted(kinds) == ["appeal_window_closed", "deadline_passed"]
             state = (await _states(conn))[task]
             assert state.pending_timers == ()
+        finally:
+            await conn.close()
+
+
+async def _capabilities(app: FastAPI, devnet: Devnet, task: int) -> dict[str, str | None]:
+    """action -> address of the API's "what can whom do now" answer for one task."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        reply = await client.get(f"/v1/tasks/{devnet.chain_id}/{devnet.escrow_address}/{task}/state")
+    assert reply.status_code == 200, reply.text
+    return {c["action"]: c["address"] for c in reply.json()["allowed"]["capabilities"]}
+
+
+async def test_role_changes_reach_the_can_do_now_answer(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The consumer keeps the escrow's roles from its events; the API names the judge and the
+    arbiter and leaves out a verdict or ruling the chain refuses for a role overlap."""
+    p, a = devnet.posters[0], devnet.agents[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix):
+        conn = await connect(database_url)
+        app = FastAPI()
+        app.include_router(lifecycle_router)
+        app.state.pool = await create_pool(database_url)
+        try:
+            judged = devnet.post_task(p)
+            disputed = devnet.post_task(p)
+            for task in (judged, disputed):
+                devnet.accept_task(task, sender=a)
+                devnet.submit_evidence(task, text_hash(f"work {task}"), sender=a)
+            devnet.raise_dispute(disputed, sender=a)
+            await _wait_consumed(conn, devnet)
+
+            async def roles_are(verifier: str, arbiter: str) -> bool:
+                now = await lifecycle_roles.load(conn, devnet.chain_id, devnet.escrow_address)
+                return now is not None and (now.marketplace_verifier, now.arbiter) == (verifier, arbiter)
+
+            await wait_for(lambda: roles_are(devnet.marketplace_verifier.address, devnet.arbiter.address),
+                           timeout=60, what="the deployment's roles")
+            assert (await _capabilities(app, devnet, judged))["complete_verification"] == (
+                devnet.marketplace_verifier.address
+            )
+            assert (await _capabilities(app, devnet, disputed))["resolve_dispute"] == devnet.arbiter.address
+
+            devnet.set_marketplace_verifier(p)  # the poster would judge its own task
+            devnet.set_arbiter(a)  # the agent would rule on its own dispute
+            await wait_for(lambda: roles_are(p.address, a.address), timeout=60, what="the rotation")
+            assert "complete_verification" not in await _capabilities(app, devnet, judged)
+            assert "resolve_dispute" not in await _capabilities(app, devnet, disputed)
+            view = devnet.get_task(judged)
+            for refused_call, error in (
+                (lambda: devnet.complete_verification(judged, 1, view.last_evidence_hash, True, 90, sender=p),
+                 "VerifierIsPoster"),
+                (lambda: devnet.resolve_dispute(disputed, 5_000, sender=a), "ArbiterIsParty"),
+            ):
+                snapshot = devnet.snapshot()
+                try:
+                    refused_call()
+                except EscrowRevert as exc:
+                    assert exc.name == error
+                else:
+                    raise AssertionError(f"the chain accepted what the answer left out ({error})")
+                finally:
+                    devnet.revert(snapshot)
+        finally:
+            await app.state.pool.close()
+            await conn.close()
+
+
+async def test_refused_payouts_are_indexed_credited_and_withdrawn(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Over a token that blocks the agent: the pass still completes the task, the indexer
+    decodes PaymentDeferred and the consumer marks the agent's payout as credited; the
+    escrow-wide Withdrawn changes no task and dead-letters nothing."""
+    hostile = escrow_over(devnet, compile_mock_tokens()["BlacklistToken"])
+    p, a, elsewhere = hostile.posters[0], hostile.agents[0], hostile.spare[1]
+    async with pipeline(hostile, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        conn = await connect(database_url)
+        try:
+            task = hostile.post_task(p, reward=10_000_000)
+            hostile.accept_task(task, sender=a)
+            evidence = text_hash("work")
+            hostile.submit_evidence(task, evidence, sender=a)
+            block(hostile, a)
+            hostile.complete_verification(task, 1, evidence, True, 90, sender=hostile.marketplace_verifier)
+            receipt = hostile.withdraw(elsewhere, sender=a)
+            assert hostile.balance_of(elsewhere) == 9_000_000
+            withdrawn = hostile.event(receipt, "Withdrawn")
+            block_hash = hostile.w3.eth.get_block(withdrawn.block_number)["hash"].to_0x_hex()
+            withdrawn_id = event_id(hostile.chain_id, block_hash, withdrawn.log_index)
+
+            async def credited() -> bool:
+                state = (await _states(conn)).get(task)
+                return state is not None and any(p.deferred_to is not None for p in state.payouts)
+
+            await wait_for(credited, timeout=60, what="the credited payout in the task state")
+            state = (await _states(conn))[task]
+            assert [(x.recipient, x.amount, x.deferred_to) for x in state.payouts] == [
+                ("agent", 9_000_000, a.address),
+                ("platform", 1_000_000, None),
+            ]
+            assert state.last_event_name == "PaymentDeferred"
+
+            async def withdrawn_consumed() -> bool:
+                done = await conn.fetchval(
+                    "SELECT count(*) FROM consumer_inbox WHERE consumer = $1 AND message_id = $2",
+                    f"{consumers.prefix}lifecycle",
+                    withdrawn_id,
+                )
+                return bool(done)
+
+            await wait_for(withdrawn_consumed, timeout=60, what="the lifecycle consumer took Withdrawn")
+            dead = await conn.fetchval("SELECT count(*) FROM dead_letters")
+            assert dead == 0
         finally:
             await conn.close()

@@ -513,6 +513,35 @@ def test_required_fields_as_labelled_sections(output: str) -> None:
     assert item(verdict, "required_fields") == 1.0
 
 
+@pytest.mark.parametrize(
+    "output",
+    [
+        "**Price** 40 USD\n**Currency** USD",  # seed 000: "`**Summary**` followed by text"
+        "__Price__ 40 USD\n__Currency__ USD",
+        "Quote below.\n**Price** 40 USD. **Currency** USD",
+        "**Price** — 40\n**Currency**: USD",
+    ],
+)
+def test_bold_label_followed_by_text_on_the_same_line_is_a_section(output: str) -> None:
+    verdict = check(output, {"required_fields": ["price", "currency"]})
+    assert item(verdict, "required_fields") == 1.0
+    assert verdict.passed
+
+
+@pytest.mark.parametrize(
+    ("output", "share"),
+    [
+        ("Price 40 USD\nCurrency USD", 0.0),  # plain words, no label form
+        ("**Price** **Currency** USD", 0.0),  # Price's text is only the next label
+        ("**Price**\n**Currency** USD", 0.5),
+        ("The **price** is 40 USD", 0.0),  # bold inside a sentence is emphasis, not a label
+    ],
+)
+def test_bold_label_needs_its_own_text(output: str, share: float) -> None:
+    verdict = check(output, {"required_fields": ["price", "currency"]})
+    assert item(verdict, "required_fields") == share
+
+
 def test_bare_labels_are_a_template_not_a_deliverable() -> None:
     verdict = check("Summary:\nRisks:\n", {"required_fields": ["summary", "risks"]})
     assert item(verdict, "required_fields") == 0.0

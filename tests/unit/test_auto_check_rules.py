@@ -170,6 +170,23 @@ def test_content_floor_default_is_20_characters() -> None:
     assert verdict.reasons == ("Output too short: 18 characters, minimum 20",)
 
 
+@pytest.mark.parametrize(
+    ("criteria", "floor"),
+    [({"min_length": 1}, 20), ({"min_length": 20}, 20), ({"min_length": 37}, 37)],
+)
+def test_output_of_exactly_the_floor_passes_it_and_one_less_does_not(
+    criteria: dict[str, Any], floor: int
+) -> None:
+    """The floor is inclusive: `floor` characters are enough, `floor - 1` are short."""
+    at_floor = ("The plan covers billing and churn now " * 3)[:floor]
+    assert len(at_floor) == floor and at_floor == at_floor.strip()
+    verdict = check(at_floor, criteria)
+    assert verdict.passed, verdict.reasons
+    shorter = at_floor[:-1].rstrip()
+    verdict = check(shorter, criteria)
+    assert verdict.reasons == (f"Output too short: {len(shorter)} characters, minimum {floor}",)
+
+
 def test_content_floor_uses_the_larger_min_length() -> None:
     verdict = check(PROSE, {"min_length": 500})
     assert verdict.reasons == (f"Output too short: {len(PROSE)} characters, minimum 500",)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from fastapi import FastAPI
 
 from escrowd.consumer import IdempotentConsumer
@@ -94,6 +95,32 @@ async def pipeline(devnet: Devnet, database_url: str, bootstrap: str, prefix: st
             yield consumers
         finally:
             await consumers.stop()
+
+
+async def _groups_at_end(bootstrap: str, topic: str, groups: list[str], timeout: float = 60.0) -> None:
+    """Positive marker: every group has committed offsets up to the topic's current end, so
+    each has handled (transaction committed) every message published so far."""
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await probe.start()
+    await admin.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic) or ())]
+        ends = await probe.end_offsets(parts)
+
+        async def committed() -> bool:
+            for group in groups:
+                offsets = await admin.list_consumer_group_offsets(group, partitions=parts)
+                for tp, end in ends.items():
+                    done = offsets.get(tp)
+                    if end > 0 and (done is None or done.offset < end):
+                        return False
+            return True
+
+        await wait_for(committed, timeout=timeout, interval=0.1, what=f"{groups} at the end of {topic}")
+    finally:
+        await admin.close()
+        await probe.stop()
 
 
 async def _states(conn: asyncpg.Connection) -> dict[int, TaskState]:
@@ -226,7 +253,8 @@ async def test_duplicates_and_restarts_change_nothing(
         try:
             before = await _wait_consumed(conn, devnet)
             await wait_for(lambda: conn.fetchval("SELECT count(*) > 0 FROM agent_reputation"), timeout=20)
-            await asyncio.sleep(1.0)
+            groups = [f"{topic_prefix}lifecycle", f"{topic_prefix}reputation"]
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, groups)
             reputation_before = [dict(r) for r in await conn.fetch(
                 "SELECT agent, score, dispute_count, passes, failures FROM agent_reputation ORDER BY agent")]
             records = await read_topic(kafka_bootstrap, consumers.events_topic, timeout=20)
@@ -252,7 +280,9 @@ async def test_duplicates_and_restarts_change_nothing(
                 return rows == len(records)
 
             await wait_for(drained, timeout=30, what="inbox stable")
-            await asyncio.sleep(2.0)
+            # Both groups have handled every duplicate (offsets committed after each batch's
+            # transaction), so the inbox count below is final, not merely not-yet-changed.
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, groups)
             assert await conn.fetchval("SELECT count(*) FROM consumer_inbox") == processed_before
             after = await _states(conn)
             assert after == before
@@ -394,7 +424,9 @@ async def test_timers_fire_once_as_chain_time_crosses_them(
             devnet.submit_evidence(task, evidence, sender=agent)
             devnet.complete_verification(task, 1, evidence, False, 0, sender=devnet.marketplace_verifier)
             await _wait_consumed(conn, devnet)
-            await asyncio.sleep(1.5)
+            # Every event handled (the consumer sweeps timers once caught up); none is due
+            # at this chain time, so none may have been published.
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, [f"{topic_prefix}lifecycle"])
             early = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
             assert [r for r in early if r.payload.get("task_id") == task] == []
             devnet.increase_time(DAY + 3 * DAY + 10)  # past the deadline and the appeal window

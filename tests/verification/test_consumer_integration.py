@@ -281,6 +281,13 @@ async def test_a_verifier_that_cannot_answer_is_retried_never_scored_zero(
     endpoint["mode"] = "empty"
     calls = endpoint["calls"]
     await wait_for(lambda: retried(calls + 1), 30, "a try answered with {}")
+
+    async def third_try_recorded() -> bool:
+        # The endpoint counts a call before the consumer's transaction records its outcome.
+        row = await run.conn.fetchrow("SELECT retry_count FROM verification_requests WHERE kind = 'finalize' AND task_id = $1", task)
+        return row is not None and row["retry_count"] >= 3
+
+    await wait_for(third_try_recorded, 30, "the third failed try recorded")
     row = await run.conn.fetchrow("SELECT state, retry_count, last_error FROM verification_requests WHERE kind = 'finalize' AND task_id = $1", task)
     assert row["state"] in ("waiting_retry", "retry_queued", "pending") and row["retry_count"] >= 3
     assert "no reward field" in row["last_error"] or "HTTP 503" in row["last_error"]

@@ -3,11 +3,14 @@ reference model of the rules.
 
 Every call's acceptance or refusal (and the refusal's custom error) must be what the model
 predicts. After every step: the escrow's token balance equals the sum of unsettled rewards,
-every holder's balance equals the model's ledger (so no task is ever paid twice), nothing
-is credited for later withdrawal (the token never refuses a payout here; hostile tokens are
-in test_escrow_edges.py), each
+every holder's balance equals the model's ledger (so no task is ever paid twice), each
 settling transaction moves exactly the task's reward out of the escrow, every task's
 on-chain fields match the model, and statuses only move along the allowed edges.
+
+The token is the test-only BlacklistToken (contracts/mocks/): a rule blocks or unblocks a
+poster, an agent or the fee recipient, so payouts to them are credited instead of pushed
+(PaymentDeferred) and later withdrawn to an unblocked address; every holder's credit must
+equal the model's, and the escrow's balance the unsettled rewards plus the credits.
 
 Speed: one anvil per module, evm_snapshot/evm_revert between examples, the block time of
 every transaction set explicitly (so the model knows it to the second), and one batched
@@ -50,6 +53,7 @@ from escrowd.devnet import (
     task_id_of,
     text_hash,
 )
+from tests.support.hostile_tokens import block, compile_mock_tokens, escrow_over
 
 OPEN, ACCEPTED, SUBMITTED, FAILED, COMPLETED, DISPUTED, ESCALATED, REFUNDED, CANCELLED, RESOLVED = (
     range(10)
@@ -100,7 +104,7 @@ class Outcome:
 
 
 def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
-    dn = module_devnet
+    dn = escrow_over(module_devnet, compile_mock_tokens()["BlacklistToken"])
     posters = dn.posters[:2]
     agents = dn.agents[:3]
     named_verifier = dn.verifier_agents[0]
@@ -111,6 +115,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
     # Role overlaps: the marketplace key and the arbiter may be rotated onto a party.
     rotation_targets = [original_mv, outsider, agents[0], posters[0]]
     arbiter_targets = [dn.arbiter, posters[0], agents[0]]
+    blockable = [posters[0], agents[0], dn.fee_recipient]
     for poster in posters:  # enough for tasks at the largest reward the escrow accepts
         dn.mint(poster, MAX_TASKS * MAX_REWARD)
     snapshot = {"id": dn.snapshot()}
@@ -137,6 +142,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             )
             self.escrow_balance = dn.balance_of(dn.escrow_address)
             self.task_count = dn.task_count()
+            self.blocked: set[str] = set()  # addresses the token refuses
+            self.owed: dict[str, int] = {}  # the escrow's credits (undeliverable payouts)
 
         # ---------------------------------------------------------- plumbing
 
@@ -158,15 +165,23 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                 assert exc.name == expected.error, f"refused with {exc}, expected {expected.error}"
                 return None
             assert expected.error is None, f"accepted, model expected {expected.error}"
-            # Exactly the expected payouts left the escrow in this transaction.
+            # Exactly the expected payouts left the escrow in this transaction; those to a
+            # blocked address were credited instead, each announced by PaymentDeferred.
             out: dict[str, int] = {}
+            credited: dict[str, int] = {}
             for e in dn.events(receipt):
                 if e.name == "Transfer" and e["from"] == dn.escrow_address:
                     out[e["to"]] = out.get(e["to"], 0) + e["value"]
-            assert out == {k: v for k, v in expected.payouts.items() if v}
+                if e.name == "PaymentDeferred":
+                    credited[e["account"]] = credited.get(e["account"], 0) + e["amount"]
+            due = {k: v for k, v in expected.payouts.items() if v}
+            assert out == {k: v for k, v in due.items() if k not in self.blocked}
+            assert credited == {k: v for k, v in due.items() if k in self.blocked}
             for addr, amount in out.items():
                 self.ledger[addr] = self.ledger.get(addr, 0) + amount
                 self.escrow_balance -= amount
+            for addr, amount in credited.items():
+                self.owed[addr] = self.owed.get(addr, 0) + amount
             return receipt
 
         def settle(self, m: MTask, payouts: dict[str, int]) -> dict[str, int]:
@@ -215,6 +230,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                 error = "RewardTooLarge"
             elif deadline <= self.t:
                 error = "DeadlineInPast"
+            elif poster.address in self.blocked:
+                error = "TokenTransferFailed"  # the token refuses to move the reward in
             expected = Outcome(error)
 
             def send() -> Any:
@@ -530,6 +547,33 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             if self.transact(expected, lambda: dn.set_arbiter(new, sender=sender)):
                 self.arb = new
 
+        # Mostly blocking, mostly the fee recipient: every agent payout carries a fee.
+        @rule(who=st.sampled_from([0, 1, 2, 2, 2]), blocked=st.sampled_from([True, True, False]))
+        def token_blocks(self, who: int, blocked: bool) -> None:
+            """The token starts or stops refusing an address (a blacklist update)."""
+            account = blockable[who]
+            dn.set_next_timestamp(self.t)
+            self.t += 1
+            block(dn, account, blocked)
+            if blocked:
+                self.blocked.add(account.address)
+            else:
+                self.blocked.discard(account.address)
+
+        @rule(who=st.integers(0, 2), to=st.integers(0, 3))
+        def withdraw(self, who: int, to: int) -> None:
+            account = blockable[who]
+            recipient = [*blockable, outsider][to]
+            amount = self.owed.get(account.address, 0)
+            if amount == 0:
+                expected = Outcome("NothingOwed")
+            elif recipient.address in self.blocked:
+                expected = Outcome("TokenTransferFailed")  # refused: the credit stays
+            else:
+                expected = Outcome(payouts={recipient.address: amount})
+            if self.transact(expected, lambda: dn.withdraw(recipient, sender=account)):
+                self.owed[account.address] = 0
+
         @rule(
             tid=tasks,
             kind=st.sampled_from(["deadline", "grace", "appeal", "escalation", "seconds"]),
@@ -555,21 +599,24 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         def chain_matches_model(self) -> None:
             ids = sorted(self.model)
             holders = [dn.escrow_address, *self.ledger]
+            owed_of = [b.address for b in blockable]
             replies = dn.call_many(
                 [(dn.escrow_address, "taskCount", ()), (dn.escrow_address, "totalOwed", ())]
+                + [(dn.escrow_address, "owed", (a,)) for a in owed_of]
                 + [(dn.token_address, "balanceOf", (h,)) for h in holders]
                 + [(dn.escrow_address, "getTask", (i,)) for i in ids]
             )
             task_count, total_owed = replies[0][0], replies[1][0]
-            escrow_balance, *holder_balances = (r[0] for r in replies[2 : 2 + len(holders)])
-            views = [
-                decode_task(i, r[0]) for i, r in zip(ids, replies[2 + len(holders) :], strict=True)
-            ]
+            owed = [r[0] for r in replies[2 : 2 + len(owed_of)]]
+            rest = replies[2 + len(owed_of) :]
+            escrow_balance, *holder_balances = (r[0] for r in rest[: len(holders)])
+            views = [decode_task(i, r[0]) for i, r in zip(ids, rest[len(holders) :], strict=True)]
             assert task_count == self.task_count
-            assert total_owed == 0
+            assert owed == [self.owed.get(a, 0) for a in owed_of]
+            assert total_owed == sum(self.owed.values())
 
             unsettled = sum(m.reward for m in self.model.values() if m.status in UNSETTLED)
-            assert escrow_balance == unsettled == self.escrow_balance
+            assert escrow_balance == unsettled + total_owed == self.escrow_balance
             assert dict(zip(self.ledger, holder_balances, strict=True)) == self.ledger
 
             for m, v in zip((self.model[i] for i in ids), views, strict=True):

@@ -13,7 +13,10 @@ interface IERC20Like {
 /// @notice Escrow for agent work: a poster funds a task, an agent takes it and submits
 ///         evidence (up to 3 times, before the deadline), and a verifier's verdict pays the
 ///         agent 90% and the platform 10%. Failed work can be disputed; unjudged work can be
-///         escalated and collected after 14 days unless the arbiter rules first.
+///         escalated (by the poster at the deadline, by anyone 7 days later) and collected
+///         after 14 days unless the arbiter rules first. A payout the token refuses to
+///         deliver is credited to its recipient, who withdraws it later: no recipient can
+///         block a task.
 /// @dev Status codes are part of the public interface (consumers store them): never reorder.
 ///      Every state change emits exactly one task event carrying the resulting `status`.
 ///      All time comparisons use `block.timestamp`; see docs/contract.md for the boundaries.
@@ -37,6 +40,12 @@ contract AgentEscrow {
     uint16 public constant FEE_BPS = 1000; // 10% of every amount paid to an agent
     uint16 public constant BPS_DENOMINATOR = 10_000;
     uint8 public constant MAX_SCORE = 100;
+    /// @dev After the deadline the verifier has this long to judge delivered work before
+    ///      anyone (not only the poster) may escalate it.
+    uint64 public constant JUDGING_GRACE = 7 days;
+    /// @dev The largest reward: `reward * BPS_DENOMINATOR` (the widest product of any payout,
+    ///      the arbiter's split at 100%) cannot overflow, so every payout path settles.
+    uint256 public constant MAX_REWARD = type(uint256).max / BPS_DENOMINATOR;
 
     // ------------------------------------------------------------------ storage
     /// @dev Packed into 6 slots. `verifier` is zero for marketplace-verified tasks.
@@ -67,6 +76,11 @@ contract AgentEscrow {
     mapping(uint256 => Task) private _tasks;
 
     uint256 private _lock = 1;
+
+    /// @notice Payouts the token refused to deliver, per recipient; `withdraw` pays them.
+    mapping(address => uint256) public owed;
+    /// @notice Sum of `owed`: the escrow holds it on top of the rewards of live tasks.
+    uint256 public totalOwed;
 
     // ------------------------------------------------------------------ events
     event TaskCreated(
@@ -127,6 +141,10 @@ contract AgentEscrow {
     event EscalationCollected(
         uint256 indexed taskId, address indexed agent, uint256 agentAmount, uint256 fee, uint8 status
     );
+    /// @dev Emitted after a task event whose transfer to `account` the token refused;
+    ///      `amount` is credited to `account` (see `withdraw`).
+    event PaymentDeferred(uint256 indexed taskId, address indexed account, uint256 amount, uint8 status);
+    event Withdrawn(address indexed account, address indexed to, uint256 amount);
     event MarketplaceVerifierChanged(address indexed previousVerifier, address indexed newVerifier);
     event ArbiterChanged(address indexed previousArbiter, address indexed newArbiter);
     event FeeRecipientChanged(address indexed previousRecipient, address indexed newRecipient);
@@ -137,6 +155,7 @@ contract AgentEscrow {
     error WrongStatus(uint8 current);
     error ZeroAddress();
     error ZeroReward();
+    error RewardTooLarge(uint256 maxReward);
     error ZeroHash();
     error DeadlineInPast();
     error VerifierIsPoster();
@@ -149,6 +168,9 @@ contract AgentEscrow {
     error PosterCannotAccept();
     error VerifierCannotAccept();
     error VerifierIsWorker();
+    error ArbiterIsParty();
+    error EscalationNotOpen(uint64 opensAt);
+    error NothingOwed();
     error DeadlinePassed();
     error DeadlineNotReached();
     error MaxSubmissionsReached();
@@ -201,6 +223,9 @@ contract AgentEscrow {
         nonReentrant
         returns (uint256 taskId)
     {
+        // The marketplace verifier would judge its own task (seed: a verifier never judges
+        // its own work); completeVerification re-checks after a rotation.
+        if (msg.sender == marketplaceVerifier) revert VerifierIsPoster();
         return _create(taskHash, reward, deadline, address(0));
     }
 
@@ -221,6 +246,7 @@ contract AgentEscrow {
     {
         if (taskHash == bytes32(0)) revert ZeroHash();
         if (reward == 0) revert ZeroReward();
+        if (reward > MAX_REWARD) revert RewardTooLarge(MAX_REWARD);
         if (deadline <= block.timestamp) revert DeadlineInPast();
         taskId = ++_taskCount;
         Task storage t = _tasks[taskId];
@@ -242,7 +268,7 @@ contract AgentEscrow {
         t.status = STATUS_CANCELLED;
         uint256 amount = t.reward;
         emit TaskCancelled(taskId, msg.sender, amount, STATUS_CANCELLED);
-        _safeTransfer(msg.sender, amount);
+        _send(taskId, msg.sender, amount, STATUS_CANCELLED);
     }
 
     // ------------------------------------------------------------------ work
@@ -287,6 +313,8 @@ contract AgentEscrow {
         Task storage t = _task(taskId);
         if (msg.sender != _judgeOf(t)) revert NotVerifier();
         if (msg.sender == t.agent) revert VerifierIsWorker();
+        // Only reachable when the marketplace key is rotated to the poster's address.
+        if (msg.sender == t.poster) revert VerifierIsPoster();
         if (attempt >= 1 && attempt <= MAX_SUBMISSIONS && (t.judgedMask & (uint8(1) << (attempt - 1))) != 0) {
             revert AlreadyJudged(attempt);
         }
@@ -303,7 +331,7 @@ contract AgentEscrow {
             emit VerificationCompleted(
                 taskId, msg.sender, attempt, evidenceHash, true, score, agent, agentAmount, fee, 0, STATUS_COMPLETED
             );
-            _payAgent(agent, agentAmount, fee);
+            _payAgent(taskId, agent, agentAmount, fee, STATUS_COMPLETED);
         } else {
             uint64 nowTs = uint64(block.timestamp);
             t.status = STATUS_FAILED;
@@ -340,6 +368,8 @@ contract AgentEscrow {
     function resolveDispute(uint256 taskId, uint16 agentShareBps) external nonReentrant {
         Task storage t = _task(taskId);
         if (msg.sender != arbiter) revert NotArbiter();
+        // A party never rules on its own dispute; the owner rotates the arbiter instead.
+        if (msg.sender == t.poster || msg.sender == t.agent) revert ArbiterIsParty();
         uint8 status = t.status;
         if (status != STATUS_DISPUTED && status != STATUS_ESCALATED) revert WrongStatus(status);
         if (agentShareBps > BPS_DENOMINATOR) revert InvalidShare(agentShareBps);
@@ -353,27 +383,34 @@ contract AgentEscrow {
         emit DisputeResolved(
             taskId, msg.sender, agentShareBps, agent, agentAmount, fee, poster, posterAmount, status, STATUS_RESOLVED
         );
-        _payAgent(agent, agentAmount, fee);
-        if (posterAmount != 0) _safeTransfer(poster, posterAmount);
+        _payAgent(taskId, agent, agentAmount, fee, STATUS_RESOLVED);
+        if (posterAmount != 0) _send(taskId, poster, posterAmount, STATUS_RESOLVED);
     }
 
     // ------------------------------------------------------------------ timeouts
 
     /// @notice After the deadline (block.timestamp >= deadline) the poster either gets a full
     ///         refund (never delivered; or failed, appeal window closed) or escalates a task
-    ///         that was delivered but never judged.
+    ///         that was delivered but never judged. Delivered work nobody judged may also be
+    ///         escalated by anyone (the agent, a keeper) from deadline + 7 days, so the
+    ///         14-day path to payment never depends on the poster.
     function claimTimeout(uint256 taskId) external nonReentrant {
         Task storage t = _task(taskId);
-        if (msg.sender != t.poster) revert NotPoster();
         uint8 status = t.status;
+        bool isPoster = msg.sender == t.poster;
+        if (!isPoster && status != STATUS_SUBMITTED) revert NotPoster();
         if (status > STATUS_FAILED) revert WrongStatus(status);
         if (block.timestamp < t.deadline) revert DeadlineNotReached();
         if (status == STATUS_SUBMITTED) {
+            if (!isPoster) {
+                uint64 opensAt = t.deadline + JUDGING_GRACE;
+                if (block.timestamp < opensAt) revert EscalationNotOpen(opensAt);
+            }
             uint64 nowTs = uint64(block.timestamp);
             t.status = STATUS_ESCALATED;
             t.escalatedAt = nowTs;
             emit TaskEscalated(
-                taskId, msg.sender, t.agent, t.attempts, nowTs, nowTs + ESCALATION_DELAY, STATUS_ESCALATED
+                taskId, t.poster, t.agent, t.attempts, nowTs, nowTs + ESCALATION_DELAY, STATUS_ESCALATED
             );
             return;
         }
@@ -385,7 +422,7 @@ contract AgentEscrow {
         t.status = STATUS_REFUNDED;
         uint256 amount = t.reward;
         emit TaskRefunded(taskId, msg.sender, amount, status, STATUS_REFUNDED);
-        _safeTransfer(msg.sender, amount);
+        _send(taskId, msg.sender, amount, STATUS_REFUNDED);
     }
 
     /// @notice The agent collects an escalated reward at or after escalatedAt + 14 days,
@@ -399,7 +436,21 @@ contract AgentEscrow {
         t.status = STATUS_COMPLETED;
         (uint256 agentAmount, uint256 fee) = _split(t.reward);
         emit EscalationCollected(taskId, msg.sender, agentAmount, fee, STATUS_COMPLETED);
-        _payAgent(msg.sender, agentAmount, fee);
+        _payAgent(taskId, msg.sender, agentAmount, fee, STATUS_COMPLETED);
+    }
+
+    // ------------------------------------------------------------------ pull payments
+
+    /// @notice Pay the caller's credited payouts (those the token refused to deliver) to
+    ///         `to`, which may be another address than the one the token blocks.
+    function withdraw(address to) external nonReentrant {
+        if (to == address(0)) revert ZeroAddress();
+        uint256 amount = owed[msg.sender];
+        if (amount == 0) revert NothingOwed();
+        owed[msg.sender] = 0;
+        totalOwed -= amount;
+        emit Withdrawn(msg.sender, to, amount);
+        _safeTransfer(to, amount);
     }
 
     // ------------------------------------------------------------------ administration
@@ -475,9 +526,34 @@ contract AgentEscrow {
         agentAmount = amount - fee;
     }
 
-    function _payAgent(address agent, uint256 agentAmount, uint256 fee) private {
-        if (agentAmount != 0) _safeTransfer(agent, agentAmount);
-        if (fee != 0) _safeTransfer(feeRecipient, fee);
+    function _payAgent(uint256 taskId, address agent, uint256 agentAmount, uint256 fee, uint8 status) private {
+        if (agentAmount != 0) _send(taskId, agent, agentAmount, status);
+        if (fee != 0) _send(taskId, feeRecipient, fee, status);
+    }
+
+    /// @dev Push a payout; if the token refuses it (revert, `false`, malformed return),
+    ///      credit it to `to` instead so no recipient can block the task's settlement.
+    function _send(uint256 taskId, address to, uint256 amount, uint8 status) private {
+        if (_tryTransfer(to, amount)) return;
+        owed[to] += amount;
+        totalOwed += amount;
+        emit PaymentDeferred(taskId, to, amount, status);
+    }
+
+    /// @dev A transfer that never reverts: copies at most one return word (a token cannot
+    ///      make the escrow pay for a huge return value) and accepts nothing or exactly `true`.
+    function _tryTransfer(address to, uint256 amount) private returns (bool delivered) {
+        bytes memory data = abi.encodeCall(IERC20Like.transfer, (to, amount));
+        address tokenAddress = address(token);
+        bool ok;
+        uint256 size;
+        uint256 word;
+        assembly ("memory-safe") {
+            ok := call(gas(), tokenAddress, 0, add(data, 32), mload(data), 0, 32)
+            size := returndatasize()
+            word := mload(0)
+        }
+        return ok && (size == 0 || (size >= 32 && word == 1));
     }
 
     /// @dev Pulls exactly `amount`: a fee-on-transfer token would leave tasks underfunded.

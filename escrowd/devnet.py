@@ -41,8 +41,10 @@ ETH_PER_ACTOR = 10_000 * 10**18
 DAY = 86_400
 APPEAL_WINDOW = 3 * DAY
 ESCALATION_DELAY = 14 * DAY
+JUDGING_GRACE = 7 * DAY  # after the deadline, anyone may escalate unjudged work
 FEE_BPS = 1_000
 BPS = 10_000
+MAX_REWARD = (2**256 - 1) // BPS  # the escrow refuses larger rewards (RewardTooLarge)
 MAX_SUBMISSIONS = 3
 
 # Mnemonic indexes of the fixed roles; posters, agents, verifier agents and spares follow.
@@ -666,6 +668,18 @@ class Devnet:
     def collect_escalated(self, task_id: int, *, sender: Actor | str) -> TxReceipt:
         """`collectEscalated(taskId)`."""
         return self.escrow_tx(sender, "collectEscalated", task_id)
+
+    def withdraw(self, to: Actor | str, *, sender: Actor | str) -> TxReceipt:
+        """`withdraw(to)`: pay `sender`'s credited (undeliverable) payouts to `to`."""
+        return self.escrow_tx(sender, "withdraw", _addr(to))
+
+    def owed(self, who: Actor | str) -> int:
+        """Payouts credited to `who` that the token refused to deliver."""
+        return int(self.call(self.escrow_address, "owed", _addr(who))[0])
+
+    def total_owed(self) -> int:
+        """Sum of every credited payout still held by the escrow."""
+        return int(self.call(self.escrow_address, "totalOwed")[0])
 
     def set_marketplace_verifier(
         self, new_verifier: Actor | str, *, sender: Actor | str | None = None

@@ -60,8 +60,9 @@ class Report:
 
 
 def token_flows(events: Iterable[ChainEvent]) -> dict[str, int]:
-    """Deposits, payouts, fees and refunds as the escrow's events report them."""
-    flows = {"deposits": 0, "payouts": 0, "fees": 0, "refunds": 0}
+    """Deposits, payouts, fees and refunds as the escrow's events report them, and the part
+    of those the token refused (`deferred`: credited, still in the escrow) and `withdrawn`."""
+    flows = {"deposits": 0, "payouts": 0, "fees": 0, "refunds": 0, "deferred": 0, "withdrawn": 0}
     for event in events:
         a = event.args
         match event.name:
@@ -81,6 +82,10 @@ def token_flows(events: Iterable[ChainEvent]) -> dict[str, int]:
                 flows["refunds"] += int(a["refund"])
             case "TaskRefunded":
                 flows["refunds"] += int(a["amount"])
+            case "PaymentDeferred":
+                flows["deferred"] += int(a["amount"])
+            case "Withdrawn":
+                flows["withdrawn"] += int(a["amount"])
     return flows
 
 
@@ -114,7 +119,8 @@ def check_run(
     report.add("every task in its expected final state", not wrong, "; ".join(wrong[:10]))
 
     flows = token_flows(events)
-    balance_ok = flows["deposits"] == flows["payouts"] + flows["fees"] + flows["refunds"] + escrow_balance
+    paid_out = flows["payouts"] + flows["fees"] + flows["refunds"] - flows["deferred"] + flows["withdrawn"]
+    balance_ok = flows["deposits"] == paid_out + escrow_balance
     report.add(
         "token conservation (deposits = payouts + fees + refunds + escrowed)",
         balance_ok,

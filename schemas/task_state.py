@@ -28,6 +28,8 @@ APPEAL_WINDOW_SECONDS = 3 * 24 * 3600
 ESCALATION_DELAY_SECONDS = 14 * 24 * 3600
 FEE_BPS = 1_000
 BPS_DENOMINATOR = 10_000
+JUDGING_GRACE_SECONDS = 7 * 24 * 3600  # from deadline + this, anyone may escalate unjudged work
+MAX_REWARD = (2**256 - 1) // BPS_DENOMINATOR  # larger rewards are refused (RewardTooLarge)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -91,6 +93,11 @@ class Payout(BaseModel):
     amount: int = Field(gt=0, description="Token base units")
     reason: PayoutReason
     event_id: str
+    deferred_to: Address | None = Field(
+        default=None,
+        description="Set when the token refused the transfer: the amount was credited to this"
+        " address in the escrow (PaymentDeferred), to be withdrawn with `withdraw`",
+    )
 
 
 class TaskState(BaseModel):
@@ -154,7 +161,7 @@ class TaskState(BaseModel):
         return (self.last_block_number, self.last_log_index)
 
 
-Actor = Literal["poster", "agent", "verifier", "arbiter"]
+Actor = Literal["poster", "agent", "verifier", "arbiter", "anyone"]
 Action = Literal[
     "cancel",
     "accept",
@@ -173,8 +180,9 @@ class Capability(BaseModel):
     `from_`/`until` are inclusive bounds (null: unbounded) and hold only until the next
     event of the task changes its state. `address` is the one address that may call;
     null means: for `accept`, any address but the poster and the task's judge; for
-    `verifier`, the marketplace verifier the escrow trusts; for `arbiter`, the escrow's
-    arbiter.
+    `anyone`, any address; for `verifier`, the marketplace verifier the escrow trusts; for
+    `arbiter`, the escrow's arbiter (both named when the answer is computed with the
+    escrow's `EscrowRoles`).
     """
 
     model_config = ConfigDict(
@@ -195,6 +203,17 @@ class Capability(BaseModel):
         return (self.from_ is None or now >= self.from_) and (
             self.until is None or now <= self.until
         )
+
+
+class EscrowRoles(BaseModel):
+    """The escrow-wide roles as the latest `MarketplaceVerifierChanged` / `ArbiterChanged`
+    events set them; lets "what can whom do" name the judge and the arbiter and leave out
+    calls the escrow would refuse for a role overlap."""
+
+    model_config = _FROZEN
+
+    marketplace_verifier: Address
+    arbiter: Address
 
 
 class AllowedActions(BaseModel):

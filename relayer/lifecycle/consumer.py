@@ -27,7 +27,7 @@ from aiokafka import TopicPartition
 from escrowd.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from escrowd.kafka import cloudevent_headers, iso_time
 from escrowd.outbox import OutboxMessage, enqueue
-from relayer.lifecycle import clock, machine
+from relayer.lifecycle import clock, machine, roles
 from schemas import jsoncodec
 from schemas.events import EscrowEventMessage, message_key
 from schemas.task_state import (
@@ -65,7 +65,10 @@ class LifecycleHandler:
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         event_message = EscrowEventMessage.model_validate(message.json())
         if event_message.task_id is None:
-            return  # escrow-wide events (key rotation, …) belong to no task
+            # Escrow-wide events belong to no task; role changes are kept for "what can
+            # whom do", the rest (owner, fee recipient, withdrawals) change no task.
+            await roles.record(conn, event_message)
+            return
         key = (event_message.chain_id, event_message.escrow_address.lower(), event_message.task_id)
         if event_message.removed:
             await conn.execute("DELETE FROM lifecycle_events WHERE event_id = $1", event_message.id)

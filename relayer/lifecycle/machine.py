@@ -24,6 +24,8 @@ from schemas.task_state import (
     BPS_DENOMINATOR,
     ESCALATION_DELAY_SECONDS,
     FEE_BPS,
+    JUDGING_GRACE_SECONDS,
+    MAX_REWARD,
     MAX_SUBMISSIONS,
     ZERO_ADDRESS,
     Address,
@@ -32,6 +34,7 @@ from schemas.task_state import (
     Capability,
     DeadlinePassed,
     EscalationCollectible,
+    EscrowRoles,
     Hash32,
     Payout,
     RoundOutcome,
@@ -194,6 +197,15 @@ class EscalationCollected(_TaskEvent):
     fee: int = Field(ge=0)
 
 
+class PaymentDeferred(_TaskEvent):
+    """A transfer of the settling call just before it that the token refused: the escrow
+    credited `amount` to `account` (withdrawn later with `withdraw`, an escrow-wide event)."""
+
+    name: Literal["PaymentDeferred"] = "PaymentDeferred"
+    account: Address
+    amount: int = Field(gt=0)
+
+
 DomainEvent = Annotated[
     TaskCreated
     | TaskCancelled
@@ -204,7 +216,8 @@ DomainEvent = Annotated[
     | DisputeResolved
     | TaskRefunded
     | TaskEscalated
-    | EscalationCollected,
+    | EscalationCollected
+    | PaymentDeferred,
     Field(discriminator="name"),
 ]
 
@@ -221,13 +234,14 @@ _EVENT_TYPES: dict[str, type[_TaskEvent]] = {
         TaskRefunded,
         TaskEscalated,
         EscalationCollected,
+        PaymentDeferred,
     )
 }
 
 
 def event_from_message(message: EscrowEventMessage) -> DomainEvent | None:
     """The domain event of an indexed escrow message; None for escrow-wide events
-    (key rotation, arbiter or owner changes), which do not belong to a task."""
+    (key rotation, arbiter or owner changes, withdrawals), which do not belong to a task."""
     event_type = _EVENT_TYPES.get(message.event)
     if event_type is None:
         return None
@@ -376,6 +390,8 @@ def fold(events: Iterable[DomainEvent], now: int | None = None) -> TaskState | N
 def _created(event: TaskCreated) -> tuple[TaskState, list[Effect]]:
     if event.deadline <= event.block_timestamp:
         raise TransitionError(f"task {event.task_id} created with a deadline in the past")
+    if event.reward > MAX_REWARD:
+        raise TransitionError(f"task {event.task_id} created with a reward above the cap")
     deadline_timer = Timer(kind=TimerKind.DEADLINE_PASSED, at=event.deadline)
     state = TaskState(
         chain_id=event.chain_id,
@@ -443,6 +459,8 @@ def _apply(state: TaskState, event: DomainEvent) -> tuple[TaskState, list[Effect
                 "verdict on other evidence",
             )
             _check(_same(event.agent, state.agent), event, "verdict names another agent")
+            _check(not _same(event.verifier, state.agent), event, "the agent judged its own work")
+            _check(not _same(event.verifier, state.poster), event, "the poster judged its own task")
             if state.verifier is not None:
                 _check(_same(event.verifier, state.verifier), event, "not the named verifier")
             updates = {
@@ -488,6 +506,11 @@ def _apply(state: TaskState, event: DomainEvent) -> tuple[TaskState, list[Effect
         case DisputeResolved():
             _require(state, event, S.DISPUTED, S.ESCALATED)
             _check(event.previous_status == state.status, event, "wrong previousStatus")
+            _check(
+                not (_same(event.arbiter, state.poster) or _same(event.arbiter, state.agent)),
+                event,
+                "the arbiter ruled on its own dispute",
+            )
             agent_gross = state.reward * event.agent_share_bps // BPS_DENOMINATOR
             agent_amount, fee = _split(agent_gross)
             poster_amount = state.reward - agent_gross
@@ -522,8 +545,11 @@ def _apply(state: TaskState, event: DomainEvent) -> tuple[TaskState, list[Effect
                 state, event, ("poster", state.poster, event.amount, "refunded")
             )
         case TaskEscalated():
+            # The poster from the deadline, anyone from deadline + 7 days: the event does not
+            # name the caller, so only the earlier bound can be checked.
             _require(state, event, S.SUBMITTED)
             _check(ts >= state.deadline, event, "escalated before the deadline")
+            _check(_same(event.poster, state.poster), event, "names another poster")
             _check(event.attempt == state.attempts_used, event, "wrong attempt")
             _check(
                 (event.escalated_at, event.collectible_at) == (ts, ts + ESCALATION_DELAY_SECONDS),
@@ -536,6 +562,8 @@ def _apply(state: TaskState, event: DomainEvent) -> tuple[TaskState, list[Effect
                 "escalation_collectible_at": event.collectible_at,
             }
             new_timers.append(Timer(kind=TimerKind.ESCALATION_COLLECTIBLE, at=event.collectible_at))
+        case PaymentDeferred():
+            updates = {"payouts": _deferred(state, event)}
         case EscalationCollected():
             _require(state, event, S.ESCALATED)
             _check(_same(event.agent, state.agent), event, "collected by another address")
@@ -666,6 +694,29 @@ def _payouts(
     return (*state.payouts, *new)
 
 
+def _deferred(state: TaskState, event: PaymentDeferred) -> tuple[Payout, ...]:
+    """The payouts with the one the token refused marked as credited to `event.account`.
+
+    It must be a transfer of the last settling call (PaymentDeferred follows it in the same
+    transaction): the agent's or poster's by address, else the platform fee.
+    """
+    settling = state.payouts[-1].event_id if state.payouts else None
+    candidates = [
+        index
+        for index, payout in enumerate(state.payouts)
+        if payout.event_id == settling
+        and payout.deferred_to is None
+        and payout.amount == event.amount
+    ]
+    by_address = [i for i in candidates if _same(event.account, state.payouts[i].address)]
+    platform = [i for i in candidates if state.payouts[i].recipient == "platform"]
+    chosen = (by_address or platform)[:1]
+    _check(bool(chosen), event, "no transfer of the settling call matches")
+    payouts = list(state.payouts)
+    payouts[chosen[0]] = payouts[chosen[0]].model_copy(update={"deferred_to": event.account})
+    return tuple(payouts)
+
+
 def _outcome(state: TaskState, event: VerificationCompleted) -> RoundOutcome:
     return RoundOutcome(
         agent=event.agent,
@@ -709,16 +760,24 @@ def _expect_status(state: TaskState, event: _TaskEvent) -> None:
 # ---------------------------------------------------------------------------- what can whom do
 
 
-def allowed_actions(state: TaskState, now: int) -> list[Capability]:
+def allowed_actions(
+    state: TaskState, now: int, roles: EscrowRoles | None = None
+) -> list[Capability]:
     """Every call the escrow accepts at chain time `now`, or will accept later by the mere
     passage of time, with its inclusive time bounds (`Capability.is_open(t)`).
 
-    Valid until the task's next event. Expired calls (`until < now`) are left out.
+    With the escrow's current `roles`, the verdict and the ruling name their address and
+    are left out when the escrow would refuse them for a role overlap (the judge is the
+    poster or the agent; the arbiter is a party). Without them those two name no address
+    and are offered as if the roles did not overlap. Valid until the task's next event (or
+    the next role change). Expired calls (`until < now`) are left out.
     """
-    return [cap for cap in _capabilities(state) if cap.until is None or cap.until >= now]
+    return [cap for cap in _capabilities(state, roles) if cap.until is None or cap.until >= now]
 
 
-def allowed_actions_view(state: TaskState, now: int) -> AllowedActions:
+def allowed_actions_view(
+    state: TaskState, now: int, roles: EscrowRoles | None = None
+) -> AllowedActions:
     """`allowed_actions` as the record the API serves."""
     return AllowedActions(
         chain_id=state.chain_id,
@@ -726,13 +785,19 @@ def allowed_actions_view(state: TaskState, now: int) -> AllowedActions:
         task_id=state.task_id,
         status=state.status,
         as_of=now,
-        capabilities=tuple(allowed_actions(state, now)),
+        capabilities=tuple(allowed_actions(state, now, roles)),
     )
 
 
-def _capabilities(state: TaskState) -> list[Capability]:
+def _capabilities(state: TaskState, roles: EscrowRoles | None) -> list[Capability]:
     before_deadline = state.deadline - 1  # the contract requires block.timestamp < deadline
     poster, agent = state.poster, state.agent
+    judge = state.verifier or (roles.marketplace_verifier if roles is not None else None)
+    arbiter = roles.arbiter if roles is not None else None
+    # Seed 000: a verifier never judges its own work, nor a task it posted (VerifierIsWorker,
+    # VerifierIsPoster); a party never rules on its dispute (ArbiterIsParty).
+    judge_ok = judge is None or not (_same(judge, poster) or _same(judge, agent))
+    arbiter_ok = arbiter is None or not (_same(arbiter, poster) or _same(arbiter, agent))
     caps: list[Capability] = []
     match state.status:
         case S.OPEN:
@@ -750,8 +815,9 @@ def _capabilities(state: TaskState) -> list[Capability]:
                 _cap("poster", "claim_timeout", poster, from_=state.deadline, leads_to=S.REFUNDED)
             )
         case S.SUBMITTED:
-            # Accepted after the deadline too, until the poster escalates.
-            caps.append(_cap("verifier", "complete_verification", state.verifier))
+            # Accepted after the deadline too, until the task is escalated.
+            if judge_ok:
+                caps.append(_cap("verifier", "complete_verification", judge))
             caps.append(
                 _cap("poster", "raise_dispute", poster, until=before_deadline, leads_to=S.DISPUTED)
             )
@@ -760,6 +826,17 @@ def _capabilities(state: TaskState) -> list[Capability]:
             )
             caps.append(
                 _cap("poster", "claim_timeout", poster, from_=state.deadline, leads_to=S.ESCALATED)
+            )
+            # Delivered, never judged: after the judging grace anyone may escalate, so the
+            # 14-day path to the agent's payment never waits on the poster.
+            caps.append(
+                _cap(
+                    "anyone",
+                    "claim_timeout",
+                    None,
+                    from_=state.deadline + JUDGING_GRACE_SECONDS,
+                    leads_to=S.ESCALATED,
+                )
             )
         case S.FAILED:
             assert state.appeal_window_closes_at is not None
@@ -798,9 +875,11 @@ def _capabilities(state: TaskState) -> list[Capability]:
                 )
             )
         case S.DISPUTED:
-            caps.append(_cap("arbiter", "resolve_dispute", None, leads_to=S.RESOLVED))
+            if arbiter_ok:
+                caps.append(_cap("arbiter", "resolve_dispute", arbiter, leads_to=S.RESOLVED))
         case S.ESCALATED:
-            caps.append(_cap("arbiter", "resolve_dispute", None, leads_to=S.RESOLVED))
+            if arbiter_ok:
+                caps.append(_cap("arbiter", "resolve_dispute", arbiter, leads_to=S.RESOLVED))
             caps.append(
                 _cap(
                     "agent",
@@ -846,6 +925,7 @@ __all__ = [
     "EscalationCollected",
     "EscalationCollectible",
     "EvidenceSubmitted",
+    "PaymentDeferred",
     "RoundJudged",
     "StatePublished",
     "TaskAccepted",

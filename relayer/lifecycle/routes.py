@@ -1,8 +1,9 @@
 """HTTP routes of the lifecycle and reputation consumers' state (included by the API app).
 
 - `GET /v1/tasks/{chain_id}/{escrow}/{task_id}/state`: the task's state and "what can whom
-  do now" at the chain time of the confirmed, published events the state is folded from
-  (the timers' clock, `allowed.as_of`), or at `?at=<unix seconds>`;
+  do now" at the chain time of the confirmed, applied events the state is folded from
+  (the timers' clock, `allowed.as_of`), or at `?at=<unix seconds>`, with the escrow's
+  current marketplace verifier and arbiter (relayer/lifecycle/roles.py);
 - `GET /v1/agents/{address}/reputation`: the agent's reputation and matching score.
 """
 
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from relayer.api.errors import ApiProblem
-from relayer.lifecycle import clock
+from relayer.lifecycle import clock, roles
 from relayer.lifecycle.machine import allowed_actions_view
 from relayer.reputation.rules import initial
 from schemas.task_state import AllowedActions, Reputation, TaskState
@@ -43,6 +44,7 @@ async def task_state(
     at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the time of the newest confirmed block, the clock task state and timers use)")] = None,
 ) -> TaskStateView:
     async with request.app.state.pool.acquire() as conn:
+        escrow_roles = await roles.load(conn, chain_id, escrow)
         raw = await conn.fetchval(
             "SELECT state FROM task_states WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
             chain_id,
@@ -56,7 +58,7 @@ async def task_state(
     # The state holds the events up to the confirmation line, so the answer is given at that
     # line's time (the clock timers use), never at the head's: see relayer/lifecycle/clock.py.
     now = at if at is not None else max(confirmed or 0, state.last_block_timestamp)
-    return TaskStateView(state=state, allowed=allowed_actions_view(state, now))
+    return TaskStateView(state=state, allowed=allowed_actions_view(state, now, escrow_roles))
 
 
 @router.get(

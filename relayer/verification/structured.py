@@ -209,15 +209,25 @@ class LabelFinder:
         named = [field for field in fields if field.strip()]
         self._labels: dict[str, re.Pattern[str]] = {}
         for field in named:
+            label = _label_source(field)
             self._labels[field] = re.compile(
                 r"(?:(?<![^\n\r\u2028\u2029])|(?<=[.!?]\s))[ \t]*(?:#{1,6}[ \t]*|[-*][ \t]+)?"
-                r"(?:\*\*|__)?" + _label_source(field) + r"[ \t]*(?:(?:\*\*|__)[ \t]*)?"
+                # Seed 000: "`**Summary**` followed by text": a label in bold is a label
+                # whatever follows it, text on the same line included ("**Price** 40 USD").
+                r"(?:\*\*" + label + r"[ \t]*\*\*|__" + label + r"[ \t]*__)[ \t]*:?"
+                # Otherwise a colon, or the end of the line, must follow the label.
+                r"|(?:(?<![^\n\r\u2028\u2029])|(?<=[.!?]\s))[ \t]*(?:#{1,6}[ \t]*|[-*][ \t]+)?"
+                r"(?:\*\*|__)?" + label + r"[ \t]*(?:(?:\*\*|__)[ \t]*)?"
                 r"(?::|(?=[\r\n\u2028\u2029]|\Z))",
                 re.IGNORECASE,
             )
         alternatives = "|".join(_label_source(field) for field in named) or "(?!)"
-        # Another field's label ends this field's content ("Summary: Score: 5").
-        self._any_label = re.compile(rf"(?:{alternatives})(?:\*\*|__)?[ \t]*:", re.IGNORECASE)
+        # Another field's label ends this field's content ("Summary: Score: 5", or a bold
+        # label "**Score** 5").
+        self._any_label = re.compile(
+            rf"(?:{alternatives})(?:\*\*|__)?[ \t]*:|(?:\*\*|__)(?:{alternatives})[ \t]*(?:\*\*|__)",
+            re.IGNORECASE,
+        )
 
     def has(self, field: str, text: str) -> bool:
         """True when `text` holds a labelled, non-empty section for `field`."""

@@ -93,10 +93,16 @@ _Missing = _MissingType()
 
 
 def normalize_text(text: str) -> str:
-    """NFKC, case folded, whitespace collapsed, trailing sentence punctuation dropped."""
+    """NFKC, case folded, whitespace collapsed; then wrapping markup (`` ` * " ' ``) and
+    trailing sentence punctuation are peeled off until neither is left, so `**paris.**`,
+    `**Paris**.` and `Paris` are equal whichever order they nest in."""
     folded = unicodedata.normalize("NFKC", text).casefold()
-    collapsed = " ".join(folded.split())
-    return collapsed.strip().rstrip(".!;").strip().strip("`*\"'").strip()
+    peeled = " ".join(folded.split())
+    previous = None
+    while peeled != previous:
+        previous = peeled
+        peeled = peeled.strip("`*\"' ").rstrip(".!; ")
+    return peeled
 
 
 def _json_equal(a: Any, b: Any) -> bool:

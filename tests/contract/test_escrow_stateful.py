@@ -7,6 +7,11 @@ every holder's balance equals the model's ledger (so no task is ever paid twice)
 settling transaction moves exactly the task's reward out of the escrow, every task's
 on-chain fields match the model, and statuses only move along the allowed edges.
 
+The token is the test-only BlacklistToken (contracts/mocks/): a rule blocks or unblocks a
+poster, an agent or the fee recipient, so payouts to them are credited instead of pushed
+(PaymentDeferred) and later withdrawn to an unblocked address; every holder's credit must
+equal the model's, and the escrow's balance the unsettled rewards plus the credits.
+
 Speed: one anvil per module, evm_snapshot/evm_revert between examples, the block time of
 every transaction set explicitly (so the model knows it to the second), and one batched
 JSON-RPC request per invariant check.
@@ -36,6 +41,8 @@ from escrowd.devnet import (
     BPS,
     DAY,
     ESCALATION_DELAY,
+    JUDGING_GRACE,
+    MAX_REWARD,
     MAX_SUBMISSIONS,
     USDC,
     Actor,
@@ -46,6 +53,7 @@ from escrowd.devnet import (
     task_id_of,
     text_hash,
 )
+from tests.support.hostile_tokens import block, compile_mock_tokens, escrow_over
 
 OPEN, ACCEPTED, SUBMITTED, FAILED, COMPLETED, DISPUTED, ESCALATED, REFUNDED, CANCELLED, RESOLVED = (
     range(10)
@@ -96,7 +104,7 @@ class Outcome:
 
 
 def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
-    dn = module_devnet
+    dn = escrow_over(module_devnet, compile_mock_tokens()["BlacklistToken"])
     posters = dn.posters[:2]
     agents = dn.agents[:3]
     named_verifier = dn.verifier_agents[0]
@@ -104,7 +112,12 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
     outsider = dn.spare[0]
     people = [*posters, *agents, named_verifier, original_mv, outsider, dn.arbiter, dn.owner]
     ledger_holders = [*people, dn.fee_recipient]  # anyone may end up paid
-    rotation_targets = [original_mv, outsider, agents[0]]
+    # Role overlaps: the marketplace key and the arbiter may be rotated onto a party.
+    rotation_targets = [original_mv, outsider, agents[0], posters[0]]
+    arbiter_targets = [dn.arbiter, posters[0], agents[0]]
+    blockable = [posters[0], agents[0], dn.fee_recipient]
+    for poster in posters:  # enough for tasks at the largest reward the escrow accepts
+        dn.mint(poster, MAX_TASKS * MAX_REWARD)
     snapshot = {"id": dn.snapshot()}
 
     class EscrowMachine(RuleBasedStateMachine):
@@ -118,6 +131,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             self.t = dn.now() + 1  # the timestamp the next transaction will get
             self.model: dict[int, MTask] = {}
             self.mv: Actor = original_mv
+            self.arb: Actor = dn.arbiter
             self.rotations = 0
             self.ledger: dict[str, int] = dict(
                 zip(
@@ -128,6 +142,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             )
             self.escrow_balance = dn.balance_of(dn.escrow_address)
             self.task_count = dn.task_count()
+            self.blocked: set[str] = set()  # addresses the token refuses
+            self.owed: dict[str, int] = {}  # the escrow's credits (undeliverable payouts)
 
         # ---------------------------------------------------------- plumbing
 
@@ -149,15 +165,23 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                 assert exc.name == expected.error, f"refused with {exc}, expected {expected.error}"
                 return None
             assert expected.error is None, f"accepted, model expected {expected.error}"
-            # Exactly the expected payouts left the escrow in this transaction.
+            # Exactly the expected payouts left the escrow in this transaction; those to a
+            # blocked address were credited instead, each announced by PaymentDeferred.
             out: dict[str, int] = {}
+            credited: dict[str, int] = {}
             for e in dn.events(receipt):
                 if e.name == "Transfer" and e["from"] == dn.escrow_address:
                     out[e["to"]] = out.get(e["to"], 0) + e["value"]
-            assert out == {k: v for k, v in expected.payouts.items() if v}
+                if e.name == "PaymentDeferred":
+                    credited[e["account"]] = credited.get(e["account"], 0) + e["amount"]
+            due = {k: v for k, v in expected.payouts.items() if v}
+            assert out == {k: v for k, v in due.items() if k not in self.blocked}
+            assert credited == {k: v for k, v in due.items() if k in self.blocked}
             for addr, amount in out.items():
                 self.ledger[addr] = self.ledger.get(addr, 0) + amount
                 self.escrow_balance -= amount
+            for addr, amount in credited.items():
+                self.owed[addr] = self.owed.get(addr, 0) + amount
             return receipt
 
         def settle(self, m: MTask, payouts: dict[str, int]) -> dict[str, int]:
@@ -185,7 +209,11 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         @rule(
             target=tasks,
             poster=st.sampled_from(posters),
-            reward=st.one_of(st.integers(1, 25), st.integers(1, 10**9)),
+            reward=st.one_of(
+                st.integers(1, 25),
+                st.integers(1, 10**9),
+                st.sampled_from([MAX_REWARD, MAX_REWARD + 1]),
+            ),
             duration=st.sampled_from([0, 60, 3_600, DAY, DAY, 2 * DAY, 2 * DAY, 4 * DAY]),
             verifier=st.sampled_from(["marketplace"] * 3 + ["named"] * 2 + ["self"]),
         )
@@ -196,10 +224,14 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         def _create(self, poster: Actor, reward: int, duration: int, named: Actor | None) -> Any:
             deadline = self.t + duration
             error = None
-            if named is not None and named == poster:
-                error = "VerifierIsPoster"
+            if poster == (named if named is not None else self.mv):
+                error = "VerifierIsPoster"  # the poster would judge its own task
+            elif reward > MAX_REWARD:
+                error = "RewardTooLarge"
             elif deadline <= self.t:
                 error = "DeadlineInPast"
+            elif poster.address in self.blocked:
+                error = "TokenTransferFailed"  # the token refuses to move the reward in
             expected = Outcome(error)
 
             def send() -> Any:
@@ -300,6 +332,8 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                 expected = Outcome("NotVerifier")
             elif sender == m.agent:
                 expected = Outcome("VerifierIsWorker")
+            elif sender == m.poster:
+                expected = Outcome("VerifierIsPoster")
             elif already:
                 expected = Outcome("AlreadyJudged")
             elif m.status != SUBMITTED:
@@ -352,9 +386,11 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         )
         def resolve(self, tid: int, choice: int, bps: int) -> None:
             m = self.model[tid]
-            sender = self.pick(choice, dn.arbiter)
-            if sender != dn.arbiter:
+            sender = self.pick(choice, self.arb)
+            if sender != self.arb:
                 expected = Outcome("NotArbiter")
+            elif sender in (m.poster, m.agent):
+                expected = Outcome("ArbiterIsParty")
             elif m.status not in (DISPUTED, ESCALATED):
                 expected = Outcome("WrongStatus")
             elif bps > BPS:
@@ -371,14 +407,19 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         @rule(tid=tasks, choice=st.integers(0, 99))
         def claim_timeout(self, tid: int, choice: int) -> None:
             m = self.model[tid]
-            sender = self.pick(choice, m.poster)
+            # Mostly the poster; a third of the time the agent (escalating unjudged work).
+            agent_turn = choice % 3 == 1 and m.agent is not None
+            sender = self.pick(choice, m.agent if agent_turn and m.agent else m.poster)
+            is_poster = sender == m.poster
             escalate = False
-            if sender != m.poster:
+            if not is_poster and m.status != SUBMITTED:
                 expected = Outcome("NotPoster")
             elif m.status > FAILED:
                 expected = Outcome("WrongStatus")
             elif self.t < m.deadline:
                 expected = Outcome("DeadlineNotReached")
+            elif m.status == SUBMITTED and not is_poster and self.t < m.deadline + JUDGING_GRACE:
+                expected = Outcome("EscalationNotOpen")
             elif m.status == SUBMITTED:
                 expected, escalate = Outcome(), True
             elif m.status == FAILED and self.t <= m.failed_at + APPEAL_WINDOW:
@@ -455,9 +496,12 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
                     self.verdict(tid, 0, 0, True, passed and branch < 2, 60)
                 elif branch < 8:
                     self.dispute(tid, branch)
-                else:
+                elif branch == 8:
                     self.jump_to(m.deadline - 1 + edge)
                     self.claim_timeout(tid, 0)
+                else:  # nobody judged: the agent escalates once the judging grace ends
+                    self.jump_to(m.deadline + JUDGING_GRACE - 1 + edge)
+                    self.claim_timeout(tid, 1)
             elif m.status == FAILED:
                 window_end = m.failed_at + APPEAL_WINDOW
                 if branch < 4:
@@ -484,7 +528,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             self.t = max(self.t, timestamp)
 
         @precondition(lambda self: self.rotations < 3)
-        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 2))
+        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 3))
         def rotate_marketplace_verifier(self, choice: int, target_index: int) -> None:
             sender = self.pick(choice, dn.owner)
             new = rotation_targets[target_index]
@@ -493,9 +537,46 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             if self.transact(expected, lambda: dn.set_marketplace_verifier(new, sender=sender)):
                 self.mv = new
 
+        @precondition(lambda self: self.rotations < 3)
+        @rule(choice=st.integers(0, 99), target_index=st.integers(0, 2))
+        def rotate_arbiter(self, choice: int, target_index: int) -> None:
+            sender = self.pick(choice, dn.owner)
+            new = arbiter_targets[target_index]
+            expected = Outcome("NotOwner" if sender != dn.owner else None)
+            self.rotations += 1
+            if self.transact(expected, lambda: dn.set_arbiter(new, sender=sender)):
+                self.arb = new
+
+        # Mostly blocking, mostly the fee recipient: every agent payout carries a fee.
+        @rule(who=st.sampled_from([0, 1, 2, 2, 2]), blocked=st.sampled_from([True, True, False]))
+        def token_blocks(self, who: int, blocked: bool) -> None:
+            """The token starts or stops refusing an address (a blacklist update)."""
+            account = blockable[who]
+            dn.set_next_timestamp(self.t)
+            self.t += 1
+            block(dn, account, blocked)
+            if blocked:
+                self.blocked.add(account.address)
+            else:
+                self.blocked.discard(account.address)
+
+        @rule(who=st.integers(0, 2), to=st.integers(0, 3))
+        def withdraw(self, who: int, to: int) -> None:
+            account = blockable[who]
+            recipient = [*blockable, outsider][to]
+            amount = self.owed.get(account.address, 0)
+            if amount == 0:
+                expected = Outcome("NothingOwed")
+            elif recipient.address in self.blocked:
+                expected = Outcome("TokenTransferFailed")  # refused: the credit stays
+            else:
+                expected = Outcome(payouts={recipient.address: amount})
+            if self.transact(expected, lambda: dn.withdraw(recipient, sender=account)):
+                self.owed[account.address] = 0
+
         @rule(
             tid=tasks,
-            kind=st.sampled_from(["deadline", "appeal", "escalation", "seconds"]),
+            kind=st.sampled_from(["deadline", "grace", "appeal", "escalation", "seconds"]),
             delta=st.sampled_from([-1, 0, 1]),
             seconds=st.sampled_from([1, 3_600, DAY, 3 * DAY, 14 * DAY]),
         )
@@ -505,6 +586,7 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
             m = self.model[tid]
             boundary = {
                 "deadline": m.deadline,
+                "grace": m.deadline + JUDGING_GRACE,
                 "appeal": m.failed_at + APPEAL_WINDOW if m.failed_at else 0,
                 "escalation": m.escalated_at + ESCALATION_DELAY if m.escalated_at else 0,
                 "seconds": self.t + seconds,
@@ -517,20 +599,24 @@ def test_random_call_sequences_follow_the_model(module_devnet: Devnet) -> None:
         def chain_matches_model(self) -> None:
             ids = sorted(self.model)
             holders = [dn.escrow_address, *self.ledger]
+            owed_of = [b.address for b in blockable]
             replies = dn.call_many(
-                [(dn.escrow_address, "taskCount", ())]
+                [(dn.escrow_address, "taskCount", ()), (dn.escrow_address, "totalOwed", ())]
+                + [(dn.escrow_address, "owed", (a,)) for a in owed_of]
                 + [(dn.token_address, "balanceOf", (h,)) for h in holders]
                 + [(dn.escrow_address, "getTask", (i,)) for i in ids]
             )
-            task_count = replies[0][0]
-            escrow_balance, *holder_balances = (r[0] for r in replies[1 : 1 + len(holders)])
-            views = [
-                decode_task(i, r[0]) for i, r in zip(ids, replies[1 + len(holders) :], strict=True)
-            ]
+            task_count, total_owed = replies[0][0], replies[1][0]
+            owed = [r[0] for r in replies[2 : 2 + len(owed_of)]]
+            rest = replies[2 + len(owed_of) :]
+            escrow_balance, *holder_balances = (r[0] for r in rest[: len(holders)])
+            views = [decode_task(i, r[0]) for i, r in zip(ids, rest[len(holders) :], strict=True)]
             assert task_count == self.task_count
+            assert owed == [self.owed.get(a, 0) for a in owed_of]
+            assert total_owed == sum(self.owed.values())
 
             unsettled = sum(m.reward for m in self.model.values() if m.status in UNSETTLED)
-            assert escrow_balance == unsettled == self.escrow_balance
+            assert escrow_balance == unsettled + total_owed == self.escrow_balance
             assert dict(zip(self.ledger, holder_balances, strict=True)) == self.ledger
 
             for m, v in zip((self.model[i] for i in ids), views, strict=True):

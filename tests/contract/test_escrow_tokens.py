@@ -1,5 +1,6 @@
 """Token handling against hostile and non-standard ERC-20s: a token that returns no bool,
-one that returns false, a fee-on-transfer token, and one that re-enters the escrow.
+one that returns false (the payout is credited, see `withdraw`), a fee-on-transfer token,
+and one that re-enters the escrow. Blacklisting tokens: tests/contract/test_escrow_edges.py.
 
 The test token is compiled here from inline Solidity (it must never ship in `schemas/`).
 """
@@ -146,13 +147,23 @@ def _selector(signature: str) -> str:
     return text_hash(signature)[:4].hex()
 
 
-def test_token_returning_false_is_refused(odd: Devnet) -> None:
+def test_token_returning_false_credits_the_payout_until_it_can_be_withdrawn(odd: Devnet) -> None:
     p = odd.posters[0]
     tid = odd.post_task(p, reward=10 * USDC)
     _set_mode(odd, 1)
+    before = odd.balance_of(p)
+    receipt = odd.cancel(tid, sender=p)
+    assert odd.get_task(tid).status == 8  # the refused refund does not block the cancel
+    assert odd.event(receipt, "PaymentDeferred")["amount"] == 10 * USDC
+    assert odd.balance_of(p) == before
+    assert odd.owed(p) == 10 * USDC
     with refused("TokenTransferFailed"):
-        odd.cancel(tid, sender=p)
-    assert odd.get_task(tid).status == 0  # the whole cancel was undone
+        odd.withdraw(p, sender=p)  # still refused: the credit stays
+    assert odd.owed(p) == 10 * USDC
+    _set_mode(odd, 0)
+    odd.withdraw(p, sender=p)
+    assert odd.balance_of(p) == before + 10 * USDC
+    assert odd.owed(p) == 0 == odd.balance_of(odd.escrow_address)
 
 
 def test_fee_on_transfer_token_cannot_underfund_a_task(odd: Devnet) -> None:

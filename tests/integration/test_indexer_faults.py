@@ -211,7 +211,17 @@ async def test_broker_outage_fills_the_outbox_then_drains_it(
             await wait_for_cursor(database_url, devnet.chain_id, head, timeout=60)
             conn = await connect(database_url)
             try:
-                await asyncio.sleep(2.0)
+                # Positive marker: the publisher picked rows written during the outage (the
+                # attempt is recorded before the send), so it is trying, and failing.
+                async def tried() -> bool:
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                            " AND send_attempts > 0"
+                        )
+                    )
+
+                await wait_for(tried, timeout=60, what="the publisher tried during the outage")
                 pending = await conn.fetchval(
                     "SELECT count(*) FROM outbox WHERE published_at IS NULL"
                 )

@@ -15,20 +15,26 @@ from dataclasses import dataclass, field
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from fastapi import FastAPI
 
 from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect
+from escrowd.db import connect, create_pool
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
 from escrowd.kafka import TopicSpec, ensure_topics, make_producer
 from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from relayer.lifecycle import consumer as lifecycle_consumer
+from relayer.lifecycle import roles as lifecycle_roles
 from relayer.lifecycle.machine import allowed_actions
+from relayer.lifecycle.routes import router as lifecycle_router
 from relayer.reputation import consumer as reputation_consumer
 from schemas import jsoncodec
+from schemas.events import event_id
 from schemas.task_state import TaskState
+from tests.support.hostile_tokens import block, compile_mock_tokens, escrow_over
 from tests.support.indexer_harness import in_process_indexer, read_topic, wait_for
 
 
@@ -93,6 +99,32 @@ async def pipeline(
             yield consumers
         finally:
             await consumers.stop()
+
+
+async def _groups_at_end(bootstrap: str, topic: str, groups: list[str], timeout: float = 60.0) -> None:
+    """Positive marker: every group has committed offsets up to the topic's current end, so
+    each has handled (transaction committed) every message published so far."""
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await probe.start()
+    await admin.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic) or ())]
+        ends = await probe.end_offsets(parts)
+
+        async def committed() -> bool:
+            for group in groups:
+                offsets = await admin.list_consumer_group_offsets(group, partitions=parts)
+                for tp, end in ends.items():
+                    done = offsets.get(tp)
+                    if end > 0 and (done is None or done.offset < end):
+                        return False
+            return True
+
+        await wait_for(committed, timeout=timeout, interval=0.1, what=f"{groups} at the end of {topic}")
+    finally:
+        await admin.close()
+        await probe.stop()
 
 
 async def _states(conn: asyncpg.Connection) -> dict[int, TaskState]:
@@ -225,7 +257,8 @@ async def test_duplicates_and_restarts_change_nothing(
         try:
             before = await _wait_consumed(conn, devnet)
             await wait_for(lambda: conn.fetchval("SELECT count(*) > 0 FROM agent_reputation"), timeout=20)
-            await asyncio.sleep(1.0)
+            groups = [f"{topic_prefix}lifecycle", f"{topic_prefix}reputation"]
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, groups)
             reputation_before = [dict(r) for r in await conn.fetch(
                 "SELECT agent, score, dispute_count, passes, failures FROM agent_reputation ORDER BY agent")]
             records = await read_topic(kafka_bootstrap, consumers.events_topic, timeout=20)
@@ -251,7 +284,9 @@ async def test_duplicates_and_restarts_change_nothing(
                 return rows == len(records)
 
             await wait_for(drained, timeout=30, what="inbox stable")
-            await asyncio.sleep(2.0)
+            # Both groups have handled every duplicate (offsets committed after each batch's
+            # transaction), so the inbox count below is final, not merely not-yet-changed.
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, groups)
             assert await conn.fetchval("SELECT count(*) FROM consumer_inbox") == processed_before
             after = await _states(conn)
             assert after == before
@@ -349,6 +384,8 @@ def _actor_for(devnet: Devnet, state: TaskState, role: str) -> str:
         return state.agent or devnet.agents[3].address
     if role == "arbiter":
         return devnet.arbiter.address
+    if role == "anyone":
+        return devnet.spare[0].address
     return state.verifier or devnet.marketplace_verifier.address
 
 
@@ -391,7 +428,9 @@ async def test_timers_fire_once_as_chain_time_crosses_them(
             devnet.submit_evidence(task, evidence, sender=agent)
             devnet.complete_verification(task, 1, evidence, False, 0, sender=devnet.marketplace_verifier)
             await _wait_consumed(conn, devnet)
-            await asyncio.sleep(1.5)
+            # Every event handled (the consumer sweeps timers once caught up); none is due
+            # at this chain time, so none may have been published.
+            await _groups_at_end(kafka_bootstrap, consumers.events_topic, [f"{topic_prefix}lifecycle"])
             early = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
             assert [r for r in early if r.payload.get("task_id") == task] == []
             devnet.increase_time(DAY + 3 * DAY + 10)  # past the deadline and the appeal window
@@ -593,5 +632,120 @@ async def test_a_timer_never_fires_ahead_of_an_event_still_unpublished(
             timers = await read_topic(kafka_bootstrap, f"{topic_prefix}timers", timeout=10)
             assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == victim] == []
             assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == control] == ["deadline_passed"]
+        finally:
+            await conn.close()
+
+
+async def _capabilities(app: FastAPI, devnet: Devnet, task: int) -> dict[str, str | None]:
+    """action -> address of the API's "what can whom do now" answer for one task."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        reply = await client.get(f"/v1/tasks/{devnet.chain_id}/{devnet.escrow_address}/{task}/state")
+    assert reply.status_code == 200, reply.text
+    return {c["action"]: c["address"] for c in reply.json()["allowed"]["capabilities"]}
+
+
+async def test_role_changes_reach_the_can_do_now_answer(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The consumer keeps the escrow's roles from its events; the API names the judge and the
+    arbiter and leaves out a verdict or ruling the chain refuses for a role overlap."""
+    p, a = devnet.posters[0], devnet.agents[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix):
+        conn = await connect(database_url)
+        app = FastAPI()
+        app.include_router(lifecycle_router)
+        app.state.pool = await create_pool(database_url)
+        try:
+            judged = devnet.post_task(p)
+            disputed = devnet.post_task(p)
+            for task in (judged, disputed):
+                devnet.accept_task(task, sender=a)
+                devnet.submit_evidence(task, text_hash(f"work {task}"), sender=a)
+            devnet.raise_dispute(disputed, sender=a)
+            await _wait_consumed(conn, devnet)
+
+            async def roles_are(verifier: str, arbiter: str) -> bool:
+                now = await lifecycle_roles.load(conn, devnet.chain_id, devnet.escrow_address)
+                return now is not None and (now.marketplace_verifier, now.arbiter) == (verifier, arbiter)
+
+            await wait_for(lambda: roles_are(devnet.marketplace_verifier.address, devnet.arbiter.address),
+                           timeout=60, what="the deployment's roles")
+            assert (await _capabilities(app, devnet, judged))["complete_verification"] == (
+                devnet.marketplace_verifier.address
+            )
+            assert (await _capabilities(app, devnet, disputed))["resolve_dispute"] == devnet.arbiter.address
+
+            devnet.set_marketplace_verifier(p)  # the poster would judge its own task
+            devnet.set_arbiter(a)  # the agent would rule on its own dispute
+            await wait_for(lambda: roles_are(p.address, a.address), timeout=60, what="the rotation")
+            assert "complete_verification" not in await _capabilities(app, devnet, judged)
+            assert "resolve_dispute" not in await _capabilities(app, devnet, disputed)
+            view = devnet.get_task(judged)
+            for refused_call, error in (
+                (lambda: devnet.complete_verification(judged, 1, view.last_evidence_hash, True, 90, sender=p),
+                 "VerifierIsPoster"),
+                (lambda: devnet.resolve_dispute(disputed, 5_000, sender=a), "ArbiterIsParty"),
+            ):
+                snapshot = devnet.snapshot()
+                try:
+                    refused_call()
+                except EscrowRevert as exc:
+                    assert exc.name == error
+                else:
+                    raise AssertionError(f"the chain accepted what the answer left out ({error})")
+                finally:
+                    devnet.revert(snapshot)
+        finally:
+            await app.state.pool.close()
+            await conn.close()
+
+
+async def test_refused_payouts_are_indexed_credited_and_withdrawn(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Over a token that blocks the agent: the pass still completes the task, the indexer
+    decodes PaymentDeferred and the consumer marks the agent's payout as credited; the
+    escrow-wide Withdrawn changes no task and dead-letters nothing."""
+    hostile = escrow_over(devnet, compile_mock_tokens()["BlacklistToken"])
+    p, a, elsewhere = hostile.posters[0], hostile.agents[0], hostile.spare[1]
+    async with pipeline(hostile, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        conn = await connect(database_url)
+        try:
+            task = hostile.post_task(p, reward=10_000_000)
+            hostile.accept_task(task, sender=a)
+            evidence = text_hash("work")
+            hostile.submit_evidence(task, evidence, sender=a)
+            block(hostile, a)
+            hostile.complete_verification(task, 1, evidence, True, 90, sender=hostile.marketplace_verifier)
+            receipt = hostile.withdraw(elsewhere, sender=a)
+            assert hostile.balance_of(elsewhere) == 9_000_000
+            withdrawn = hostile.event(receipt, "Withdrawn")
+            block_hash = hostile.w3.eth.get_block(withdrawn.block_number)["hash"].to_0x_hex()
+            withdrawn_id = event_id(hostile.chain_id, block_hash, withdrawn.log_index)
+
+            async def credited() -> bool:
+                state = (await _states(conn)).get(task)
+                return state is not None and any(p.deferred_to is not None for p in state.payouts)
+
+            await wait_for(credited, timeout=60, what="the credited payout in the task state")
+            state = (await _states(conn))[task]
+            assert [(x.recipient, x.amount, x.deferred_to) for x in state.payouts] == [
+                ("agent", 9_000_000, a.address),
+                ("platform", 1_000_000, None),
+            ]
+            assert state.last_event_name == "PaymentDeferred"
+
+            async def withdrawn_consumed() -> bool:
+                done = await conn.fetchval(
+                    "SELECT count(*) FROM consumer_inbox WHERE consumer = $1 AND message_id = $2",
+                    f"{consumers.prefix}lifecycle",
+                    withdrawn_id,
+                )
+                return bool(done)
+
+            await wait_for(withdrawn_consumed, timeout=60, what="the lifecycle consumer took Withdrawn")
+            dead = await conn.fetchval("SELECT count(*) FROM dead_letters")
+            assert dead == 0
         finally:
             await conn.close()

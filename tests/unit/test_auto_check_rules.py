@@ -170,6 +170,23 @@ def test_content_floor_default_is_20_characters() -> None:
     assert verdict.reasons == ("Output too short: 18 characters, minimum 20",)
 
 
+@pytest.mark.parametrize(
+    ("criteria", "floor"),
+    [({"min_length": 1}, 20), ({"min_length": 20}, 20), ({"min_length": 37}, 37)],
+)
+def test_output_of_exactly_the_floor_passes_it_and_one_less_does_not(
+    criteria: dict[str, Any], floor: int
+) -> None:
+    """The floor is inclusive: `floor` characters are enough, `floor - 1` are short."""
+    at_floor = ("The plan covers billing and churn now " * 3)[:floor]
+    assert len(at_floor) == floor and at_floor == at_floor.strip()
+    verdict = check(at_floor, criteria)
+    assert verdict.passed, verdict.reasons
+    shorter = at_floor[:-1].rstrip()
+    verdict = check(shorter, criteria)
+    assert verdict.reasons == (f"Output too short: {len(shorter)} characters, minimum {floor}",)
+
+
 def test_content_floor_uses_the_larger_min_length() -> None:
     verdict = check(PROSE, {"min_length": 500})
     assert verdict.reasons == (f"Output too short: {len(PROSE)} characters, minimum 500",)
@@ -511,6 +528,35 @@ def test_zero_and_false_are_values(value: str) -> None:
 def test_required_fields_as_labelled_sections(output: str) -> None:
     verdict = check(output, {"required_fields": ["summary", "risks"]})
     assert item(verdict, "required_fields") == 1.0
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "**Price** 40 USD\n**Currency** USD",  # seed 000: "`**Summary**` followed by text"
+        "__Price__ 40 USD\n__Currency__ USD",
+        "Quote below.\n**Price** 40 USD. **Currency** USD",
+        "**Price** — 40\n**Currency**: USD",
+    ],
+)
+def test_bold_label_followed_by_text_on_the_same_line_is_a_section(output: str) -> None:
+    verdict = check(output, {"required_fields": ["price", "currency"]})
+    assert item(verdict, "required_fields") == 1.0
+    assert verdict.passed
+
+
+@pytest.mark.parametrize(
+    ("output", "share"),
+    [
+        ("Price 40 USD\nCurrency USD", 0.0),  # plain words, no label form
+        ("**Price** **Currency** USD", 0.0),  # Price's text is only the next label
+        ("**Price**\n**Currency** USD", 0.5),
+        ("The **price** is 40 USD", 0.0),  # bold inside a sentence is emphasis, not a label
+    ],
+)
+def test_bold_label_needs_its_own_text(output: str, share: float) -> None:
+    verdict = check(output, {"required_fields": ["price", "currency"]})
+    assert item(verdict, "required_fields") == share
 
 
 def test_bare_labels_are_a_template_not_a_deliverable() -> None:

@@ -39,11 +39,19 @@ from relayer.lifecycle.machine import (
     replay,
     transition,
 )
-from schemas.task_state import Capability, TaskState, TaskStatus, TimerKind
+from schemas.task_state import (
+    MAX_REWARD,
+    Capability,
+    EscrowRoles,
+    TaskState,
+    TaskStatus,
+    TimerKind,
+)
 
 DAY = 86_400
 APPEAL = 3 * DAY
 ESCALATION = 14 * DAY
+GRACE = 7 * DAY  # judging grace: from deadline + GRACE anyone may escalate unjudged work
 ZERO = "0x" + "00" * 20
 ZERO32 = "0x" + "00" * 32
 CHAIN = 31337
@@ -55,6 +63,7 @@ STRANGER = "0x" + "03" * 20
 NAMED_VERIFIER = "0x" + "04" * 20
 MARKETPLACE = "0x" + "05" * 20
 ARBITER = "0x" + "06" * 20
+FEE = "0x" + "08" * 20  # the fee recipient
 TASK_HASH = "0x" + "7a" * 32
 SENDERS = (POSTER, AGENT, STRANGER, NAMED_VERIFIER, MARKETPLACE, ARBITER)
 ACTIONS = (
@@ -79,7 +88,10 @@ class Revert(Exception):
 
 @dataclass
 class RefEscrow:
-    """AgentEscrow.sol for one task, ported check by check. Addresses are distinct."""
+    """AgentEscrow.sol for one task, ported check by check. The parties' addresses are
+    distinct; the marketplace verifier and the arbiter may be rotated onto any of them, and
+    the token may refuse transfers to some addresses (`blocked`: those payouts are credited
+    and announced with PaymentDeferred)."""
 
     poster: str
     verifier: str  # ZERO: the marketplace verifier judges
@@ -93,7 +105,12 @@ class RefEscrow:
     failed_at: int = 0
     escalated_at: int = 0
     last_evidence: str = ZERO32
-    transfers: list[tuple[str, int]] = field(default_factory=list)
+    marketplace: str = MARKETPLACE
+    arbiter: str = ARBITER
+    blocked: set[str] = field(default_factory=set)
+    # (recipient, amount, credited-to address or None when delivered)
+    transfers: list[tuple[str, int, str | None]] = field(default_factory=list)
+    deferred: list[dict[str, Any]] = field(default_factory=list)  # of the last call
     # Which timers fired, and at which instant: the reference's own reading of the rules.
     fired: set[tuple[str, int]] = field(default_factory=set)
 
@@ -104,13 +121,19 @@ class RefEscrow:
             list(self.transfers),
             set(self.fired),
         )
+        twin.blocked, twin.deferred = set(self.blocked), list(self.deferred)
         return twin
 
     def judge(self) -> str:
-        return self.verifier if self.verifier != ZERO else MARKETPLACE
+        return self.verifier if self.verifier != ZERO else self.marketplace
+
+    def roles(self) -> EscrowRoles:
+        return EscrowRoles(marketplace_verifier=self.marketplace, arbiter=self.arbiter)
 
     def call(self, sender: str, action: str, now: int, **args: Any) -> tuple[str, dict[str, Any]]:
-        """Run a call in a block at `now`; raises Revert like the contract would."""
+        """Run a call in a block at `now`; raises Revert like the contract would. The
+        PaymentDeferred events the call emits after its task event are in `deferred`."""
+        self.deferred = []
         result: tuple[str, dict[str, Any]] = getattr(self, "_" + action)(sender, now, **args)
         return result
 
@@ -140,11 +163,19 @@ class RefEscrow:
         fee = amount * 1000 // 10_000
         return amount - fee, fee
 
+    def _pay(self, recipient: str, address: str, amount: int) -> None:
+        """_send: push, or credit when the token refuses the recipient."""
+        if address in self.blocked:
+            self.transfers.append((recipient, amount, address))
+            self.deferred.append({"account": address, "amount": amount})
+        else:
+            self.transfers.append((recipient, amount, None))
+
     def _pay_agent(self, amount: int, fee: int) -> None:
         if amount:
-            self.transfers.append(("agent", amount))
+            self._pay("agent", self.agent, amount)
         if fee:
-            self.transfers.append(("platform", fee))
+            self._pay("platform", FEE, fee)
 
     def _cancel(self, s: str, now: int) -> tuple[str, dict[str, Any]]:
         if s != self.poster:
@@ -152,7 +183,7 @@ class RefEscrow:
         if self.status != OPEN:
             raise Revert("WrongStatus")
         self.status = CANCELLED
-        self.transfers.append(("poster", self.reward))
+        self._pay("poster", self.poster, self.reward)
         return "TaskCancelled", {"poster": s, "refund": self.reward, "status": CANCELLED}
 
     def _accept(self, s: str, now: int) -> tuple[str, dict[str, Any]]:
@@ -196,6 +227,8 @@ class RefEscrow:
             raise Revert("NotVerifier")
         if s == self.agent:
             raise Revert("VerifierIsWorker")
+        if s == self.poster:
+            raise Revert("VerifierIsPoster")
         if 1 <= attempt <= 3 and attempt in self.judged:
             raise Revert("AlreadyJudged")
         if self.status != SUBMITTED:
@@ -257,8 +290,10 @@ class RefEscrow:
         }
 
     def _resolve_dispute(self, s: str, now: int, share_bps: int) -> tuple[str, dict[str, Any]]:
-        if s != ARBITER:
+        if s != self.arbiter:
             raise Revert("NotArbiter")
+        if s in (self.poster, self.agent):
+            raise Revert("ArbiterIsParty")
         status = self.status
         if status not in (DISPUTED, ESCALATED):
             raise Revert("WrongStatus")
@@ -270,7 +305,7 @@ class RefEscrow:
         poster_amount = self.reward - gross
         self._pay_agent(amount, fee)
         if poster_amount:
-            self.transfers.append(("poster", poster_amount))
+            self._pay("poster", self.poster, poster_amount)
         return "DisputeResolved", {
             "arbiter": s,
             "agent_share_bps": share_bps,
@@ -284,18 +319,21 @@ class RefEscrow:
         }
 
     def _claim_timeout(self, s: str, now: int) -> tuple[str, dict[str, Any]]:
-        if s != self.poster:
-            raise Revert("NotPoster")
         status = self.status
+        is_poster = s == self.poster
+        if not is_poster and status != SUBMITTED:
+            raise Revert("NotPoster")
         if status > FAILED:
             raise Revert("WrongStatus")
         if now < self.deadline:
             raise Revert("DeadlineNotReached")
         if status == SUBMITTED:
+            if not is_poster and now < self.deadline + GRACE:
+                raise Revert("EscalationNotOpen")
             self.status = ESCALATED
             self.escalated_at = now
             return "TaskEscalated", {
-                "poster": s,
+                "poster": self.poster,
                 "agent": self.agent,
                 "attempt": self.attempts,
                 "escalated_at": now,
@@ -305,7 +343,7 @@ class RefEscrow:
         if status == FAILED and now <= self.failed_at + APPEAL:
             raise Revert("AppealWindowOpen")
         self.status = REFUNDED
-        self.transfers.append(("poster", self.reward))
+        self._pay("poster", self.poster, self.reward)
         return "TaskRefunded", {
             "poster": s,
             "amount": self.reward,
@@ -345,7 +383,7 @@ class RefEscrow:
 
     def boundaries(self) -> set[int]:
         """Every instant where some rule flips, with its neighbours."""
-        anchors = {self.deadline}
+        anchors = {self.deadline, self.deadline + GRACE}
         if self.failed_at:
             anchors.add(self.failed_at + APPEAL)
         if self.escalated_at:
@@ -359,6 +397,8 @@ def eligible(cap: Capability, sender: str, judge: str) -> bool:
         return sender.lower() == cap.address.lower()
     if cap.action == "accept":
         return sender not in (POSTER, judge)
+    if cap.actor == "anyone":
+        return True
     if cap.actor == "verifier":
         return sender == MARKETPLACE
     if cap.actor == "arbiter":
@@ -386,20 +426,28 @@ class Chain:
 
     def __init__(self) -> None:
         self.block = 100
+        self.log_index = 0
         self.generation = 0  # bumped by a reorg, so re-mined blocks get new ids
 
-    def event(self, name: str, fields: dict[str, Any], now: int) -> m.DomainEvent:
-        self.block += 1
+    def event(
+        self, name: str, fields: dict[str, Any], now: int, *, same_tx: bool = False
+    ) -> m.DomainEvent:
+        """The event in a new block, or (`same_tx`) as the next log of the previous one."""
+        if same_tx:
+            self.log_index += 1
+        else:
+            self.block += 1
+            self.log_index = 0
         block_hash = f"0x{self.generation:032x}{self.block:032x}"
         cls = getattr(m, name)
         event: m.DomainEvent = cls(
-            event_id=f"{CHAIN}:{block_hash}:0",
+            event_id=f"{CHAIN}:{block_hash}:{self.log_index}",
             chain_id=CHAIN,
             escrow=ESCROW,
             task_id=1,
             block_number=self.block,
             block_timestamp=now,
-            log_index=0,
+            log_index=self.log_index,
             **fields,
         )
         return event
@@ -422,7 +470,7 @@ def agrees(state: TaskState, ref: RefEscrow) -> None:
     assert state.escalation_collectible_at == (
         ref.escalated_at + ESCALATION if ref.escalated_at else None
     )
-    assert [(p.recipient, p.amount) for p in state.payouts] == ref.transfers
+    assert [(p.recipient, p.amount, p.deferred_to) for p in state.payouts] == ref.transfers
     assert sum(p.amount for p in state.payouts) in ((0,) if not ref.transfers else (ref.reward,))
 
 
@@ -446,8 +494,21 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
             st.sampled_from([1, 2, 60, DAY, APPEAL, APPEAL + 1, 5 * DAY]), st.integers(1, 30 * DAY)
         ),
         prefix=st.sampled_from(PREFIXES),
+        # The roles as the owner set them right after the task was created (a creation by
+        # the marketplace verifier itself is refused): often overlapping a party.
+        marketplace=st.sampled_from([MARKETPLACE, MARKETPLACE, POSTER, AGENT, STRANGER]),
+        arbiter=st.sampled_from([ARBITER, ARBITER, POSTER, AGENT, STRANGER]),
     )
-    def create(self, named: bool, reward: int, start: int, lead: int, prefix: str) -> None:
+    def create(
+        self,
+        named: bool,
+        reward: int,
+        start: int,
+        lead: int,
+        prefix: str,
+        marketplace: str,
+        arbiter: str,
+    ) -> None:
         self.now = start
         self.chain = Chain()
         self.ref = RefEscrow(
@@ -472,6 +533,7 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
                 "status": OPEN,
             },
         )
+        self.ref.marketplace, self.ref.arbiter = marketplace, arbiter
         self.play(prefix)
 
     def play(self, prefix: str) -> None:
@@ -499,8 +561,8 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
                 self.move_to(self.ref.deadline)
             self.attempt(sender, action, self.ref.valid_args(action) | args)
 
-    def apply(self, name: str, fields: dict[str, Any]) -> list[m.Effect]:
-        event = self.chain.event(name, fields, self.now)
+    def apply(self, name: str, fields: dict[str, Any], *, same_tx: bool = False) -> list[m.Effect]:
+        event = self.chain.event(name, fields, self.now, same_tx=same_tx)
         self.state, effects = transition(self.state, event, self.now)
         self.events.append(event)
         self.fired.extend(fired_timers(effects))
@@ -533,19 +595,25 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
         self.move_to(self.now + seconds)
 
     @precondition(live)
-    @rule(delta=st.sampled_from([-1, 0, 1]), which=st.integers(0, 2))
+    @rule(delta=st.sampled_from([-1, 0, 1]), which=st.integers(0, 3))
     def wait_until_a_boundary(self, delta: int, which: int) -> None:
         anchors = [self.ref.deadline]
         if self.ref.failed_at:
             anchors.append(self.ref.failed_at + APPEAL)
         if self.ref.escalated_at:
             anchors.append(self.ref.escalated_at + ESCALATION)
+        if self.ref.status == SUBMITTED:
+            anchors.append(self.ref.deadline + GRACE)
         self.move_to(anchors[which % len(anchors)] + delta)
 
     def attempt(self, sender: str, action: str, args: dict[str, Any]) -> None:
         assert self.state is not None
         expected = predicted(
-            allowed_actions(self.state, self.now), sender, action, self.now, self.ref.judge()
+            allowed_actions(self.state, self.now, self.ref.roles()),
+            sender,
+            action,
+            self.now,
+            self.ref.judge(),
         )
         trial = self.ref.clone()
         try:
@@ -556,6 +624,8 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
         assert expected, f"contract accepts {action} by {sender}, machine does not allow it"
         self.ref = trial
         effects = self.apply(name, fields)
+        for credited in trial.deferred:
+            self.apply("PaymentDeferred", credited | {"status": trial.status}, same_tx=True)
         verdicts = [e.outcome for e in effects if isinstance(e, RoundJudged)]
         if name == "VerificationCompleted":
             assert [(v.passed, v.attempt, v.agent) for v in verdicts] == [
@@ -577,7 +647,7 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
         cancel_ok = data.draw(st.integers(0, 9)) == 0
         options = [
             (sender, cap.action)
-            for cap in allowed_actions(self.state, self.now)
+            for cap in allowed_actions(self.state, self.now, self.ref.roles())
             if cap.is_open(self.now)
             for sender in SENDERS
             if eligible(cap, sender, self.ref.judge()) and (cap.action != "cancel" or cancel_ok)
@@ -593,7 +663,7 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
         assert self.state is not None
         options = [
             (sender, cap.action)
-            for cap in allowed_actions(self.state, self.now)
+            for cap in allowed_actions(self.state, self.now, self.ref.roles())
             if cap.is_open(self.now) and cap.action in PROGRESS
             for sender in SENDERS
             if eligible(cap, sender, self.ref.judge())
@@ -614,6 +684,23 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
             )
         return args
 
+    @precondition(live)
+    @rule(
+        role=st.sampled_from(["marketplace", "arbiter"]),
+        new=st.sampled_from([POSTER, AGENT, *SENDERS]),
+    )
+    def owner_rotates_a_role(self, role: str, new: str) -> None:
+        """An escrow-wide key change: it may put the judge or the arbiter on a party."""
+        setattr(self.ref, role, new)
+
+    @precondition(live)
+    @rule(who=st.sampled_from([POSTER, AGENT, FEE]), blocked=st.booleans())
+    def the_token_blocks_or_unblocks_a_recipient(self, who: str, blocked: bool) -> None:
+        if blocked:
+            self.ref.blocked.add(who)
+        else:
+            self.ref.blocked.discard(who)
+
     @rule(data=st.data())
     def an_event_is_delivered_again(self, data: st.DataObject) -> None:
         event = data.draw(st.sampled_from(self.events))
@@ -624,10 +711,19 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
     @rule(data=st.data())
     def reorg_retracts_recent_events(self, data: st.DataObject) -> None:
         keep = data.draw(st.integers(1, len(self.events) - 1))
+        # A reorg drops whole blocks: never a PaymentDeferred without its settling call.
+        while keep < len(self.events) and self.events[keep].name == "PaymentDeferred":
+            keep += 1
+        if keep == len(self.events):
+            return
         before_state, before_ref, chain = self.history[keep - 1]
         self.events = self.events[:keep]
         self.history = self.history[:keep]
+        roles_now = (self.ref.marketplace, self.ref.arbiter, set(self.ref.blocked))
         self.ref = before_ref.clone()
+        # Role changes and the token's blocklist are not task events: a reorg of the
+        # task's events leaves them as they are.
+        self.ref.marketplace, self.ref.arbiter, self.ref.blocked = roles_now
         self.ref.tick(self.now)
         self.chain = copy.copy(chain)
         self.chain.generation += 1
@@ -645,7 +741,7 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
     @invariant()
     def allowed_actions_match_the_contract_now_and_at_every_boundary(self) -> None:
         assert self.state is not None
-        caps = allowed_actions(self.state, self.now)
+        caps = allowed_actions(self.state, self.now, self.ref.roles())
         assert all(cap.until is None or cap.until >= self.now for cap in caps)
         instants = {self.now, self.now + 1, self.now + 40 * DAY} | {
             t for t in self.ref.boundaries() if t >= self.now
@@ -740,9 +836,8 @@ class Scenario:
         return self
 
     def allowed(self, sender: str, action: str) -> bool:
-        return predicted(
-            allowed_actions(self.state, self.now), sender, action, self.now, self.ref.judge()
-        )
+        caps = allowed_actions(self.state, self.now, self.ref.roles())
+        return predicted(caps, sender, action, self.now, self.ref.judge())
 
     def do(self, sender: str, action: str, **args: Any) -> m.DomainEvent:
         """Perform a call the contract accepts, asserting the machine allowed it."""
@@ -754,6 +849,12 @@ class Scenario:
         self.state, effects = transition(self.state, event, self.now)
         self.events.append(event)
         self.effects.extend(effects)
+        for credited in self.ref.deferred:
+            fields = credited | {"status": self.ref.status}
+            deferred = self.chain.event("PaymentDeferred", fields, self.now, same_tx=True)
+            self.state, effects = transition(self.state, deferred, self.now)
+            self.events.append(deferred)
+            self.effects.extend(effects)
         agrees(self.state, self.ref)
         return event
 
@@ -1123,3 +1224,101 @@ def test_event_from_message_maps_abi_names_and_zero_verifier() -> None:
         args={"previousVerifier": MARKETPLACE, "newVerifier": STRANGER},
     )
     assert event_from_message(rotation) is None
+
+
+# ---------------------------------------------------------------------------- issue 16 edges
+
+
+def test_anyone_escalates_unjudged_work_once_the_judging_grace_ends() -> None:
+    """Delivered, never judged: the poster may escalate from the deadline, anyone else from
+    deadline + 7 days; the agent then collects 14 days later without the poster."""
+    sc = Scenario(lead=DAY)
+    sc.do(AGENT, "accept")
+    sc.do(AGENT, "submit_evidence")
+    sc.at(sc.deadline)
+    assert sc.allowed(POSTER, "claim_timeout")
+    sc.refused(AGENT, "claim_timeout")
+    sc.refused(STRANGER, "claim_timeout")
+    sc.at(sc.deadline + GRACE - 1)
+    sc.refused(AGENT, "claim_timeout")
+    sc.at(sc.deadline + GRACE + 365 * DAY)  # a year later nobody judged
+    sc.do(AGENT, "claim_timeout")
+    assert sc.state.status == TaskStatus.ESCALATED
+    sc.at(sc.now + ESCALATION)
+    sc.do(AGENT, "collect_escalated")
+    assert [(p.recipient, p.amount) for p in sc.state.payouts] == [
+        ("agent", 900_000),
+        ("platform", 100_000),
+    ]
+
+
+def test_role_overlaps_are_not_offered_and_their_events_are_refused() -> None:
+    """The judge never judges work it did or a task it posted; the arbiter never rules on
+    its own dispute. With the escrow's roles the machine offers neither."""
+    sc = Scenario()
+    sc.do(AGENT, "accept")
+    sc.do(AGENT, "submit_evidence")
+    for judge in (POSTER, AGENT):
+        sc.ref.marketplace = judge
+        assert not any(
+            c.action == "complete_verification"
+            for c in allowed_actions(sc.state, sc.now, sc.ref.roles())
+        )
+        sc.refused(judge, "complete_verification")
+    sc.ref.marketplace = STRANGER
+    caps = allowed_actions(sc.state, sc.now, sc.ref.roles())
+    verdict_caps = [c for c in caps if c.action == "complete_verification"]
+    assert [c.address for c in verdict_caps] == [STRANGER]
+    sc.refused(MARKETPLACE, "complete_verification")  # the rotated-out key
+    name, fields = sc.ref.clone().call(
+        STRANGER, "complete_verification", sc.now, **sc.ref.valid_args("complete_verification")
+    )
+    for party in (POSTER, AGENT):
+        forged = sc.chain.event(name, fields | {"verifier": party}, sc.now)
+        with pytest.raises(TransitionError, match="judged its own"):
+            transition(sc.state, forged, sc.now)
+    sc.do(POSTER, "raise_dispute")
+    for party in (POSTER, AGENT):
+        sc.ref.arbiter = party
+        assert allowed_actions(sc.state, sc.now, sc.ref.roles()) == []
+        sc.refused(party, "resolve_dispute")
+    sc.ref.arbiter = ARBITER
+    name, fields = sc.ref.clone().call(ARBITER, "resolve_dispute", sc.now, share_bps=5_000)
+    forged = sc.chain.event(name, fields | {"arbiter": AGENT}, sc.now)
+    with pytest.raises(TransitionError, match="arbiter ruled on its own"):
+        transition(sc.state, forged, sc.now)
+    sc.do(ARBITER, "resolve_dispute", share_bps=5_000)
+    assert sc.state.status == TaskStatus.RESOLVED
+
+
+def test_without_roles_the_verdict_and_ruling_name_no_address() -> None:
+    sc = Scenario()
+    sc.do(AGENT, "accept")
+    sc.do(AGENT, "submit_evidence")
+    verdicts = [c for c in allowed_actions(sc.state, sc.now) if c.actor == "verifier"]
+    assert [c.address for c in verdicts] == [None]
+
+
+def test_refused_transfers_are_recorded_as_credited() -> None:
+    """PaymentDeferred marks the settling call's payout as credited to the account; one
+    that matches no payout of that call is refused."""
+    sc = Scenario()
+    sc.do(AGENT, "accept")
+    sc.do(AGENT, "submit_evidence")
+    sc.ref.blocked = {AGENT, FEE}
+    sc.do(MARKETPLACE, "complete_verification", passed=True, score=90)
+    assert [(p.recipient, p.amount, p.deferred_to) for p in sc.state.payouts] == [
+        ("agent", 900_000, AGENT),
+        ("platform", 100_000, FEE),
+    ]
+    stray = sc.chain.event(
+        "PaymentDeferred", {"account": POSTER, "amount": 5, "status": COMPLETED}, sc.now
+    )
+    with pytest.raises(TransitionError, match="no transfer"):
+        transition(sc.state, stray, sc.now)
+
+
+def test_a_reward_above_the_cap_cannot_have_been_created() -> None:
+    Scenario(reward=MAX_REWARD)  # the largest accepted
+    with pytest.raises(TransitionError, match="above the cap"):
+        Scenario(reward=MAX_REWARD + 1)

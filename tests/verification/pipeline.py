@@ -165,6 +165,45 @@ class Pipeline:
         assert row is not None
         return row
 
+    async def consumed(self, message_id: str, timeout: float = 30.0) -> None:
+        """Wait until the verification consumer has handled the message with this `ce_id`
+        (its inbox row is written in the same transaction as every effect)."""
+
+        async def seen() -> bool:
+            return bool(await self.conn.fetchval(
+                "SELECT count(*) FROM consumer_inbox WHERE consumer = $1 AND message_id = $2",
+                self.consumer.name, message_id,
+            ))  # fmt: skip
+
+        await wait_for(seen, timeout, f"message {message_id} consumed")
+
+    async def verdicts_drained(self, timeout: float = 30.0) -> list[SignedVerdict]:
+        """Every verdict that will ever reach Kafka for what was handled so far: the outbox
+        has published all its verdict rows and the reader has read up to the topic's end."""
+
+        async def published() -> bool:
+            return not await self.conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE topic = $1 AND published_at IS NULL", self.topics.verdicts
+            )
+
+        await wait_for(published, timeout, "verdict outbox rows published")
+        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        await probe.start()
+        try:
+            parts = [TopicPartition(self.topics.verdicts, p) for p in range(self.verdicts.partitions)]
+            ends = {tp.partition: offset for tp, offset in (await probe.end_offsets(parts)).items()}
+        finally:
+            await probe.stop()
+
+        async def read_to_end() -> bool:
+            last: dict[int, int] = {}
+            for record in self.verdicts.records:
+                last[record.partition] = max(last.get(record.partition, -1), record.offset)
+            return all(last.get(p, -1) >= end - 1 for p, end in ends.items())
+
+        await wait_for(read_to_end, timeout, "verdict topic read to its end")
+        return self.verdicts.verdicts()
+
     async def indexed(self) -> None:
         """Wait until the indexer stored everything up to the chain head."""
         head = await self.chain(self.devnet.block_number)

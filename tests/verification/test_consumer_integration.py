@@ -155,8 +155,8 @@ async def test_redelivered_events_and_a_replaying_group_produce_no_second_verdic
     finally:
         replay.stop()
         await asyncio.wait_for(replay_task, 15)
-    await asyncio.sleep(1.0)  # give a wrongly produced verdict time to show up
-    assert len(run.verdicts.records) == 1
+    # Positive marker: everything handled has been published and read to the topic's end.
+    assert len(await run.verdicts_drained()) == 1
     assert await run.conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", run.topics.verdicts) == 1
     assert await run.conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = $1", task) == 1
 
@@ -210,8 +210,9 @@ async def test_agent_mode_records_the_verifiers_chain_verdict_and_counts_failure
 
     await wait_for(two_failures, 30, "two failures counted")
     report = {"attempt": 1, "evidenceHash": evidence, "outcome": "verdict", "passed": True, "score": 88, "reasons": ["Paris is right"]}
-    assert (await run.api.call("POST", report_path, report, as_=run.who(verifier))).status_code == 202
-    await asyncio.sleep(0.5)
+    reported = await run.api.call("POST", report_path, report, as_=run.who(verifier))
+    assert reported.status_code == 202
+    await run.consumed(reported.json()["requestId"])  # the consumer has handled the report
     assert await run.result_row(task, 1) is None  # reported, but not on chain yet: not recorded
     await run.chain(d.complete_verification, task, 1, bytes.fromhex(evidence[2:]), True, 88, sender=verifier)
     row = await run.wait_result(task, 1, reported=True)
@@ -283,6 +284,13 @@ async def test_a_verifier_that_cannot_answer_is_retried_never_scored_zero(
     endpoint["mode"] = "empty"
     calls = endpoint["calls"]
     await wait_for(lambda: retried(calls + 1), 30, "a try answered with {}")
+
+    async def third_try_recorded() -> bool:
+        # The endpoint counts a call before the consumer's transaction records its outcome.
+        row = await run.conn.fetchrow("SELECT retry_count FROM verification_requests WHERE kind = 'finalize' AND task_id = $1", task)
+        return row is not None and row["retry_count"] >= 3
+
+    await wait_for(third_try_recorded, 30, "the third failed try recorded")
     row = await run.conn.fetchrow("SELECT state, retry_count, last_error FROM verification_requests WHERE kind = 'finalize' AND task_id = $1", task)
     assert row["state"] in ("waiting_retry", "retry_queued", "pending") and row["retry_count"] >= 3
     assert "no reward field" in row["last_error"] or "HTTP 503" in row["last_error"]
@@ -349,7 +357,30 @@ async def test_a_retracted_submission_is_not_judged(run: Pipeline, flaky_endpoin
     await wait_for(retracted, 30, "the submission retracted")
     endpoint["mode"] = "up"
     calls = endpoint["calls"]
-    await asyncio.sleep(2.0)  # several retry periods
+
+    async def finalize_state() -> tuple[str, str] | None:
+        row = await run.conn.fetchrow(
+            "SELECT request_id, state FROM verification_requests WHERE task_id = $1 AND kind = 'finalize'", task
+        )
+        return None if row is None else (row["request_id"], row["state"])
+
+    async def no_retry_left() -> bool:
+        found = await finalize_state()
+        # 'waiting_retry' / 'retry_queued': a retry is still to come. Any other state is
+        # reached only by handling the retry (or settling the request); from it no retry is
+        # scheduled again, and 'pending' waits for a submission that no longer exists.
+        return found is not None and found[1] not in ("waiting_retry", "retry_queued")
+
+    # Positive markers: the request left its retry states, and every retry queued for it
+    # has been handled by the consumer.
+    await wait_for(no_retry_left, 30, "the retry of the finalize request handled")
+    found = await finalize_state()
+    assert found is not None
+    queued = await run.conn.fetch(
+        "SELECT message_id FROM outbox WHERE topic = $1 AND message_id LIKE $2", run.topics.requests, f"retry:{found[0]}:%"
+    )
+    for row in queued:
+        await run.consumed(row["message_id"])
     assert endpoint["calls"] == calls  # nothing left to judge: the verifier is not even asked
     assert await run.result_row(task, 1) is None and run.verdicts.records == []
 

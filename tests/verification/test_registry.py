@@ -249,6 +249,18 @@ async def test_exact_match(registry: VerifierRegistry) -> None:
     assert (await registry.verify(ref("exact_match", expected="Paris", normalize=False), {}, "paris")).reward == 0.0
 
 
+async def test_exact_match_strips_markup_and_punctuation_in_any_order(registry: VerifierRegistry) -> None:
+    """Seed 000: "Paris.", "**Paris**" and the like are the answer `Paris`; markup around a
+    final period (`**paris.**`) and a period after markup (`**Paris**.`) both normalise,
+    whichever side holds them. Other words still differ."""
+    paris = ref("exact_match", expected="Paris")
+    for output in ("**paris.**", "**Paris**.", "`Paris.`", '"Paris!"', "*Paris*;", " **PARIS.** "):
+        assert (await registry.verify(paris, {}, output)).reward == 1.0, output
+    assert (await registry.verify(ref("exact_match", expected="**paris.**"), {}, "Paris")).reward == 1.0
+    for output in ("Paris, France", "**Lyon.**", "Parisian"):
+        assert (await registry.verify(paris, {}, output)).reward == 0.0, output
+
+
 async def test_schema_validation(registry: VerifierRegistry) -> None:
     """Validates against the JSON Schema, then compares the expected values."""
     schema = {"type": "object", "required": ["name", "price"], "properties": {"price": {"type": "number"}}}

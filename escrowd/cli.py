@@ -25,6 +25,7 @@ def _register() -> None:
         "api": ("relayer.api.cli", "app"),
         "schemas": ("schemas.cli", "app"),
         "db": ("escrowd.db_cli", "app"),
+        "panel": ("relayer.panels.cli", "app"),
     }
     for name, (module_name, attr) in sub_apps.items():
         try:

@@ -95,6 +95,7 @@ class RoundOutcome(StrEnum):
     RERUN = "rerun"
     INCONCLUSIVE = "inconclusive"
     POOL_TOO_SMALL = "pool_too_small"
+    RETRACTED = "retracted"
 
 
 class SubjectKind(StrEnum):
@@ -133,7 +134,7 @@ class PanelRound(BaseModel):
     task_id: TaskId
     round: RoundNo
     reason: RoundReason
-    verifiers: list[Address] = Field(min_length=1, max_length=16)
+    verifiers: list[Address] = Field(max_length=16, description="Empty when the pool was too small")
     drawn_at: datetime
     deadline: datetime
     status: RoundStatus

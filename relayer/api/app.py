@@ -31,6 +31,7 @@ log = structlog.get_logger(__name__)
 OPTIONAL_ROUTERS: tuple[tuple[str, str], ...] = (
     ("relayer.settlement.routes", "router"),
     ("relayer.lifecycle.routes", "router"),
+    ("relayer.panels.routes", "router"),
 )
 
 

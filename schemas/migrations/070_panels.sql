@@ -4,6 +4,18 @@
 -- a verifier sits at most once per task (so a rerun has fresh verifiers), a rerun never
 -- reruns, a round's fee entries sum to zero, one ruling per task.
 
+-- The panel service's view of each task: its parties and its terms hash, from the events.
+CREATE TABLE panel_tasks (
+    chain_id   bigint      NOT NULL,
+    escrow     text        NOT NULL CHECK (escrow ~ '^0x[0-9a-f]{40}$'),
+    task_id    numeric(78) NOT NULL,
+    poster     text,
+    agent      text,
+    task_hash  text,
+    attempt    smallint    NOT NULL DEFAULT 0,
+    PRIMARY KEY (chain_id, escrow, task_id)
+);
+
 -- The pool. Calibration is the draw weight; it never reaches 0 (floor 0.01).
 CREATE TABLE panel_verifiers (
     address         text        PRIMARY KEY CHECK (address ~ '^0x[0-9a-f]{40}$'),
@@ -47,7 +59,8 @@ CREATE TABLE panel_rounds (
     rerun_of        text        REFERENCES panel_rounds (round_id),
     secret_version  text        NOT NULL,
     status          text        NOT NULL CHECK (status IN ('open', 'closed')),
-    outcome         text        CHECK (outcome IN ('ruling', 'rerun', 'inconclusive', 'pool_too_small')),
+    -- retracted: the dispute event was removed by a reorg before the round closed.
+    outcome         text        CHECK (outcome IN ('ruling', 'rerun', 'inconclusive', 'pool_too_small', 'retracted')),
     consensus_ppm   integer     CHECK (consensus_ppm BETWEEN 0 AND 1000000),
     spread_ppm      integer     CHECK (spread_ppm BETWEEN 0 AND 1000000),
     schema_ok       boolean,
@@ -65,7 +78,7 @@ CREATE TABLE panel_rounds (
     CHECK ((status = 'closed') = (closed_at IS NOT NULL)),
     -- A ruling carries its consensus and split; an inconclusive round carries neither.
     CHECK (outcome IS DISTINCT FROM 'ruling' OR (consensus_ppm IS NOT NULL AND agent_share_bps IS NOT NULL)),
-    CHECK (outcome NOT IN ('inconclusive', 'pool_too_small') OR (consensus_ppm IS NULL AND agent_share_bps IS NULL)),
+    CHECK (outcome NOT IN ('inconclusive', 'pool_too_small', 'retracted') OR (consensus_ppm IS NULL AND agent_share_bps IS NULL)),
     CHECK (deadline >= drawn_at)
 );
 CREATE INDEX panel_rounds_open_idx ON panel_rounds (deadline) WHERE status = 'open';

@@ -177,3 +177,30 @@ $$;
 CREATE TRIGGER panel_fee_needs_weight
     BEFORE INSERT OR UPDATE ON panel_fee_ledger
     FOR EACH ROW EXECUTE FUNCTION panel_fee_needs_weight();
+
+-- The settlement relayer's side of rulings: one per task, written (from a trusted, signed
+-- ruling) before anything is signed; the raw transaction is stored with its nonce before it
+-- is broadcast, so a crash re-broadcasts it and never signs a second one.
+CREATE TABLE settlement_rulings (
+    chain_id        bigint      NOT NULL,
+    escrow          text        NOT NULL CHECK (escrow ~ '^0x[0-9a-f]{40}$'),
+    task_id         numeric(78) NOT NULL,
+    round           smallint    NOT NULL CHECK (round IN (1, 2)),
+    agent_share_bps integer     NOT NULL CHECK (agent_share_bps BETWEEN 0 AND 10000),
+    message_id      text        NOT NULL,
+    signer          text        NOT NULL,
+    signed_ruling   jsonb       NOT NULL,
+    status          text        NOT NULL DEFAULT 'queued'
+                                CHECK (status IN ('queued', 'sent', 'confirmed', 'already_resolved', 'reverted')),
+    error           text,
+    nonce           bigint      CHECK (nonce >= 0),
+    raw_tx          text,
+    tx_hash         text        UNIQUE,
+    block_number    bigint,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    sent_at         timestamptz,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (chain_id, escrow, task_id),
+    CHECK ((nonce IS NULL) = (raw_tx IS NULL) AND (nonce IS NULL) = (tx_hash IS NULL)),
+    CHECK (status NOT IN ('sent', 'confirmed') OR nonce IS NOT NULL)
+);

@@ -38,6 +38,7 @@ def _register() -> None:
     commands = {
         "devnet": ("escrowd.devnet_cli", "devnet"),
         "run": ("escrowd.run", "run"),
+        "verifier-bot": ("relayer.panels.bot", "verifier_bot"),
     }
     for name, (module_name, attr) in commands.items():
         try:

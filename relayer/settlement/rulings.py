@@ -35,8 +35,11 @@ from typing import Any
 import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from escrowd.consumer import IdempotentConsumer, InboundMessage, PermanentError
+from escrowd.db import create_pool
 from relayer.settlement.fees import FeePolicy, price
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc, RpcCallError, RpcError
@@ -280,3 +283,67 @@ def build_ruling_consumer(
         handler=RulingHandler(chain_id=chain_id, escrow=escrow, trusted_signers=trusted_signers),
         dlq_topic=dlq_topic,
     )
+
+
+class RulingRelaySettings(BaseSettings):
+    """`escrowd relay rulings` (`ESCROWD_*` environment variables). The key is never logged.
+
+    The arbiter key must not be the marketplace verifier key of `escrowd relay run`: each
+    path keeps its own nonce counter for its own address.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
+    ruling_chain_id: int = Field(gt=0, description="Chain whose disputes the rulings resolve")
+    ruling_rpc_url: str = Field(description="HTTP JSON-RPC URL of that chain")
+    ruling_escrow: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="The escrow whose arbiter we are")
+    ruling_arbiter_key: SecretStr = Field(description="0x hex key of the escrow's arbiter")
+    ruling_trusted_signers: list[str] = Field(min_length=1, description="Panel service addresses whose rulings we send")
+    ruling_confirmations: int = Field(default=1, ge=1, description="Blocks deep before a ruling is confirmed")
+    ruling_interval: float = Field(default=1.0, gt=0, le=60, description="Seconds between send passes")
+    panel_rulings_topic: str = Field(default=PANEL_RULINGS, description="Topic of signed rulings")
+    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+
+
+async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -> None:
+    """Admit rulings from Kafka and send them until `stop` is set."""
+    from escrowd.db import migrate_url
+    from escrowd.kafka import make_producer
+    from escrowd.outbox import OutboxPublisher
+
+    await migrate_url(settings.database_url)
+    key = SecretKey.from_hex(settings.ruling_arbiter_key.get_secret_value())
+    consumer = build_ruling_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        chain_id=settings.ruling_chain_id,
+        escrow=settings.ruling_escrow,
+        trusted_signers=frozenset(s.lower() for s in settings.ruling_trusted_signers),
+        rulings_topic=settings.panel_rulings_topic,
+        dlq_topic=settings.dead_letter_topic,
+    )
+    rpc = EthRpc([settings.ruling_rpc_url], chain_id=settings.ruling_chain_id)
+    pool = await create_pool(settings.database_url, max_size=4)
+    producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-relayer-rulings")
+    await producer.start()
+    publisher = OutboxPublisher(settings.database_url, producer)
+    sender = RulingSender(rpc, key, settings.ruling_chain_id, settings.ruling_escrow,
+                          confirmations=settings.ruling_confirmations)
+    tasks = [
+        asyncio.create_task(consumer.run()),
+        asyncio.create_task(publisher.run()),
+        asyncio.create_task(sender.run(pool, stop, settings.ruling_interval)),
+    ]
+    log.info("ruling_relay_started", arbiter=key.address, chain_id=settings.ruling_chain_id)
+    try:
+        await stop.wait()
+    finally:
+        consumer.stop()
+        publisher.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        await producer.stop()
+        await rpc.close()
+        await pool.close()

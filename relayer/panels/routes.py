@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import asyncpg
 from fastapi import APIRouter, Body, Path, Request
+from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict
 
 from relayer.api.auth import spend_nonce, verify_signature
@@ -25,6 +26,12 @@ from schemas import panels as msg
 from schemas.verdict import InvalidSignature
 
 router = APIRouter(tags=["panels"])
+
+ATTESTATION_SECONDS = Histogram(
+    "escrowd_panel_attestation_seconds",
+    "Seconds from the draw to an accepted attestation",
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
+)
 
 AddressPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")]
 RoundPath = Annotated[str, Path(max_length=200, pattern=r"^[0-9]+:0x[0-9a-f]{40}:[0-9]+:[a-z_]+:[12]$")]
@@ -122,7 +129,8 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
     rid = f"{a.chain_id}:{a.escrow.lower()}:{a.task_id}:dispute:{a.round}"
     async with request.app.state.pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
-            "SELECT r.status, r.deadline <= now() AS late, s.attested_at, s.timed_out FROM panel_seats s"
+            "SELECT r.status, r.deadline <= now() AS late, extract(epoch FROM now() - r.drawn_at)::float8 AS waited,"
+            " s.attested_at, s.timed_out FROM panel_seats s"
             " JOIN panel_rounds r USING (round_id) WHERE s.round_id = $1 AND s.verifier = $2 FOR UPDATE OF s",
             rid, a.verifier.lower(),
         )
@@ -137,6 +145,7 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
             " WHERE round_id = $1 AND verifier = $2",
             rid, a.verifier.lower(), a.quality_ppm, a.confidence_ppm, body.signature,
         )
+    ATTESTATION_SECONDS.observe(max(0.0, float(row["waited"])))
     return {"round_id": rid, "verifier": a.verifier.lower(), "accepted": True}
 
 

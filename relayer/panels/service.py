@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 import structlog
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from escrowd.consumer import IdempotentConsumer, InboundMessage
 from escrowd.kafka import cloudevent_headers
@@ -43,6 +43,11 @@ log = structlog.get_logger(__name__)
 
 GROUP = "escrowd-panels"
 ROUNDS = Counter("escrowd_panel_rounds_total", "Panel rounds by event", ["event"])
+CALIBRATION_CHANGE = Histogram(
+    "escrowd_panel_calibration_change_ppm",
+    "How far one round moved one verifier's calibration (ppm, signed)",
+    buckets=(-100_000, -50_000, -20_000, -5_000, 0, 5_000, 20_000, 50_000, 100_000),
+)
 
 MAX_SCHEMA_OUTPUT_BYTES = 1_000_000
 
@@ -367,6 +372,7 @@ async def _rule(
             )
             after = rules.update_verifier(rules.Attestation(att.verifier, att.quality_ppm, att.confidence_ppm,
                                                             before, att.timed_out), consensus_ppm)
+            CALIBRATION_CHANGE.observe(after - before)
             rounds = await conn.fetchval(
                 "UPDATE panel_verifiers SET calibration_ppm = $2, rounds = rounds + 1, updated_at = now()"
                 " WHERE address = $1 RETURNING rounds", seat["verifier"], after,

@@ -22,7 +22,7 @@ from tests.verification.conftest import ESCROW, IndexedChain, api_settings, runn
 SERVICE_KEY = "0x" + "5e" * 32
 
 
-async def _wait(condition, what: str, timeout: float = 180.0):  # type: ignore[no-untyped-def]
+async def _wait(condition, what: str, timeout: float = 180.0):  # type: ignore[no-untyped-def,unused-ignore]
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         value = await condition()

@@ -13,6 +13,7 @@ the ruling on chain (rulings wait in `panel_rulings` and on `escrow.panel-ruling
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -101,12 +102,25 @@ def _outbox(message_id: str, topic: str, key: str, body: Any, event_type: str, s
 
 
 class PanelHandler:
-    """Consumes escrow events: keeps the parties of each task, opens rounds on disputes."""
+    """Consumes escrow events: keeps the parties of each task, opens rounds on disputes.
 
-    def __init__(self, config: PanelConfig) -> None:
+    The runtime's idle hook closes due rounds only when the partitions are quiet; under a
+    steady stream of events the handler sweeps too, at most once per `sweep_seconds`, so a
+    busy topic never holds a round open past its deadline.
+    """
+
+    def __init__(self, config: PanelConfig, sweep_seconds: float = 1.0) -> None:
         self.config = config
+        self.sweep_seconds = sweep_seconds
+        self._last_sweep = time.monotonic()
 
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
+        await self._handle(conn, message)
+        if time.monotonic() - self._last_sweep >= self.sweep_seconds:
+            self._last_sweep = time.monotonic()
+            await close_due_rounds(conn, self.config)
+
+    async def _handle(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         event = EscrowEventMessage.model_validate(message.json())
         if event.task_id is None:
             return
@@ -423,7 +437,7 @@ def build_consumer(
         topics=[events_topic],
         bootstrap=bootstrap,
         database_url=database_url,
-        handler=PanelHandler(config),
+        handler=PanelHandler(config, sweep_seconds=idle_interval),
         dlq_topic=dlq_topic,
         on_idle=on_idle,
         idle_interval=idle_interval,

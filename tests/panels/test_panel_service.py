@@ -260,3 +260,13 @@ async def test_duplicate_dispute_message_opens_one_round_and_a_retraction_closes
     panel.block -= 1
     await panel.event(11, "DisputeRaised", args, removed=True)
     assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "retracted"
+
+
+async def test_a_busy_event_stream_still_closes_due_rounds(panel: Harness) -> None:
+    """The idle hook never runs while events keep coming: the handler sweeps as well."""
+    panel.consumer._handler = PanelHandler(panel.config, sweep_seconds=0)  # sweep on every event
+    rid = await panel.dispute(13)
+    for s, q in zip(await panel.seats(rid), (0.9, 0.5, 0.1), strict=True):
+        assert (await panel.attest(rid, s, q, 1.0)).status_code == 201
+    await panel.event(14, "TaskAccepted", {"taskId": 14, "agent": AGENT.address, "status": 1})
+    assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "ruling"

@@ -126,13 +126,16 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
         raise ApiProblem(401, "SIGNATURE_INVALID", "the attestation signature is invalid") from None
     if signer != a.verifier:
         raise ApiProblem(401, "SIGNATURE_INVALID", "the attestation is not signed by its verifier")
-    rid = f"{a.chain_id}:{a.escrow.lower()}:{a.task_id}:dispute:{a.round}"
     async with request.app.state.pool.acquire() as conn, conn.transaction():
+        # The seat of this verifier in round N of the task; a sampled review and a dispute
+        # of one task never seat the same verifier, so at most one matches.
         row = await conn.fetchrow(
-            "SELECT r.status, r.deadline <= now() AS late, extract(epoch FROM now() - r.drawn_at)::float8 AS waited,"
-            " s.attested_at, s.timed_out FROM panel_seats s"
-            " JOIN panel_rounds r USING (round_id) WHERE s.round_id = $1 AND s.verifier = $2 FOR UPDATE OF s",
-            rid, a.verifier.lower(),
+            "SELECT s.round_id, r.status, r.deadline <= now() AS late,"
+            " extract(epoch FROM now() - r.drawn_at)::float8 AS waited, s.attested_at, s.timed_out"
+            " FROM panel_seats s JOIN panel_rounds r USING (round_id)"
+            " WHERE s.chain_id = $1 AND s.escrow = $2 AND s.task_id = $3 AND r.round = $4 AND s.verifier = $5"
+            " ORDER BY r.status = 'open' DESC, r.drawn_at DESC LIMIT 1 FOR UPDATE OF s",
+            a.chain_id, a.escrow.lower(), a.task_id, a.round, a.verifier.lower(),
         )
         if row is None:
             raise ApiProblem(404, "NO_SEAT", "this verifier holds no seat in that round")
@@ -140,6 +143,7 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
             raise ApiProblem(409, "ALREADY_ATTESTED", "this seat has attested already")
         if row["status"] != "open" or row["late"] or row["timed_out"]:
             raise ApiProblem(409, "ROUND_CLOSED", "the round is closed or its deadline has passed")
+        rid = row["round_id"]
         await conn.execute(
             "UPDATE panel_seats SET quality_ppm = $3, confidence_ppm = $4, signature = $5, attested_at = now()"
             " WHERE round_id = $1 AND verifier = $2",

@@ -132,7 +132,9 @@ class PanelHandler:
         )
         if event.removed:
             if event.event == "DisputeRaised":
-                await retract_round(conn, chain, escrow, task)
+                await retract_round(conn, chain, escrow, task, "dispute")
+            elif event.event == "VerificationCompleted":
+                await retract_round(conn, chain, escrow, task, "review_sample")
             return
         match event.event:
             case "TaskCreated":
@@ -153,6 +155,8 @@ class PanelHandler:
                 )
             case "DisputeRaised":
                 await open_round(conn, self.config, chain, escrow, task, 1)
+            case "VerificationCompleted":
+                await maybe_sample_review(conn, self.config, chain, escrow, task, args)
             case _:
                 return
 
@@ -163,22 +167,61 @@ def _hex(value: Any) -> str:
     return str(value).lower()
 
 
-async def retract_round(conn: asyncpg.Connection, chain: int, escrow: str, task: int) -> None:
-    """A reorg removed the dispute: an open round closes as `retracted` (it reopens if the
-    dispute comes back, with the same seats and attestations)."""
+async def retract_round(conn: asyncpg.Connection, chain: int, escrow: str, task: int, reason: str) -> None:
+    """A reorg removed the dispute (or the sampled verdict): an open round closes as
+    `retracted` (it reopens if the event comes back, with the same seats and attestations)."""
     await conn.execute(
         "UPDATE panel_rounds SET status = 'closed', outcome = 'retracted', closed_at = now()"
-        " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND reason = 'dispute' AND status = 'open'",
-        chain, escrow, task,
+        " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND reason = $4 AND status = 'open'",
+        chain, escrow, task, reason,
     )
     ROUNDS.labels("retracted").inc()
 
 
+async def maybe_sample_review(
+    conn: asyncpg.Connection, config: PanelConfig, chain: int, escrow: str, task: int, args: dict[str, Any]
+) -> str | None:
+    """A manual review's verdict (the poster's claim) goes to a panel with the poster's rate.
+
+    Only tasks whose registered terms say `manual` are sampled; the first sampled review of a
+    task is the one panelled (one `review_sample` series per task).
+    """
+    row = await conn.fetchrow(
+        "SELECT t.poster, m.verification_mode FROM panel_tasks t JOIN task_terms m ON m.task_hash = t.task_hash"
+        " WHERE t.chain_id = $1 AND t.escrow = $2 AND t.task_id = $3", chain, escrow, task,
+    )
+    if row is None or row["verification_mode"] != "manual" or row["poster"] is None:
+        return None
+    agent = str(args["agent"]).lower()
+    calibration = await conn.fetchval(
+        "SELECT calibration_ppm FROM panel_posters WHERE address = $1", row["poster"]
+    )
+    streak = await conn.fetchval(
+        "SELECT streak FROM panel_pair_drift WHERE poster = $1 AND agent = $2", row["poster"], agent
+    )
+    rate = rules.review_sample_rate_ppm(
+        rules.POSTER_START_CALIBRATION_PPM if calibration is None else calibration, streak or 0
+    )
+    if not rules.sample_review(config.secret, task_key(chain, escrow, task), int(args["attempt"]), rate):
+        return None
+    return await open_round(conn, config, chain, escrow, task, 1, reason="review_sample",
+                            claim_passed=bool(args["passed"]))
+
+
 async def open_round(
-    conn: asyncpg.Connection, config: PanelConfig, chain: int, escrow: str, task: int, round_no: int
+    conn: asyncpg.Connection,
+    config: PanelConfig,
+    chain: int,
+    escrow: str,
+    task: int,
+    round_no: int,
+    *,
+    reason: str = "dispute",
+    claim_passed: bool | None = None,
 ) -> str:
-    """Draw and record round `round_no` of the task's dispute; publish it. Idempotent."""
-    rid = round_id(chain, escrow, task, "dispute", round_no)
+    """Draw and record round `round_no` of the task's dispute (or sampled review); publish
+    it. Idempotent. Nobody who already sat on this task sits again."""
+    rid = round_id(chain, escrow, task, reason, round_no)
     existing = await conn.fetchrow("SELECT status, outcome FROM panel_rounds WHERE round_id = $1", rid)
     if existing is not None:
         if existing["outcome"] == "retracted":
@@ -200,8 +243,8 @@ async def open_round(
     earlier = [
         r["verifier"]
         for r in await conn.fetch(
-            "SELECT verifier FROM panel_seats WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
-            " AND reason = 'dispute'", chain, escrow, task,
+            "SELECT verifier FROM panel_seats WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+            chain, escrow, task,
         )
     ]
     pool = [
@@ -213,7 +256,7 @@ async def open_round(
     ]
     now = datetime.now(UTC)
     deadline = now + timedelta(seconds=config.attestation_seconds)
-    rerun_of = round_id(chain, escrow, task, "dispute", round_no - 1) if round_no > 1 else None
+    rerun_of = round_id(chain, escrow, task, reason, round_no - 1) if round_no > 1 else None
     try:
         seats = rules.draw(
             config.secret, task_key(chain, escrow, task), round_no, pool,
@@ -224,21 +267,21 @@ async def open_round(
     closed = not seats
     await conn.execute(
         "INSERT INTO panel_rounds (round_id, chain_id, escrow, task_id, reason, round, rerun_of, secret_version,"
-        " status, outcome, drawn_at, deadline, closed_at) VALUES ($1, $2, $3, $4, 'dispute', $5, $6, $7, $8, $9,"
-        " $10, $11, $12)",
+        " status, outcome, drawn_at, deadline, closed_at, claim_passed) VALUES ($1, $2, $3, $4, $13, $5, $6, $7,"
+        " $8, $9, $10, $11, $12, $14)",
         rid, chain, escrow, task, round_no, rerun_of, config.secret_version,
         "closed" if closed else "open", "pool_too_small" if closed else None, now, deadline,
-        now if closed else None,
+        now if closed else None, reason, claim_passed,
     )
     for index, seat in enumerate(seats):
         await conn.execute(
             "INSERT INTO panel_seats (round_id, seat, chain_id, escrow, task_id, reason, verifier, calibration_ppm)"
-            " VALUES ($1, $2, $3, $4, $5, 'dispute', $6, $7)",
-            rid, index, chain, escrow, task, seat.id, seat.calibration_ppm,
+            " VALUES ($1, $2, $3, $4, $5, $8, $6, $7)",
+            rid, index, chain, escrow, task, seat.id, seat.calibration_ppm, reason,
         )
     record = msg.PanelRound(
         round_id=rid, chain_id=chain, escrow=escrow, task_id=task, round=round_no,
-        reason=msg.RoundReason.DISPUTE, verifiers=[s.id for s in seats], drawn_at=now, deadline=deadline,
+        reason=msg.RoundReason(reason), verifiers=[s.id for s in seats], drawn_at=now, deadline=deadline,
         status=msg.RoundStatus.CLOSED if closed else msg.RoundStatus.OPEN,
         outcome=msg.RoundOutcome.POOL_TOO_SMALL if closed else None,
     )
@@ -334,9 +377,13 @@ async def close_round(conn: asyncpg.Connection, config: PanelConfig, rid: str) -
     ROUNDS.labels(result.outcome.value).inc()
     log.info("panel_round_closed", round_id=rid, outcome=result.outcome.value, weighted=len(result.weighted))
     if result.outcome is rules.Outcome.RERUN:
-        await open_round(conn, config, chain, escrow, task_id, rnd["round"] + 1)
-    elif result.outcome is rules.Outcome.RULING and share is not None and result.consensus_ppm is not None:
-        await _rule(conn, config, rnd, task, share, result.consensus_ppm)
+        await open_round(conn, config, chain, escrow, task_id, rnd["round"] + 1, reason=rnd["reason"],
+                         claim_passed=rnd["claim_passed"])
+    elif result.outcome is rules.Outcome.RULING and result.consensus_ppm is not None:
+        if rnd["reason"] == "review_sample":
+            await _calibrate_sample(conn, rnd, task, result.consensus_ppm)
+        elif share is not None:
+            await _rule(conn, config, rnd, task, share, result.consensus_ppm)
     return result
 
 
@@ -372,11 +419,39 @@ async def _rule(
         return
     out = [_outbox(msg.ruling_message_id(ruling), PANEL_RULINGS, key, signed.model_dump(mode="json"),
                    msg.RULING_EVENT_TYPE, rid)]
-    # Every panel of this dispute is measured against the ruling consensus: a colluding first
-    # panel is scored against the fresh one, not against itself.
-    round_ids = [rid] if rnd["rerun_of"] is None else [rnd["rerun_of"], rid]
     loser = rules.losing_side(share)
     loser_account = None if task is None else task[loser]
+    for each, seats in await _move_verifiers(conn, rnd, consensus_ppm, out):
+        weighted = [s["verifier"] for s in seats if rules.weight(_attestation(s)) > 0]
+        if loser_account is None:
+            continue
+        for entry in rules.fee_entries(weighted, config.fee_units, loser_account):
+            role = "verifier" if entry.reason == "attestation_fee" else loser
+            entry_id = f"{each}:{entry.account}:{entry.reason}"
+            await conn.execute(
+                "INSERT INTO panel_fee_ledger (entry_id, round_id, chain_id, account, role, delta_units, reason)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                entry_id, each, chain, entry.account, role, entry.delta, entry.reason,
+            )
+            fee = msg.FeeLedgerEntry(entry_id=entry_id, round_id=each, chain_id=chain, account=entry.account,
+                                     role=role, delta_units=entry.delta, reason=entry.reason)
+            out.append(_outbox(f"panel-fee:{entry_id}", PANEL_FEES, entry.account, fee.model_dump(mode="json"),
+                               msg.FEE_EVENT_TYPE, each))
+    await enqueue(conn, out)
+    ROUNDS.labels("ruled").inc()
+
+
+async def _move_verifiers(
+    conn: asyncpg.Connection, rnd: asyncpg.Record, consensus_ppm: int, out: list[OutboxMessage]
+) -> list[tuple[str, list[asyncpg.Record]]]:
+    """Move the calibration of every seat of this series against the ruling consensus.
+
+    Every panel of the series is measured against the final consensus: a colluding first
+    panel is scored against the fresh one, not against itself. Returns each round's seats.
+    """
+    rid = rnd["round_id"]
+    round_ids = [rid] if rnd["rerun_of"] is None else [rnd["rerun_of"], rid]
+    result = []
     for each in round_ids:
         seats = await conn.fetch("SELECT * FROM panel_seats WHERE round_id = $1 ORDER BY seat", each)
         for seat in seats:
@@ -398,23 +473,45 @@ async def _rule(
             out.append(_outbox(f"panel-calibration:{seat['verifier']}:{rid}", PANEL_CALIBRATION,
                                f"verifier:{seat['verifier']}", update.model_dump(mode="json"),
                                msg.CALIBRATION_EVENT_TYPE, seat["verifier"]))
-        weighted = [s["verifier"] for s in seats if rules.weight(_attestation(s)) > 0]
-        if loser_account is None:
-            continue
-        for entry in rules.fee_entries(weighted, config.fee_units, loser_account):
-            role = "verifier" if entry.reason == "attestation_fee" else loser
-            entry_id = f"{each}:{entry.account}:{entry.reason}"
-            await conn.execute(
-                "INSERT INTO panel_fee_ledger (entry_id, round_id, chain_id, account, role, delta_units, reason)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                entry_id, each, chain, entry.account, role, entry.delta, entry.reason,
+        result.append((each, list(seats)))
+    return result
+
+
+async def _calibrate_sample(
+    conn: asyncpg.Connection, rnd: asyncpg.Record, task: asyncpg.Record | None, consensus_ppm: int
+) -> None:
+    """A sampled review closed: verifiers move as in a dispute; the poster's calibration and
+    the poster–agent drift streak move by the poster's claim. No fees, nothing on chain."""
+    out: list[OutboxMessage] = []
+    await _move_verifiers(conn, rnd, consensus_ppm, out)
+    if task is not None and task["poster"] is not None and rnd["claim_passed"] is not None:
+        poster, claim = task["poster"], bool(rnd["claim_passed"])
+        before = await conn.fetchval(
+            "SELECT calibration_ppm FROM panel_posters WHERE address = $1 FOR UPDATE", poster
+        )
+        before = rules.POSTER_START_CALIBRATION_PPM if before is None else int(before)
+        after = rules.update_poster(before, claim, consensus_ppm)
+        rounds = await conn.fetchval(
+            "INSERT INTO panel_posters (address, calibration_ppm, rounds) VALUES ($1, $2, 1)"
+            " ON CONFLICT (address) DO UPDATE SET calibration_ppm = EXCLUDED.calibration_ppm,"
+            " rounds = panel_posters.rounds + 1, updated_at = now() RETURNING rounds",
+            poster, after,
+        )
+        if task["agent"] is not None:
+            streak = await conn.fetchval(
+                "SELECT streak FROM panel_pair_drift WHERE poster = $1 AND agent = $2", poster, task["agent"]
             )
-            fee = msg.FeeLedgerEntry(entry_id=entry_id, round_id=each, chain_id=chain, account=entry.account,
-                                     role=role, delta_units=entry.delta, reason=entry.reason)
-            out.append(_outbox(f"panel-fee:{entry_id}", PANEL_FEES, entry.account, fee.model_dump(mode="json"),
-                               msg.FEE_EVENT_TYPE, each))
+            await conn.execute(
+                "INSERT INTO panel_pair_drift (poster, agent, streak) VALUES ($1, $2, $3)"
+                " ON CONFLICT (poster, agent) DO UPDATE SET streak = EXCLUDED.streak",
+                poster, task["agent"], rules.next_pair_streak(streak or 0, claim, consensus_ppm),
+            )
+        update = msg.CalibrationUpdate(kind=msg.SubjectKind.POSTER, subject=poster, calibration_ppm=after,
+                                       previous_ppm=before, round_id=rnd["round_id"], rounds=rounds)
+        out.append(_outbox(f"panel-calibration:poster:{poster}:{rnd['round_id']}", PANEL_CALIBRATION,
+                           f"poster:{poster}", update.model_dump(mode="json"), msg.CALIBRATION_EVENT_TYPE, poster))
     await enqueue(conn, out)
-    ROUNDS.labels("ruled").inc()
+    ROUNDS.labels("sample_calibrated").inc()
 
 
 def build_consumer(

@@ -68,7 +68,10 @@ CREATE TABLE panel_rounds (
     drawn_at        timestamptz NOT NULL DEFAULT now(),
     deadline        timestamptz NOT NULL,
     closed_at       timestamptz,
+    -- The poster's review (approve = true) of a sampled review; never shown to verifiers.
+    claim_passed    boolean,
     UNIQUE (chain_id, escrow, task_id, reason, round),
+    CHECK ((reason = 'review_sample') = (claim_passed IS NOT NULL)),
     -- The rerun names the round it reruns; only round 2 does.
     CHECK ((round = 2) = (rerun_of IS NOT NULL)),
     -- A rerun never reruns.
@@ -101,8 +104,8 @@ CREATE TABLE panel_seats (
     timed_out       boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (round_id, seat),
     UNIQUE (round_id, verifier),
-    -- Fresh verifiers on a rerun: a verifier sits at most once per task and reason.
-    UNIQUE (chain_id, escrow, task_id, reason, verifier),
+    -- Fresh verifiers on a rerun: a verifier sits at most once per task (dispute or sample).
+    UNIQUE (chain_id, escrow, task_id, verifier),
     -- An attestation is whole (quality, confidence, signature, time) or absent.
     CHECK ((attested_at IS NULL) = (signature IS NULL)
            AND (attested_at IS NULL) = (quality_ppm IS NULL)

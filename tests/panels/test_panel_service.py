@@ -270,3 +270,56 @@ async def test_a_busy_event_stream_still_closes_due_rounds(panel: Harness) -> No
         assert (await panel.attest(rid, s, q, 1.0)).status_code == 201
     await panel.event(14, "TaskAccepted", {"taskId": 14, "agent": AGENT.address, "status": 1})
     assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "ruling"
+
+
+async def _manual_terms(panel: Harness, task_hash: str) -> None:
+    await panel.conn.execute(
+        "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode, private, terms,"
+        " canonical) VALUES ($1, $2, $3, $4, 'manual', false, '{}'::jsonb, '{}') ON CONFLICT DO NOTHING",
+        task_hash, CHAIN, ESCROW, POSTER.address.lower(),
+    )
+
+
+async def _reviewed(panel: Harness, task_id: int, passed: bool) -> str | None:
+    """A manual-mode task whose poster's review landed on chain; the sample round, if any."""
+    task_hash = "0x" + "cd" * 32
+    await _manual_terms(panel, task_hash)
+    await panel.event(task_id, "TaskCreated", {
+        "taskId": task_id, "poster": POSTER.address, "verifier": ZERO, "token": ZERO, "reward": 10**7,
+        "deadline": int(time.time()) + 86_400, "taskHash": task_hash, "status": 0})
+    await panel.event(task_id, "TaskAccepted", {"taskId": task_id, "agent": AGENT.address, "status": 1})
+    await panel.event(task_id, "VerificationCompleted", {
+        "taskId": task_id, "verifier": VERIFIERS[0].address, "attempt": 1, "evidenceHash": "0x" + "ee" * 32,
+        "passed": passed, "score": 100 if passed else 0, "agent": AGENT.address, "agentPayout": 0, "fee": 0,
+        "failedAt": 0, "status": 4 if passed else 3})
+    rid = f"{CHAIN}:{ESCROW}:{task_id}:review_sample:1"
+    exists = await panel.conn.fetchval("SELECT 1 FROM panel_rounds WHERE round_id = $1", rid)
+    return rid if exists else None
+
+
+async def test_sampled_reviews_calibrate_the_poster_and_a_drifting_pair_is_always_sampled(panel: Harness) -> None:
+    key = f"{CHAIN}:{ESCROW}"
+    base = [t for t in range(100, 400) if rules.sample_review(SECRET, f"{key}:{t}", 1, rules.BASE_REVIEW_SAMPLE_PPM)]
+    not_sampled = next(t for t in range(100, 400) if t not in base)
+    assert 10 <= len(base) <= 60  # about 10 % of 300
+    assert await _reviewed(panel, not_sampled, True) is None
+    for drift, task_id in enumerate(base[:2], start=1):
+        rid = await _reviewed(panel, task_id, True)  # the poster approved...
+        assert rid is not None
+        seats = await panel.seats(rid)
+        for s in seats:  # ...the panel finds the work poor
+            assert (await panel.attest(rid, s, 0.1 + 0.05 * seats.index(s), 0.9)).status_code == 201
+        assert rid in await panel.close()
+        assert await panel.conn.fetchval("SELECT count(*) FROM panel_rulings WHERE round_id = $1", rid) == 0
+        assert await panel.conn.fetchval("SELECT count(*) FROM panel_fee_ledger WHERE round_id = $1", rid) == 0
+        assert await panel.conn.fetchval(
+            "SELECT streak FROM panel_pair_drift WHERE poster = $1", POSTER.address.lower()) == drift
+    calibration = await panel.conn.fetchval(
+        "SELECT calibration_ppm FROM panel_posters WHERE address = $1", POSTER.address.lower())
+    assert calibration < rules.POSTER_START_CALIBRATION_PPM
+    # Two drifting reviews in a row: this pair is now sampled every time, even a review the
+    # poster's own (raised) rate would not have picked.
+    rate = rules.review_sample_rate_ppm(calibration, 0)
+    assert rules.BASE_REVIEW_SAMPLE_PPM < rate < rules.PPM
+    unlucky = next(t for t in range(1000, 2000) if not rules.sample_review(SECRET, f"{key}:{t}", 1, rate))
+    assert await _reviewed(panel, unlucky, True) is not None

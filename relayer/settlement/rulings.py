@@ -19,7 +19,9 @@ Same rules as verdicts:
 - a preflight `eth_call` turns a refusal into a recorded outcome (`already_resolved` when
   the task is no longer disputed, `reverted` with the decoded error otherwise) without
   spending a nonce; a transaction that is not mined is broadcast again (after a reorg too),
-  and one that reverts on chain is recorded with its reason, not retried.
+  one whose nonce another transaction of the arbiter key took is queued again (and signed
+  anew after a fresh preflight), and one that reverts on chain is recorded with its reason,
+  not retried.
 
 Not here (yet): fee bumps of a stuck ruling (rulings are rare; a stuck one is re-broadcast
 at the same price).
@@ -222,17 +224,26 @@ class RulingSender:
     async def _follow(self, pool: asyncpg.Pool) -> int:
         async with pool.acquire() as conn:
             sent = await conn.fetch(
-                "SELECT task_id, raw_tx, tx_hash FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
+                "SELECT task_id, nonce, raw_tx, tx_hash FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
                 " AND status = 'sent' ORDER BY nonce", self.chain_id, self.escrow.lower(),
             )
         if not sent:
             return 0
         head = await self.rpc.head()
         changed = 0
+        mined_count: int | None = None
         for row in sent:
             receipt = await self.rpc.receipt(row["tx_hash"])
             if receipt is None or receipt.get("blockNumber") is None:
-                await self._broadcast(row["raw_tx"], row["tx_hash"])  # dropped or reorged out
+                if mined_count is None:
+                    mined_count = await self.rpc.transaction_count(self.key.address, "latest")
+                if mined_count > int(row["nonce"]):
+                    # Another transaction of the arbiter key took this nonce: ours can never be
+                    # mined. Queue the ruling again; the preflight sees whether it is still needed.
+                    await self._requeue(pool, int(row["task_id"]), row["tx_hash"])
+                    changed += 1
+                else:
+                    await self._broadcast(row["raw_tx"], row["tx_hash"])  # dropped or reorged out
                 continue
             block = int(receipt["blockNumber"], 16)
             if int(receipt.get("status", "0x1"), 16) == 0:
@@ -251,6 +262,17 @@ class RulingSender:
             RULINGS.labels(outcome).inc()
             changed += 1
         return changed
+
+    async def _requeue(self, pool: asyncpg.Pool, task_id: int, tx_hash: str) -> None:
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE settlement_rulings SET status = 'queued', nonce = NULL, raw_tx = NULL, tx_hash = NULL,"
+                " sent_at = NULL, updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                " AND status = 'sent' AND tx_hash = $4",
+                self.chain_id, self.escrow.lower(), task_id, tx_hash,
+            )
+        RULINGS.labels("nonce_lost").inc()
+        log.warning("ruling_nonce_lost", task_id=task_id)
 
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Step until stopped; RPC faults are logged and retried on the next pass."""

@@ -199,3 +199,28 @@ async def test_health_bridge_reports_whether_the_arbiter_key_matches(devnet: Dev
             while (await client.get("/health/bridge")).json()["chains"][0]["arbiter"]["arbiterMatches"]:
                 assert time.monotonic() < deadline, "arbiterMatches never turned false after the rotation"
                 await asyncio.sleep(0.3)
+
+
+async def test_a_nonce_taken_by_another_arbiter_transaction_requeues_the_ruling(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    other = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 2_500))
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        key = SecretKey.from_hex(devnet.arbiter.private_key)
+        with pytest.raises(SystemExit):
+            await _CrashBeforeBroadcast(rpc, key, devnet.chain_id, devnet.escrow_address).step(pool)
+        async with pool.acquire() as conn:
+            stored = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+        # A person uses the arbiter key meanwhile: its transaction takes our stored nonce.
+        await asyncio.to_thread(devnet.resolve_dispute, other, 5_000)
+        assert await rpc.transaction_count(key.address, "latest") > stored["nonce"]
+        row = await _until(pool, RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address), task_id,
+                           "confirmed")
+        assert row["nonce"] != stored["nonce"] and row["tx_hash"] != stored["tx_hash"]
+        view = await asyncio.to_thread(devnet.get_task, task_id)
+        assert view.status == TaskStatus.RESOLVED
+    finally:
+        await rpc.close()

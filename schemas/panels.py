@@ -96,6 +96,7 @@ class RoundOutcome(StrEnum):
     INCONCLUSIVE = "inconclusive"
     POOL_TOO_SMALL = "pool_too_small"
     RETRACTED = "retracted"
+    SUPERSEDED = "superseded"
 
 
 class SubjectKind(StrEnum):

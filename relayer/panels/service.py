@@ -155,6 +155,15 @@ class PanelHandler:
                 )
             case "DisputeRaised":
                 await open_round(conn, self.config, chain, escrow, task, 1)
+            case "DisputeResolved":
+                # The human arbiter (or an earlier ruling) settled it: an open round stops here.
+                closed = await conn.execute(
+                    "UPDATE panel_rounds SET status = 'closed', outcome = 'superseded', closed_at = now()"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND reason = 'dispute'"
+                    " AND status = 'open'", chain, escrow, task,
+                )
+                if closed != "UPDATE 0":
+                    ROUNDS.labels("superseded").inc()
             case "VerificationCompleted":
                 await maybe_sample_review(conn, self.config, chain, escrow, task, args)
             case _:

@@ -59,8 +59,10 @@ CREATE TABLE panel_rounds (
     rerun_of        text        REFERENCES panel_rounds (round_id),
     secret_version  text        NOT NULL,
     status          text        NOT NULL CHECK (status IN ('open', 'closed')),
-    -- retracted: the dispute event was removed by a reorg before the round closed.
-    outcome         text        CHECK (outcome IN ('ruling', 'rerun', 'inconclusive', 'pool_too_small', 'retracted')),
+    -- retracted: the dispute event was removed by a reorg before the round closed;
+    -- superseded: the human arbiter resolved the dispute before the panel did.
+    outcome         text        CHECK (outcome IN ('ruling', 'rerun', 'inconclusive', 'pool_too_small', 'retracted',
+                                                   'superseded')),
     consensus_ppm   integer     CHECK (consensus_ppm BETWEEN 0 AND 1000000),
     spread_ppm      integer     CHECK (spread_ppm BETWEEN 0 AND 1000000),
     schema_ok       boolean,
@@ -81,7 +83,7 @@ CREATE TABLE panel_rounds (
     CHECK ((status = 'closed') = (closed_at IS NOT NULL)),
     -- A ruling carries its consensus and split; an inconclusive round carries neither.
     CHECK (outcome IS DISTINCT FROM 'ruling' OR (consensus_ppm IS NOT NULL AND agent_share_bps IS NOT NULL)),
-    CHECK (outcome NOT IN ('inconclusive', 'pool_too_small', 'retracted') OR (consensus_ppm IS NULL AND agent_share_bps IS NULL)),
+    CHECK (outcome NOT IN ('inconclusive', 'pool_too_small', 'retracted', 'superseded') OR (consensus_ppm IS NULL AND agent_share_bps IS NULL)),
     CHECK (deadline >= drawn_at)
 );
 CREATE INDEX panel_rounds_open_idx ON panel_rounds (deadline) WHERE status = 'open';

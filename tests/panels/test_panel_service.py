@@ -323,3 +323,13 @@ async def test_sampled_reviews_calibrate_the_poster_and_a_drifting_pair_is_alway
     assert rules.BASE_REVIEW_SAMPLE_PPM < rate < rules.PPM
     unlucky = next(t for t in range(1000, 2000) if not rules.sample_review(SECRET, f"{key}:{t}", 1, rate))
     assert await _reviewed(panel, unlucky, True) is not None
+
+
+async def test_an_arbiter_ruling_supersedes_the_open_round(panel: Harness) -> None:
+    rid = await panel.dispute(15)
+    await panel.event(15, "DisputeResolved", {
+        "taskId": 15, "arbiter": ZERO, "agentShareBps": 5_000, "agent": AGENT.address, "agentAmount": 0,
+        "fee": 0, "poster": POSTER.address, "posterAmount": 0, "previousStatus": 5, "status": 9})
+    assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "superseded"
+    seat = (await panel.seats(rid))[0]
+    assert (await panel.attest(rid, seat, 0.5, 1.0)).status_code == 409

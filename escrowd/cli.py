@@ -25,6 +25,7 @@ def _register() -> None:
         "api": ("relayer.api.cli", "app"),
         "schemas": ("schemas.cli", "app"),
         "db": ("escrowd.db_cli", "app"),
+        "panel": ("relayer.panels.cli", "app"),
     }
     for name, (module_name, attr) in sub_apps.items():
         try:
@@ -38,6 +39,7 @@ def _register() -> None:
         "devnet": ("escrowd.devnet_cli", "devnet"),
         "run": ("escrowd.run", "run"),
         "verifier-agent": ("relayer.agents.verifier_agent", "verifier_agent"),
+        "verifier-bot": ("relayer.panels.bot", "verifier_bot"),
     }
     for name, (module_name, attr) in commands.items():
         try:

@@ -95,6 +95,8 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     relayer = Relayer(relayer_settings, load_relayer_key(relayer_settings))
     parts.append(Component("relayer", relayer.run))
 
+    parts += _panel_components(config, stop)
+
     api_settings = ApiSettings(
         database_url=config.database_url,
         kafka_bootstrap=None,
@@ -195,6 +197,76 @@ def offchain_client(api_port: int, devnet: Devnet) -> OffChain:
     return ApiClient(f"http://127.0.0.1:{api_port}", devnet)  # type: ignore[return-value]
 
 
+PANEL_BOTS = (0.9, 0.75, 0.6, 0.85, 0.7, 0.5)
+"""Qualities of the in-process panel bots: spread wider than 0.02, so no panel looks colluding."""
+
+
+def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Component]:
+    """The panel service, the relayer's ruling path (arbiter key) and six verifier bots."""
+    import aiohttp
+
+    from escrowd.pipeline import Component
+    from relayer.panels.bot import BotSettings, VerifierBot
+    from relayer.panels.service import PanelConfig
+    from relayer.panels.service import build_consumer as panel_consumer
+    from relayer.settlement.keys import SecretKey
+    from relayer.settlement.rpc import EthRpc
+    from relayer.settlement.rulings import RulingSender, build_ruling_consumer
+
+    dn = config.devnet
+    panel_key = "0x" + secrets.token_hex(32)
+    panel = panel_consumer(
+        bootstrap=config.kafka_bootstrap, database_url=config.database_url, idle_interval=0.5,
+        config=PanelConfig(secret=secrets.token_bytes(32), secret_version="run", ruling_key=panel_key,
+                           attestation_seconds=120, fee_units=50_000),
+    )
+    admit = build_ruling_consumer(
+        bootstrap=config.kafka_bootstrap, database_url=config.database_url, chain_id=dn.chain_id,
+        escrow=dn.escrow_address, trusted_signers=frozenset({Account.from_key(panel_key).address.lower()}),
+    )
+    parts = [Component(panel.name, panel.run, panel.stop), Component(admit.name, admit.run, admit.stop)]
+
+    async def send_rulings() -> None:
+        from escrowd.db import create_pool
+
+        rpc = EthRpc([dn.rpc_url], chain_id=dn.chain_id)
+        pool = await create_pool(config.database_url, max_size=2)
+        try:
+            sender = RulingSender(rpc, SecretKey.from_hex(dn.arbiter.private_key), dn.chain_id, dn.escrow_address)
+            await sender.run(pool, stop, 0.5)
+        finally:
+            await rpc.close()
+            await pool.close()
+
+    parts.append(Component("ruling-relay", send_rulings))
+
+    async def bots() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            members = []
+            for index, quality in enumerate(PANEL_BOTS):
+
+                async def scorer(_assignment: dict[str, Any], q: float = quality) -> tuple[float, float]:
+                    return q, 0.8
+
+                settings = BotSettings(
+                    api_url=f"http://127.0.0.1:{config.api_port}", verifier_key="0x" + secrets.token_hex(32),
+                    operator_id=f"run-bot-{index}", verifier_chains=[dn.chain_id], scorer="plugin:in:process",
+                    poll_seconds=1.0,
+                )
+                members.append(VerifierBot(settings, scorer, session))
+            for _ in range(100):  # the API starts with the other components
+                try:
+                    for bot in members:
+                        await bot.register()
+                    break
+                except (aiohttp.ClientError, RuntimeError):
+                    await asyncio.sleep(0.2)
+            await asyncio.gather(*(bot.run(stop) for bot in members))
+
+    parts.append(Component("verifier-bots", bots))
+    return parts
+
+
 async def settle(pipeline: Any) -> None:
     """Wait until the consumers have caught up with every indexed event."""
     conn = pipeline.conn
@@ -259,4 +331,23 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
         if r["status"] != "confirmed" or r["mined_ok"] != 1 or r["nonces"] != 1
     ]
     results.append(("relayer: one transaction per judged attempt, each confirmed", not problems, "; ".join(problems[:5])))
+
+    # Panels: every dispute the panel decided was resolved on chain once, with the panel's split.
+    resolved = {int(e.args["taskId"]): int(e.args["agentShareBps"]) for e in events if e.name == "DisputeResolved"}
+    panel_paths = {p.task_id for p in planned if p.path == "panel_dispute"}
+    rulings = {int(r["task_id"]): r for r in await conn.fetch(
+        "SELECT p.task_id, p.agent_share_bps, s.status, s.nonce FROM panel_rulings p"
+        " LEFT JOIN settlement_rulings s USING (chain_id, escrow, task_id)")}  # fmt: skip
+    wrong_rulings = [f"task {t}: no panel ruling" for t in panel_paths if t not in rulings]
+    wrong_rulings += [
+        f"task {t}: chain {resolved.get(t)} bps, panel {r['agent_share_bps']} bps, relay {r['status']}"
+        for t, r in rulings.items()
+        if t in panel_paths and (resolved.get(t) != r["agent_share_bps"] or r["status"] != "confirmed")
+    ]
+    results.append(("panels: each panel dispute resolved on chain once, with the panel's split",
+                    not wrong_rulings, "; ".join(wrong_rulings[:5])))
+    unbalanced = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT round_id FROM panel_fee_ledger GROUP BY round_id"
+        " HAVING sum(delta_units) <> 0) u")
+    results.append(("panels: the fee ledger of every round sums to zero", unbalanced == 0, f"{unbalanced} rounds"))
     return results

@@ -25,7 +25,15 @@ from typing import Any
 
 import structlog
 
-from escrowd.devnet import APPEAL_WINDOW, DAY, ESCALATION_DELAY, USDC, Devnet, text_hash
+from escrowd.devnet import (
+    APPEAL_WINDOW,
+    DAY,
+    ESCALATION_DELAY,
+    USDC,
+    Devnet,
+    EscrowRevert,
+    text_hash,
+)
 from escrowd.invariants import PlannedTask
 
 log = structlog.get_logger(__name__)
@@ -99,7 +107,7 @@ class TrafficGenerator:
         "timeout_refund",
         "escalation_and_collection",
     )
-    PIPELINE_PATHS = ("auto_pass", "auto_fail_resubmit", "manual_review", "auto_fail_refund")
+    PIPELINE_PATHS = ("auto_pass", "auto_fail_resubmit", "manual_review", "auto_fail_refund", "panel_dispute")
 
     def __init__(
         self,
@@ -309,6 +317,19 @@ class TrafficGenerator:
         await self._wait_status(plan, 4)
         plan.passed_rounds, plan.final_status = 1, 4
 
+    async def _phase1_panel_dispute(self, plan: TaskPlan) -> None:
+        # Disputed, then left to the panel: drawn verifiers attest, the panel service signs the
+        # ruling and the relayer sends resolveDispute from the arbiter key.
+        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
+        evidence = text_hash(f"panel dispute {task}")
+        await self._accept_and_submit(plan, evidence)
+        await self._chain(self.dn.complete_verification, task, 1, evidence, False, 10, sender=verifier)
+        _, agent = self._actors(plan)
+        await self._chain(self.dn.raise_dispute, task, sender=agent)
+        await self._wait_status(plan, 9, within=300)
+        plan.failed_rounds, plan.final_status = 1, 9
+
     # -- chain-only paths ---------------------------------------------------------------
 
     async def _phase1_agent_review_pass(self, plan: TaskPlan) -> None:
@@ -338,7 +359,13 @@ class TrafficGenerator:
         await self._chain(self.dn.complete_verification, task, 1, evidence, False, 10, sender=verifier)
         _, agent = self._actors(plan)
         await self._chain(self.dn.raise_dispute, task, sender=agent)
-        await self._chain(self.dn.resolve_dispute, task, self.random.choice((0, 2_500, 5_000, 10_000)))
+        share = self.random.choice((0, 2_500, 5_000, 10_000))
+        try:
+            await self._chain(self.dn.resolve_dispute, task, share)
+        except EscrowRevert as exc:
+            # With panels running, the panel's ruling may land first; the task is resolved either way.
+            if exc.name != "WrongStatus":
+                raise
         plan.failed_rounds, plan.final_status = 1, 9
 
     async def _phase1_cancellation(self, plan: TaskPlan) -> None:

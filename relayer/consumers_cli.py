@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from relayer.verification.consumer_cli import app as verification_app
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
-app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation.", no_args_is_help=True)
+app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, panels.", no_args_is_help=True)
 app.add_typer(verification_app, name="verification")
 
 
@@ -113,5 +113,40 @@ def reputation(
         ),
         reputation_topic=settings.reputation_topic,
         dlq_topic=settings.dead_letter_topic,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+
+
+@app.command()
+def panels(
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
+    from escrowd.logging import configure_logging
+    from relayer.panels.service import PanelConfig, build_consumer
+    from relayer.panels.settings import PanelSettings
+
+    try:
+        settings = PanelSettings()
+        secret = settings.read_secret()
+    except Exception as exc:
+        # pydantic never echoes a SecretStr, and read_secret names no byte of the secret.
+        typer.echo(f"invalid configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
+    configure_logging(json=log_json)
+    config = PanelConfig(
+        secret=secret,
+        secret_version=settings.panel_secret_version,
+        ruling_key=settings.panel_signing_key.get_secret_value(),
+        attestation_seconds=settings.panel_attestation_seconds,
+        fee_units=settings.panel_fee_units,
+    )
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        config=config,
+        events_topic=settings.events_topic,
+        dlq_topic=settings.dead_letter_topic,
+        idle_interval=settings.panel_idle_interval,
     )
     asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))

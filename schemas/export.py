@@ -30,6 +30,13 @@ _OPTIONAL_MODELS = (
     ("schemas.verdict", "Verdict"),
     ("schemas.verdict", "SignedVerdict"),
     ("schemas.task_terms", "TaskTerms"),
+    ("schemas.panels", "VerifierRegistration"),
+    ("schemas.panels", "PanelRound"),
+    ("schemas.panels", "SignedAttestation"),
+    ("schemas.panels", "ConsensusRecord"),
+    ("schemas.panels", "SignedRuling"),
+    ("schemas.panels", "CalibrationUpdate"),
+    ("schemas.panels", "FeeLedgerEntry"),
 )
 
 

@@ -25,6 +25,24 @@ REPUTATION = "escrow.reputation.v1"
 TIMERS = "escrow.timers.v1"
 """Timer events emitted as chain time crosses a window (appeal closed, escalation collectible…)."""
 
+PANEL_ROUNDS = "escrow.panel-rounds.v1"
+"""Panel rounds when drawn and when closed (`PanelRound`). Key: `<chain id>:<task id>`."""
+
+PANEL_ATTESTATIONS = "escrow.panel-attestations.v1"
+"""Signed attestations accepted by the API, published once their round closed. Key: `<chain id>:<task id>`."""
+
+PANEL_CONSENSUS = "escrow.panel-consensus.v1"
+"""Each closed round's consensus, outcome and split (`ConsensusRecord`). Key: `<chain id>:<task id>`."""
+
+PANEL_RULINGS = "escrow.panel-rulings.v1"
+"""Signed rulings for the settlement relayer (`SignedRuling`). Key: `<chain id>:<task id>`."""
+
+PANEL_CALIBRATION = "escrow.panel-calibration.v1"
+"""Compacted: latest calibration per verifier / poster. Key: `<verifier|poster>:<address lower case>`."""
+
+PANEL_FEES = "escrow.panel-fees.v1"
+"""Fee ledger entries (`FeeLedgerEntry`), integer token units. Key: account address (lower case)."""
+
 DEAD_LETTERS = "escrow.dlq.v1"
 """Poison messages with the consumer and the reason in headers (`dlq_reason`, `dlq_consumer`)."""
 
@@ -38,5 +56,11 @@ def all_topics(partitions: int = 4) -> list[TopicSpec]:
         TopicSpec(TASKS, partitions, compacted=True),
         TopicSpec(REPUTATION, partitions, compacted=True),
         TopicSpec(TIMERS, partitions),
+        TopicSpec(PANEL_ROUNDS, partitions),
+        TopicSpec(PANEL_ATTESTATIONS, partitions),
+        TopicSpec(PANEL_CONSENSUS, partitions),
+        TopicSpec(PANEL_RULINGS, partitions),
+        TopicSpec(PANEL_CALIBRATION, partitions, compacted=True),
+        TopicSpec(PANEL_FEES, partitions),
         TopicSpec(DEAD_LETTERS, 1),
     ]

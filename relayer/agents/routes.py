@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from relayer.agents import briefs, directory, rubrics, store
 from relayer.agents.listing import BriefState, listing_check
-from relayer.api.auth import Caller, has_auth, spend_nonce, verify_signature
+from relayer.api.auth import Caller, authenticate, has_auth
 from relayer.api.errors import ApiProblem
 from relayer.verification import results_store as vstore
 from relayer.verification.routing import TaskKey, fold_chain
@@ -29,25 +29,8 @@ Name = Annotated[str, Path(pattern=rf"^{rubrics.NAME_PATTERN}$")]
 
 
 async def caller_of(request: Request, chain_id: int | None = None, escrow: str | None = None) -> Caller:
-    """The signed caller of this request to the deployment it acts on (401 when the signature
-    does not hold), its nonce spent at once: every authenticated request uses its nonce up,
-    whatever its outcome (the rule of `relayer/api/tasks.py`)."""
-    state = request.app.state
-    served = state.settings.served_deployments()
-    if not served:
-        raise ApiProblem(503, "NO_DEPLOYMENT", "this API is configured with no deployment to serve")
-    deployment = served[0]
-    if chain_id is not None and escrow is not None:
-        found = [d for d in served if d.chain_id == chain_id and d.escrow.lower() == escrow.lower()]
-        if not found:
-            raise ApiProblem(404, "DEPLOYMENT_UNKNOWN", f"this API serves no escrow {escrow} on chain {chain_id}")
-        deployment = found[0]
-    caller = await verify_signature(
-        request, deployment, now=int(state.clock()), max_ttl=state.settings.signature_max_ttl_seconds
-    )
-    async with state.pool.acquire() as conn, conn.transaction():
-        await spend_nonce(conn, caller)
-    return caller
+    """The signed caller, its nonce spent at once (`relayer.api.auth.authenticate`)."""
+    return await authenticate(request, chain_id, escrow)
 
 
 # ---------------------------------------------------------------------------- rubrics

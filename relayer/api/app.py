@@ -34,6 +34,7 @@ OPTIONAL_ROUTERS: tuple[tuple[str, str], ...] = (
     ("relayer.settlement.routes", "router"),
     ("relayer.lifecycle.routes", "router"),
     ("relayer.agents.routes", "router"),
+    ("relayer.panels.routes", "router"),
 )
 
 
@@ -76,7 +77,8 @@ def _bridge_health(app: FastAPI, settings: ApiSettings) -> list[Any]:
     chains = [ChainSettings.model_validate(c) for c in settings.bridge_chains]
     rpcs = {c.chain_id: EthRpc(c.rpc_urls, chain_id=c.chain_id, timeout=c.rpc_timeout) for c in chains}
     checker = BridgeHealthChecker(
-        chains=chains, rpcs=rpcs, pool=app.state.pool, relayer_address=settings.bridge_relayer_address
+        chains=chains, rpcs=rpcs, pool=app.state.pool, relayer_address=settings.bridge_relayer_address,
+        arbiter_address=settings.bridge_arbiter_address,
     )
     app.state.bridge_health = CachedHealth(checker)
     return list(rpcs.values())

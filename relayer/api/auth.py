@@ -150,3 +150,35 @@ __all__ = [
     "typed_request",
     "verify_signature",
 ]
+
+
+def served_deployment(request: Request, chain_id: int | None = None, escrow: str | None = None) -> Deployment:
+    """The served deployment a request acts on: the one it names, else the API's first.
+
+    503 NO_DEPLOYMENT when the API serves none; 404 DEPLOYMENT_UNKNOWN for one it does not serve.
+    """
+    served: list[Deployment] = request.app.state.settings.served_deployments()
+    if not served:
+        raise ApiProblem(503, "NO_DEPLOYMENT", "this API is configured with no deployment to serve")
+    if chain_id is None or escrow is None:
+        return served[0]
+    found = next((d for d in served if d.chain_id == chain_id and d.escrow.lower() == escrow.lower()), None)
+    if found is None:
+        raise ApiProblem(404, "DEPLOYMENT_UNKNOWN", f"this API serves no escrow {escrow} on chain {chain_id}")
+    return found
+
+
+async def authenticate(request: Request, chain_id: int | None = None, escrow: str | None = None) -> Caller:
+    """Verify the request's signature for the deployment it acts on, then spend its nonce in a
+    transaction of its own, before the request is judged: every authenticated request uses its
+    nonce up whatever its outcome, so a refused request can never be replayed later."""
+    state = request.app.state
+    caller = await verify_signature(
+        request,
+        served_deployment(request, chain_id, escrow),
+        now=int(state.clock()),
+        max_ttl=state.settings.signature_max_ttl_seconds,
+    )
+    async with state.pool.acquire() as conn, conn.transaction():
+        await spend_nonce(conn, caller)
+    return caller

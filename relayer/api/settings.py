@@ -71,6 +71,10 @@ class ApiSettings(BaseSettings):
     bridge_relayer_address: str | None = Field(
         default=None, description="The relayer's sending address, for /health/bridge (no key needed)"
     )
+    bridge_arbiter_address: str | None = Field(
+        default=None,
+        description="The address that sends panel rulings; /health/bridge then reports arbiterMatches",
+    )
     bridge_chains: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Chains /health/bridge checks (the indexer's `chains` shape: chain_id, rpc_urls, escrow_addresses)",

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from eth_utils.address import is_address, to_checksum_address
 from fastapi import APIRouter, Header, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from escrowd.outbox import enqueue
 from relayer.agents.checks import check_named_verifier
@@ -380,6 +381,25 @@ async def register_terms(
     if not new:
         response.status_code = 200
     return RegisterTermsResponse(task_hash=digest, canonical=terms.canonical(), terms=terms, warnings=warnings)
+
+
+class DeploymentView(BaseModel):
+    """One deployment this API serves: the EIP-712 domain of its signed requests."""
+
+    model_config = ConfigDict(frozen=True)
+    chain_id: int = Field(serialization_alias="chainId")
+    escrow: str
+
+
+@router.get(
+    "/deployments",
+    response_model=list[DeploymentView],
+    response_model_by_alias=True,
+    summary="The deployments this API serves; requests that name none act on the first",
+)
+async def deployments(request: Request) -> list[DeploymentView]:
+    served = _ctx(request).settings.served_deployments()
+    return [DeploymentView(chain_id=d.chain_id, escrow=d.escrow) for d in served]
 
 
 @router.get(

@@ -54,6 +54,36 @@ def run(
         raise typer.Exit(2) from None
 
 
+@app.command("rulings")
+def rulings() -> None:
+    """Send signed panel rulings as resolveDispute from the arbiter key, until SIGINT/SIGTERM."""
+    from pydantic import ValidationError
+
+    from escrowd.logging import configure_logging
+    from relayer.settlement.keys import KeyLoadError
+    from relayer.settlement.rulings import RulingRelaySettings, run_ruling_relay
+
+    try:
+        settings = RulingRelaySettings()
+    except ValidationError as exc:
+        typer.echo(f"invalid ruling relay settings: {exc}", err=True)
+        raise typer.Exit(2) from None
+    configure_logging(json=True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_ruling_relay(settings, stop)
+
+    try:
+        asyncio.run(main())
+    except KeyLoadError as exc:
+        typer.echo(f"arbiter key: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("keystore")
 def keystore(
     out: Annotated[Path, typer.Argument(help="Keystore file to write (mode 0600)")],

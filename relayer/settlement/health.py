@@ -27,7 +27,7 @@ from pydantic.alias_generators import to_camel
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
 from relayer.settlement.rpc import EthRpc, RpcError
-from relayer.settlement.txs import marketplace_verifier_data
+from relayer.settlement.txs import marketplace_verifier_data, selector
 from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)
@@ -82,6 +82,15 @@ class VerifierHealth(_Model):
     escrows: list[EscrowVerifier] = Field(default_factory=list)
 
 
+class ArbiterHealth(_Model):
+    """Whether the escrow's arbiter is the key that sends panel rulings (`arbiterMatches`)."""
+
+    escrow: str
+    arbiter: str | None = None
+    relayer_arbiter_address: str
+    arbiter_matches: bool = False
+
+
 class ChainHealth(_Model):
     """Everything about one chain."""
 
@@ -91,6 +100,7 @@ class ChainHealth(_Model):
     indexer: IndexerHealth
     relayer: RelayerHealth
     verifier: VerifierHealth
+    arbiter: ArbiterHealth | None = None
 
 
 class BridgeHealth(_Model):
@@ -133,8 +143,10 @@ class BridgeHealthChecker:
         pool: asyncpg.Pool,
         relayer_address: str,
         gates: Mapping[int, object] | None = None,
+        arbiter_address: str | None = None,
     ) -> None:
         self._chains = list(chains)
+        self.arbiter_address = None if arbiter_address is None else checksum_address(arbiter_address)
         self._rpcs = rpcs
         self._pool = pool
         self.relayer_address = checksum_address(relayer_address)
@@ -186,6 +198,7 @@ class BridgeHealthChecker:
         sending = bool(getattr(gate, "is_open", False)) if gate is not None else matches
         paused = getattr(gate, "reason", None) if gate is not None else reason
         return ChainHealth(
+            arbiter=None if self.arbiter_address is None else await self._arbiter(rpc, chain.escrow_addresses[0]),
             chain_id=chain.chain_id,
             name=chain.name,
             rpc=RpcHealth(reachable=head is not None, head=head, error=error),
@@ -216,6 +229,21 @@ class BridgeHealthChecker:
                     for e, t in zip(chain.escrow_addresses, trusted, strict=True)
                 ],
             ),
+        )
+
+    async def _arbiter(self, rpc: EthRpc, escrow: str) -> ArbiterHealth:
+        """The escrow's `arbiter()` against the ruling key's address (unknown reads as no)."""
+        assert self.arbiter_address is not None
+        arbiter: str | None = None
+        with contextlib.suppress(RpcError):
+            raw = await rpc.eth_call(escrow, selector("arbiter"))
+            if len(raw) >= 20:
+                arbiter = checksum_address("0x" + raw[-20:].hex())
+        return ArbiterHealth(
+            escrow=escrow,
+            arbiter=arbiter,
+            relayer_arbiter_address=self.arbiter_address,
+            arbiter_matches=arbiter is not None and arbiter.lower() == self.arbiter_address.lower(),
         )
 
     async def check(self) -> BridgeHealth:

@@ -1,0 +1,1 @@
+"""Dispute panels and calibration (seed 003): drawn verifiers decide disputes."""

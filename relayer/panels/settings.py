@@ -1,0 +1,43 @@
+"""Settings of the panel service (`ESCROWD_*` environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
+
+MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 4096
+
+
+class PanelSettings(BaseSettings):
+    """What `escrowd consume panels` needs. The secret and the key are never logged."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
+    events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
+    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+    panel_secret_file: Path = Field(description="File holding the draw and sampling secret (at least 16 bytes)")
+    panel_secret_version: str = Field(
+        default="1", max_length=64, description="Recorded with every round, so audits know which secret drew it"
+    )
+    panel_signing_key: SecretStr = Field(description="0x hex secp256k1 key that signs rulings for the relayer")
+    panel_attestation_seconds: int = Field(
+        default=3600, ge=1, le=7 * 86_400, description="Attestation deadline after the draw"
+    )
+    panel_fee_units: int = Field(default=50_000, ge=0, description="Per weighted attestation, in token units")
+    panel_idle_interval: float = Field(default=1.0, gt=0, le=60, description="Seconds between deadline sweeps")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
+
+    def read_secret(self) -> bytes:
+        """The secret's bytes (surrounding whitespace removed); ValueError without echoing it."""
+        with self.panel_secret_file.open("rb") as handle:
+            raw = handle.read(MAX_SECRET_BYTES + 1).strip()
+        if not MIN_SECRET_BYTES <= len(raw) <= MAX_SECRET_BYTES:
+            raise ValueError(f"the panel secret must hold {MIN_SECRET_BYTES}–{MAX_SECRET_BYTES} bytes")
+        return raw

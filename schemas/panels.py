@@ -1,0 +1,418 @@
+"""Dispute panel messages (seed 003): verifiers, rounds, attestations, consensus, rulings,
+calibration and the fee ledger. See docs/panels.md for the rules behind the numbers.
+
+Values in [0, 1] travel as integers in parts per million (`*_ppm`), shares in basis points,
+fees in integer token units: every number is exact.
+
+Two signed structures, EIP-712 with the domain of `schemas.verdict` but their own name:
+
+    EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)
+      name = "escrowd-panel", version = "1", verifyingContract = the escrow
+    Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,
+                uint32 quality,uint32 confidence)
+    Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)
+
+An attestation is signed by the verifier's own key; a ruling by the panel service's key and
+checked by the settlement relayer before it sends `resolveDispute` from the arbiter key.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from coincurve import PublicKey
+from eth_utils.crypto import keccak
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from schemas.verdict import (
+    UINT256_MAX,
+    InvalidSignature,
+    _address_word,
+    _key_bytes,
+    _signing_key,
+    _word,
+    address_of,
+    checksum_address,
+)
+
+PANEL_DOMAIN_NAME = "escrowd-panel"
+PANEL_DOMAIN_VERSION = "1"
+PPM = 1_000_000
+BPS = 10_000
+
+ROUND_EVENT_TYPE = "io.escrowd.panel.round.v1"
+ATTESTATION_EVENT_TYPE = "io.escrowd.panel.attestation.v1"
+CONSENSUS_EVENT_TYPE = "io.escrowd.panel.consensus.v1"
+RULING_EVENT_TYPE = "io.escrowd.panel.ruling.v1"
+CALIBRATION_EVENT_TYPE = "io.escrowd.panel.calibration.v1"
+FEE_EVENT_TYPE = "io.escrowd.panel.fee.v1"
+
+ATTESTATION_TYPE = (
+    "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,"
+    "uint32 quality,uint32 confidence)"
+)
+RULING_TYPE = "Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)"
+_DOMAIN_TYPEHASH = keccak(
+    text="EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
+)
+_ATTESTATION_TYPEHASH = keccak(text=ATTESTATION_TYPE)
+_RULING_TYPEHASH = keccak(text=RULING_TYPE)
+_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+Address = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")]
+Signature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")]
+Ppm = Annotated[int, Field(ge=0, le=PPM, strict=True)]
+Bps = Annotated[int, Field(ge=0, le=BPS, strict=True)]
+ChainId = Annotated[int, Field(gt=0, le=UINT256_MAX, strict=True)]
+TaskId = Annotated[int, Field(ge=1, le=UINT256_MAX, strict=True)]
+RoundNo = Annotated[int, Field(ge=1, le=2, strict=True, description="1 = first panel, 2 = rerun")]
+OperatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class RoundReason(StrEnum):
+    """Why a task went to a panel."""
+
+    DISPUTE = "dispute"
+    REVIEW_SAMPLE = "review_sample"
+
+
+class RoundStatus(StrEnum):
+    """A round's life: open (attesting) → closed (ruling, rerun or inconclusive)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class RoundOutcome(StrEnum):
+    """What a closed round led to (mirrors `relayer.panels.rules.Outcome`)."""
+
+    RULING = "ruling"
+    RERUN = "rerun"
+    INCONCLUSIVE = "inconclusive"
+    POOL_TOO_SMALL = "pool_too_small"
+    RETRACTED = "retracted"
+    SUPERSEDED = "superseded"
+
+
+class SubjectKind(StrEnum):
+    """Whose calibration moved."""
+
+    VERIFIER = "verifier"
+    POSTER = "poster"
+
+
+class VerifierRegistration(BaseModel):
+    """A verifier joining the pool (signed by its own key through the API)."""
+
+    model_config = _FROZEN
+
+    address: Address
+    operator: OperatorId
+    chains: list[ChainId] = Field(min_length=1, max_length=64)
+
+    @field_validator("address")
+    @classmethod
+    def _checksum(cls, value: str) -> str:
+        return checksum_address(value)
+
+
+class PanelRound(BaseModel):
+    """One round of one task: who was drawn, when attestations are due, how it closed.
+
+    Published on `escrow.panel-rounds.v1` when drawn and again when closed (same key).
+    """
+
+    model_config = _FROZEN
+
+    round_id: str = Field(max_length=200, description="<chain>:<escrow>:<task>:<reason>:<round>")
+    chain_id: ChainId
+    escrow: Address
+    task_id: TaskId
+    round: RoundNo
+    reason: RoundReason
+    verifiers: list[Address] = Field(max_length=16, description="Empty when the pool was too small")
+    drawn_at: datetime
+    deadline: datetime
+    status: RoundStatus
+    outcome: RoundOutcome | None = None
+
+
+class Attestation(BaseModel):
+    """What a verifier signs: its quality and confidence for one round of one task."""
+
+    model_config = _FROZEN
+
+    chain_id: ChainId
+    escrow: Address
+    task_id: TaskId
+    round: RoundNo
+    verifier: Address
+    quality_ppm: Ppm
+    confidence_ppm: Ppm
+
+    @field_validator("escrow", "verifier")
+    @classmethod
+    def _checksum(cls, value: str) -> str:
+        return checksum_address(value)
+
+
+class SignedAttestation(BaseModel):
+    """An attestation and the verifier's EIP-712 signature (65 bytes r || s || v)."""
+
+    model_config = _FROZEN
+
+    attestation: Attestation
+    signature: Signature
+
+
+class ConsensusRecord(BaseModel):
+    """A closed round's consensus: published on `escrow.panel-consensus.v1`."""
+
+    model_config = _FROZEN
+
+    round_id: str = Field(max_length=200)
+    chain_id: ChainId
+    escrow: Address
+    task_id: TaskId
+    round: RoundNo
+    outcome: RoundOutcome
+    consensus_ppm: Ppm | None
+    spread_ppm: Ppm | None
+    weighted: list[Address] = Field(max_length=16)
+    timed_out: list[Address] = Field(default_factory=list, max_length=16)
+    schema_ok: bool
+    schema_violations: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list, max_length=10
+    )
+    band: Literal["reject", "revision", "accept"] | None
+    agent_share_bps: Bps | None
+
+
+class Ruling(BaseModel):
+    """The split a panel decided, for `resolveDispute(taskId, agentShareBps)`."""
+
+    model_config = _FROZEN
+
+    chain_id: ChainId
+    escrow: Address
+    task_id: TaskId
+    round: RoundNo
+    agent_share_bps: Bps
+
+    @field_validator("escrow")
+    @classmethod
+    def _checksum(cls, value: str) -> str:
+        return checksum_address(value)
+
+
+class SignedRuling(BaseModel):
+    """A ruling with the panel service's signature and claimed signer."""
+
+    model_config = _FROZEN
+
+    ruling: Ruling
+    signature: Signature
+    signer: Address
+
+
+class CalibrationUpdate(BaseModel):
+    """A verifier's or poster's calibration after a round.
+
+    Compacted topic `escrow.panel-calibration.v1`, key `<kind>:<address lower case>`.
+    """
+
+    model_config = _FROZEN
+
+    kind: SubjectKind
+    subject: Address
+    calibration_ppm: Ppm
+    previous_ppm: Ppm
+    round_id: str = Field(max_length=200)
+    rounds: int = Field(ge=0, description="Rounds that moved this calibration so far")
+
+
+class FeeLedgerEntry(BaseModel):
+    """One movement of the off-chain fee ledger; the entries of a round sum to zero."""
+
+    model_config = _FROZEN
+
+    entry_id: str = Field(max_length=260, description="<round id>:<account>")
+    round_id: str = Field(max_length=200)
+    chain_id: ChainId
+    account: Address
+    role: Literal["verifier", "poster", "agent"]
+    delta_units: int = Field(strict=True, description="Token units; positive earns, negative pays")
+    reason: Literal["attestation_fee", "panel_fee"]
+
+
+# ---------------------------------------------------------------------------- EIP-712
+
+
+@functools.lru_cache(maxsize=1024)
+def panel_domain_separator(chain_id: int, escrow: str) -> bytes:
+    """The domain of panel signatures: bound to the chain and the escrow."""
+    return keccak(
+        _DOMAIN_TYPEHASH
+        + keccak(text=PANEL_DOMAIN_NAME)
+        + keccak(text=PANEL_DOMAIN_VERSION)
+        + _word(chain_id)
+        + _address_word(checksum_address(escrow))
+    )
+
+
+def attestation_digest(a: Attestation) -> bytes:
+    """keccak(0x1901 || domain || hashStruct(Attestation))."""
+    body = keccak(
+        _ATTESTATION_TYPEHASH
+        + _word(a.chain_id)
+        + _address_word(a.escrow)
+        + _word(a.task_id)
+        + _word(a.round)
+        + _address_word(a.verifier)
+        + _word(a.quality_ppm)
+        + _word(a.confidence_ppm)
+    )
+    return keccak(b"\x19\x01" + panel_domain_separator(a.chain_id, a.escrow) + body)
+
+
+def ruling_digest(r: Ruling) -> bytes:
+    """keccak(0x1901 || domain || hashStruct(Ruling))."""
+    body = keccak(
+        _RULING_TYPEHASH
+        + _word(r.chain_id)
+        + _address_word(r.escrow)
+        + _word(r.task_id)
+        + _word(r.round)
+        + _word(r.agent_share_bps)
+    )
+    return keccak(b"\x19\x01" + panel_domain_separator(r.chain_id, r.escrow) + body)
+
+
+def _domain_json(chain_id: int, escrow: str) -> dict[str, Any]:
+    return {
+        "name": PANEL_DOMAIN_NAME,
+        "version": PANEL_DOMAIN_VERSION,
+        "chainId": chain_id,
+        "verifyingContract": escrow,
+    }
+
+
+_DOMAIN_FIELDS = [
+    {"name": "name", "type": "string"},
+    {"name": "version", "type": "string"},
+    {"name": "chainId", "type": "uint256"},
+    {"name": "verifyingContract", "type": "address"},
+]
+
+
+def attestation_typed_data(a: Attestation) -> dict[str, Any]:
+    """The full EIP-712 message a verifier's wallet signs."""
+    return {
+        "types": {
+            "EIP712Domain": _DOMAIN_FIELDS,
+            "Attestation": [
+                {"name": "chainId", "type": "uint256"},
+                {"name": "escrow", "type": "address"},
+                {"name": "taskId", "type": "uint256"},
+                {"name": "round", "type": "uint8"},
+                {"name": "verifier", "type": "address"},
+                {"name": "quality", "type": "uint32"},
+                {"name": "confidence", "type": "uint32"},
+            ],
+        },
+        "primaryType": "Attestation",
+        "domain": _domain_json(a.chain_id, a.escrow),
+        "message": {
+            "chainId": a.chain_id,
+            "escrow": a.escrow,
+            "taskId": a.task_id,
+            "round": a.round,
+            "verifier": a.verifier,
+            "quality": a.quality_ppm,
+            "confidence": a.confidence_ppm,
+        },
+    }
+
+
+def ruling_typed_data(r: Ruling) -> dict[str, Any]:
+    """The full EIP-712 message of a ruling."""
+    return {
+        "types": {
+            "EIP712Domain": _DOMAIN_FIELDS,
+            "Ruling": [
+                {"name": "chainId", "type": "uint256"},
+                {"name": "escrow", "type": "address"},
+                {"name": "taskId", "type": "uint256"},
+                {"name": "round", "type": "uint8"},
+                {"name": "agentShareBps", "type": "uint16"},
+            ],
+        },
+        "primaryType": "Ruling",
+        "domain": _domain_json(r.chain_id, r.escrow),
+        "message": {
+            "chainId": r.chain_id,
+            "escrow": r.escrow,
+            "taskId": r.task_id,
+            "round": r.round,
+            "agentShareBps": r.agent_share_bps,
+        },
+    }
+
+
+def _sign(digest: bytes, private_key: bytes | str) -> tuple[str, str]:
+    key, signer = _signing_key(_key_bytes(private_key))
+    sig = key.sign_recoverable(digest, hasher=None)
+    return "0x" + (sig[:64] + bytes([27 + sig[64]])).hex(), signer
+
+
+def recover(digest: bytes, signature: str) -> str:
+    """The address that signed `digest`; InvalidSignature for anything non-canonical."""
+    raw = bytes.fromhex(signature[2:])
+    if len(raw) != 65:
+        raise InvalidSignature("signature must be 65 bytes")
+    r = int.from_bytes(raw[:32], "big")
+    s = int.from_bytes(raw[32:64], "big")
+    recid = raw[64] - 27 if raw[64] >= 27 else raw[64]
+    if recid not in (0, 1):
+        raise InvalidSignature("v must be 27 or 28")
+    if not (0 < r < _SECP256K1_N) or not (0 < s <= _SECP256K1_N // 2):
+        raise InvalidSignature("r or s out of range (or s not canonical)")
+    try:
+        public = PublicKey.from_signature_and_message(raw[:64] + bytes([recid]), digest, hasher=None)
+    except Exception as exc:
+        raise InvalidSignature(f"no key recovers from this signature ({type(exc).__name__})") from None
+    return address_of(public)
+
+
+def sign_attestation(a: Attestation, private_key: bytes | str) -> SignedAttestation:
+    """Sign an attestation with the verifier's key; refuses a key that is not the verifier's."""
+    signature, signer = _sign(attestation_digest(a), private_key)
+    if signer != a.verifier:
+        raise ValueError("the key does not belong to the attestation's verifier")
+    return SignedAttestation(attestation=a, signature=signature)
+
+
+def attestation_signer(signed: SignedAttestation) -> str:
+    """The address that signed the attestation (compare with `attestation.verifier`)."""
+    return recover(attestation_digest(signed.attestation), signed.signature)
+
+
+def sign_ruling(r: Ruling, private_key: bytes | str) -> SignedRuling:
+    """Sign a ruling with the panel service's key."""
+    signature, signer = _sign(ruling_digest(r), private_key)
+    return SignedRuling(ruling=r, signature=signature, signer=signer)
+
+
+def ruling_signer(signed: SignedRuling) -> str:
+    """The address that signed the ruling (the relayer compares it with its trusted keys)."""
+    return recover(ruling_digest(signed.ruling), signed.signature)
+
+
+def ruling_message_id(r: Ruling) -> str:
+    """One ruling per task and round: re-issuing it deduplicates."""
+    return f"ruling:{r.chain_id}:{r.escrow.lower()}:{r.task_id}:{r.round}"

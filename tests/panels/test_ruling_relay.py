@@ -1,0 +1,226 @@
+"""The ruling path of the relayer on anvil and PostgreSQL: a trusted signed ruling becomes
+`resolveDispute` from the arbiter key, exactly once, fail-closed when the escrow's arbiter
+is not our key, re-broadcast after a crash between commit and broadcast."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from escrowd.consumer import IdempotentConsumer, InboundMessage
+from escrowd.db import create_pool
+from escrowd.devnet import Devnet
+from relayer.settlement.keys import SecretKey
+from relayer.settlement.rpc import EthRpc
+from relayer.settlement.rulings import RulingHandler, RulingSender
+from schemas import panels as msg
+from schemas.task_state import TaskStatus
+
+PANEL_KEY = "0x" + "5e" * 32
+OTHER_KEY = "0x" + "6f" * 32
+
+
+def disputed_task(devnet: Devnet) -> int:
+    """A task that failed verification and whose agent disputed it."""
+    poster, agent = devnet.posters[0], devnet.agents[0]
+    task_id = devnet.post_task(poster)
+    devnet.accept_task(task_id, sender=agent)
+    evidence = b"\x11" * 32
+    devnet.submit_evidence(task_id, evidence, sender=agent)
+    devnet.complete_verification(task_id, 1, evidence, False, 10, sender=devnet.marketplace_verifier)
+    devnet.raise_dispute(task_id, sender=agent)
+    assert devnet.get_task(task_id).status == TaskStatus.DISPUTED
+    return task_id
+
+
+def ruling_message(devnet: Devnet, task_id: int, share: int, key: str = PANEL_KEY, offset: int = 0) -> InboundMessage:
+    ruling = msg.Ruling(chain_id=devnet.chain_id, escrow=devnet.escrow_address, task_id=task_id, round=1,
+                        agent_share_bps=share)
+    signed = msg.sign_ruling(ruling, key)
+    return InboundMessage(topic="escrow.panel-rulings.v1", partition=0, offset=offset, key=None,
+                          headers={"ce_id": f"{msg.ruling_message_id(ruling)}:{offset}"},
+                          value=signed.model_dump_json().encode(), timestamp_ms=0)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(database_url)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def _consumer(devnet: Devnet) -> IdempotentConsumer:
+    trusted = frozenset({msg.sign_ruling(msg.Ruling(chain_id=1, escrow="0x" + "00" * 20, task_id=1, round=1,
+                                                    agent_share_bps=0), PANEL_KEY).signer.lower()})
+    handler = RulingHandler(chain_id=devnet.chain_id, escrow=devnet.escrow_address, trusted_signers=trusted)
+    return IdempotentConsumer(name="escrowd-relayer-rulings", topics=["x"], bootstrap="unused:9092",
+                              database_url="unused", handler=handler)
+
+
+async def _admit(pool: asyncpg.Pool, consumer: IdempotentConsumer, message: InboundMessage) -> str:
+    async with pool.acquire() as conn, conn.transaction():
+        return await consumer.handle_one(conn, message)
+
+
+async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
+    deadline = time.monotonic() + 120
+    while True:
+        await sender.step(pool)
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+        if row is not None and row["status"] == status:
+            return row
+        assert time.monotonic() < deadline, f"ruling never reached {status}: {row and row['status']}"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_trusted_ruling_resolves_the_dispute_once(devnet: Devnet, pool: asyncpg.Pool) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    consumer = _consumer(devnet)
+    agent_before = (await asyncio.to_thread(devnet.balances_of, [devnet.agents[0]]))[0]
+    assert await _admit(pool, consumer, ruling_message(devnet, task_id, 6_500)) == "processed"
+    # A second ruling for the same task (another message) is recorded nowhere new.
+    assert await _admit(pool, consumer, ruling_message(devnet, task_id, 100, offset=1)) == "processed"
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
+                              devnet.escrow_address)
+        row = await _until(pool, sender, task_id, "confirmed")
+        assert row["agent_share_bps"] == 6_500 and sender.arbiter_matches is True
+        view = await asyncio.to_thread(devnet.get_task, task_id)
+        assert view.status == TaskStatus.RESOLVED
+        assert (await asyncio.to_thread(devnet.balances_of, [devnet.agents[0]]))[0] > agent_before
+        # Nothing is sent twice: further passes change nothing, one transaction from the arbiter.
+        await sender.step(pool)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT count(*) FROM settlement_rulings WHERE tx_hash IS NOT NULL") == 1
+    finally:
+        await rpc.close()
+
+
+async def test_untrusted_signer_is_dead_lettered(devnet: Devnet, pool: asyncpg.Pool) -> None:
+    consumer = _consumer(devnet)
+    assert await _admit(pool, consumer, ruling_message(devnet, 1, 5_000, key=OTHER_KEY)) == "dead_lettered"
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM settlement_rulings") == 0
+        reason = await conn.fetchval("SELECT reason FROM dead_letters")
+    assert "trusted" in reason
+
+
+async def test_fail_closed_when_our_key_is_not_the_arbiter(devnet: Devnet, pool: asyncpg.Pool) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 10_000))
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        sender = RulingSender(rpc, SecretKey.from_hex(devnet.owner.private_key), devnet.chain_id,
+                              devnet.escrow_address)
+        await sender.step(pool)
+        assert sender.arbiter_matches is False
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT status FROM settlement_rulings WHERE task_id = $1", task_id) == "queued"
+        assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.DISPUTED
+        # The arbiter is handed to our key: the gate opens and the ruling lands.
+        await asyncio.to_thread(devnet.set_arbiter, devnet.owner.address)
+        await _until(pool, sender, task_id, "confirmed")
+        assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+    finally:
+        await rpc.close()
+
+
+class _CrashBeforeBroadcast(RulingSender):
+    async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
+        raise SystemExit("crash between commit and broadcast")
+
+
+async def test_crash_between_commit_and_broadcast_resends_the_stored_transaction(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 0))
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        key = SecretKey.from_hex(devnet.arbiter.private_key)
+        crashing = _CrashBeforeBroadcast(rpc, key, devnet.chain_id, devnet.escrow_address)
+        with pytest.raises(SystemExit):
+            await crashing.step(pool)
+        async with pool.acquire() as conn:
+            stored = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+        assert stored["status"] == "sent"
+        restarted = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
+        row = await _until(pool, restarted, task_id, "confirmed")
+        assert (row["tx_hash"], row["nonce"]) == (stored["tx_hash"], stored["nonce"])
+        assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+    finally:
+        await rpc.close()
+
+
+async def test_a_task_resolved_meanwhile_is_recorded_not_sent(devnet: Devnet, pool: asyncpg.Pool) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await asyncio.to_thread(devnet.resolve_dispute, task_id, 5_000)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 10_000))
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
+                              devnet.escrow_address)
+        row = await _until(pool, sender, task_id, "already_resolved")
+        assert row["nonce"] is None
+    finally:
+        await rpc.close()
+
+
+async def test_health_bridge_reports_whether_the_arbiter_key_matches(devnet: Devnet, database_url: str) -> None:
+    import httpx
+
+    from relayer.api.app import create_app
+    from relayer.api.settings import ApiSettings
+
+    settings = ApiSettings(
+        database_url=database_url,
+        bridge_relayer_address=devnet.marketplace_verifier.address,
+        bridge_arbiter_address=devnet.arbiter.address,
+        bridge_chains=[{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url],
+                        "escrow_addresses": [devnet.escrow_address]}],
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            arbiter = (await client.get("/health/bridge")).json()["chains"][0]["arbiter"]
+            assert arbiter["arbiterMatches"] is True
+            assert arbiter["arbiter"].lower() == devnet.arbiter.address.lower()
+            await asyncio.to_thread(devnet.set_arbiter, devnet.spare[0].address)
+            deadline = time.monotonic() + 60
+            while (await client.get("/health/bridge")).json()["chains"][0]["arbiter"]["arbiterMatches"]:
+                assert time.monotonic() < deadline, "arbiterMatches never turned false after the rotation"
+                await asyncio.sleep(0.3)
+
+
+async def test_a_nonce_taken_by_another_arbiter_transaction_requeues_the_ruling(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    other = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 2_500))
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        key = SecretKey.from_hex(devnet.arbiter.private_key)
+        with pytest.raises(SystemExit):
+            await _CrashBeforeBroadcast(rpc, key, devnet.chain_id, devnet.escrow_address).step(pool)
+        async with pool.acquire() as conn:
+            stored = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+        # A person uses the arbiter key meanwhile: its transaction takes our stored nonce.
+        await asyncio.to_thread(devnet.resolve_dispute, other, 5_000)
+        assert await rpc.transaction_count(key.address, "latest") > stored["nonce"]
+        row = await _until(pool, RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address), task_id,
+                           "confirmed")
+        assert row["nonce"] != stored["nonce"] and row["tx_hash"] != stored["tx_hash"]
+        view = await asyncio.to_thread(devnet.get_task, task_id)
+        assert view.status == TaskStatus.RESOLVED
+    finally:
+        await rpc.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,37 +16,18 @@ import asyncpg
 import structlog
 from prometheus_client import start_http_server
 
+from escrowd import pipeline_parts
 from escrowd.db import connect, migrate_url
-from escrowd.devnet import Devnet
 from escrowd.kafka import ensure_topics, make_producer
 from escrowd.outbox import OutboxPublisher
+from escrowd.pipeline_config import Component, PipelineConfig
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
 from schemas.topics import ESCROW_EVENTS, all_topics
 
+__all__ = ["Component", "Pipeline", "PipelineConfig"]
+
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class PipelineConfig:
-    """Where everything is and which ports to serve on."""
-
-    database_url: str
-    kafka_bootstrap: str
-    devnet: Devnet
-    api_port: int
-    metrics_port: int
-    confirmations: int = 0
-
-
-@dataclass
-class Component:
-    """A named long-running task and how to ask it to stop."""
-
-    name: str
-    run: Callable[[], Awaitable[None]]
-    stop: Callable[[], None] = lambda: None
-    task: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -91,8 +71,6 @@ class Pipeline:
         self._conn = await connect(cfg.database_url)
 
     async def _optional_components(self) -> list[Component]:
-        from escrowd import pipeline_parts
-
         return await pipeline_parts.components(self.config, self.stop_event)
 
     async def _guard(self, component: Component) -> None:

@@ -24,7 +24,7 @@ from relayer.api.auth import forget_expired_nonces
 from relayer.api.errors import install_error_handlers
 from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
-from relayer.verification.registry import VerifierRegistry
+from relayer.verification.verifiers import default_registry
 
 log = structlog.get_logger(__name__)
 
@@ -123,7 +123,7 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
     )
     app.state.settings = settings
     app.state.clock = clock
-    app.state.registry = VerifierRegistry(
+    app.state.registry = default_registry(
         allowed_plugin_packages=settings.plugin_packages, allowed_endpoint_hosts=settings.endpoint_hosts
     )
     install_error_handlers(app)

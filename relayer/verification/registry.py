@@ -11,7 +11,7 @@ Seed 001's kinds, each a reference to something that owns the judgement:
 
 Seed 002's verifier types (`exact_match`, `schema_validation`, `numerical_range`,
 `test_suite`, `execution_result`, `optimization_score`, `multi_verifier`) are registered
-in the same table by `relayer.verification.verifier_types`.
+in the same table by `relayer.verification.verifier_types` (through `verifiers.default_registry`).
 
 Every verifier has the seed's contract `VerifyFn(task, trajectory) -> reward`. A verifier
 that cannot answer — import error, endpoint down or slow, a response without a numeric
@@ -212,7 +212,7 @@ class VerifierRegistry:
         endpoint_timeout: float = DEFAULT_ENDPOINT_TIMEOUT,
         plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
         rubrics: RubricStore | None = None,
-        register_builtin_types: bool = True,
+        types: Iterable[Callable[[VerifierRegistry], None]] = (),
     ) -> None:
         self.allowed_plugin_packages = tuple(allowed_plugin_packages)
         self.allowed_endpoint_hosts = tuple(h.lower() for h in allowed_endpoint_hosts)
@@ -223,15 +223,15 @@ class VerifierRegistry:
         self._types: dict[str, TypeFactory] = {}
         self._session: aiohttp.ClientSession | None = None
         self.plugin_imports = 0
-        if register_builtin_types:
-            from relayer.verification.verifier_types import register_builtin_types as register
-
+        # Types are registered by the caller (`relayer.verification.verifiers.default_registry`
+        # adds seed 002's): the type modules import this one, never the other way round.
+        for register in types:
             register(self)
 
     # -------------------------------------------------------------- registration
 
     def register_type(self, kind: str, factory: TypeFactory) -> None:
-        """Add a verifier type (seed 002's types are registered at construction)."""
+        """Add a verifier type (`verifiers.default_registry` registers seed 002's)."""
         if kind in ("rubric", "plugin", "endpoint"):
             raise ValueError(f"{kind} is a reference kind, not a type")
         self._types[kind] = factory

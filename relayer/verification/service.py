@@ -37,6 +37,7 @@ from relayer.verification.consumer import (
 )
 from relayer.verification.registry import RubricStore, VerifierRegistry
 from relayer.verification.routing import RetryPolicy
+from relayer.verification.verifiers import default_registry
 from schemas import topics
 from schemas.task_terms import RetryDue
 
@@ -98,7 +99,7 @@ class VerificationSettings(BaseSettings):
 
     def registry(self) -> VerifierRegistry:
         """The verifier registry this service runs."""
-        return VerifierRegistry(
+        return default_registry(
             allowed_plugin_packages=self.plugin_packages,
             allowed_endpoint_hosts=self.endpoint_hosts,
             endpoint_timeout=self.endpoint_timeout,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SECRET_FIELD = re.compile(r"(key|password|secret|token|passphrase|database_url|dsn)", re.IGNORECASE)
+SECRET_FIELD = re.compile(r"(key|password|secret|token|passphrase|url|dsn)", re.IGNORECASE)
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]*)@")
 
 
@@ -28,16 +28,44 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(settings)"
 
 
+def _input_forms(value: Any) -> list[str]:
+    if value is None or isinstance(value, bool):
+        return []
+    forms = {str(value)}
+    if isinstance(value, int):
+        forms.add(hex(value))
+        forms.add(hex(value)[2:])
+    return [f for f in forms if len(f) >= 4]
+
+
 def validation_lines(errors: list[dict[str, Any]]) -> list[str]:
-    """`field: message` per error; secret-looking fields get the error type only."""
+    """`field: message` per error, never the offending value.
+
+    pydantic's messages do not quote the input, but a validator's own message may: for a
+    secret-looking field (key, password, token, URL) the message is kept only when no form
+    of the input occurs in it, otherwise the error type alone is printed.
+    """
     lines = []
     for error in errors:
         where = _field(tuple(error.get("loc", ())))
-        if SECRET_FIELD.search(where):
+        message = redact_url(str(error.get("msg", "invalid")))
+        leaks = any(form in message for form in _input_forms(error.get("input")))
+        if leaks or (SECRET_FIELD.search(where) and "input" not in error):
             lines.append(f"{where}: invalid ({error.get('type', 'value_error')})")
         else:
-            lines.append(f"{where}: {redact_url(str(error.get('msg', 'invalid')))}")
+            lines.append(f"{where}: {message}")
     return lines
+
+
+def safe_message(exc: BaseException) -> str:
+    """A printable one-line description of `exc` with no secret in it."""
+    described = describe(exc)
+    if described is not None:
+        return described[0]
+    from escrowd.logging import redact
+
+    lines = redact(redact_url(str(exc))).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def describe(exc: BaseException) -> tuple[str, bool] | None:
@@ -51,7 +79,7 @@ def describe(exc: BaseException) -> tuple[str, bool] | None:
     if isinstance(exc, StartupError):
         return redact_url(str(exc)), True
     if isinstance(exc, ValidationError):
-        lines = validation_lines(exc.errors(include_url=False, include_input=False))  # type: ignore[arg-type]
+        lines = validation_lines(exc.errors(include_url=False))  # type: ignore[arg-type]
         return "invalid settings: " + "; ".join(lines), True
     try:
         import yaml
@@ -63,6 +91,9 @@ def describe(exc: BaseException) -> tuple[str, bool] | None:
         return f"file not found: {exc.filename}", True
     if isinstance(exc, IsADirectoryError | PermissionError):
         return f"cannot read {exc.filename}: {exc.strerror}", True
+    if type(exc).__name__ == "ClientConfigurationError" and "DSN" in str(exc):
+        # asyncpg's own check of the URL (its message names the scheme, not the password)
+        return f"invalid database_url: {redact_url(str(exc))}", True
     unreachable = _unreachable(exc)
     if unreachable is not None:
         return unreachable, True

@@ -39,8 +39,8 @@ def run(
     api_port: int = typer.Option(0, help="API port (0: a free port)"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: a free port)"),
     progress: bool = typer.Option(True, help="Live progress display"),
-    database_url: str | None = typer.Option(None, envvar="DATABASE_URL", help="PostgreSQL server (else embedded)"),
-    kafka_bootstrap: str | None = typer.Option(None, envvar="KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
+    database_url: str | None = typer.Option(None, envvar="ESCROWD_DATABASE_URL", help="PostgreSQL server (a fresh database is created on it; else embedded)"),
+    kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
 ) -> None:
     """Run the indexer, every consumer, the relayer and the API on embedded services, with traffic."""
     from escrowd.stack import start_stack

@@ -9,18 +9,10 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
+from escrowd.errors import safe_message
 from escrowd.logging import configure_logging
 
 app = typer.Typer(help="Index escrow events into PostgreSQL and Kafka.", no_args_is_help=True)
-
-
-def config_error(exc: ValidationError) -> str:
-    """One line per bad field, naming it."""
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "(root)"
-        lines.append(f"  {where}: {error['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
 
 
 @app.command("run")
@@ -33,11 +25,8 @@ def run(
 
     try:
         settings = load_settings(config)
-    except ValidationError as exc:
-        typer.echo(config_error(exc), err=True)
-        raise typer.Exit(2) from None
-    except (OSError, ValueError) as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+    except (ValidationError, OSError, ValueError) as exc:
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
     try:

@@ -8,9 +8,10 @@ import signal
 from typing import Annotated
 
 import typer
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from escrowd.errors import safe_message
 from relayer.verification.consumer_cli import app as verification_app
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
@@ -33,6 +34,13 @@ class ConsumerSettings(BaseSettings):
     reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
     reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
 
 
 async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
@@ -68,7 +76,7 @@ def _settings() -> ConsumerSettings:
     try:
         return ConsumerSettings()
     except Exception as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 

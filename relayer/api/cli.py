@@ -18,6 +18,7 @@ def serve(
     """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
     import uvicorn
 
+    from escrowd.errors import safe_message
     from escrowd.logging import configure_logging
     from relayer.api.app import create_app
     from relayer.api.settings import ApiSettings
@@ -26,7 +27,7 @@ def serve(
     try:
         settings = ApiSettings()
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     uvicorn.run(
         create_app(settings),

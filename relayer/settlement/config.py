@@ -116,6 +116,13 @@ class RelayerSettings(BaseSettings):
         default=None, description="Tests only: 'point:probability,...' kill -9 at named crash points"
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
     @field_validator("relayer_trusted_signers", mode="before")
     @classmethod
     def _split_signers(cls, value: Any) -> Any:

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from escrowd.errors import safe_message
+
 app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
 
 
@@ -27,13 +29,13 @@ def run(
     try:
         settings = VerificationSettings()
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run_verification_consumer(settings))
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {exc}", err=True)
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -48,10 +50,10 @@ def check() -> None:
         settings = VerificationSettings()
         key = load_signing_key(settings)
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {exc}", err=True)
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
 

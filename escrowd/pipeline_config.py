@@ -23,9 +23,9 @@ class PipelineConfig:
 
 @dataclass
 class Component:
-    """A named long-running task and how to ask it to stop."""
+    """A named long-running task and how to ask it to stop (None: it is cancelled)."""
 
     name: str
     run: Callable[[], Awaitable[None]]
-    stop: Callable[[], None] = lambda: None
+    stop: Callable[[], None] | None = None
     task: asyncio.Task[None] | None = None

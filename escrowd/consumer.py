@@ -138,6 +138,11 @@ class IdempotentConsumer:
         self._idle_interval = idle_interval
         self._stopping = asyncio.Event()
         self.processed = 0
+        # Every series exists from the start, at 0: error panels and rate() alerts read 0,
+        # not "No data", before the first failure.
+        for outcome in ("processed", "duplicate", "dead_lettered"):
+            MESSAGES.labels(name, outcome)
+        RETRIES.labels(name)
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -180,6 +185,7 @@ class IdempotentConsumer:
                         await conn.close(timeout=2)
                 with contextlib.suppress(Exception):
                     await consumer.stop()
+        bound.info("consumer_stopped", processed=self.processed)
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0

@@ -48,6 +48,13 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         publisher = OutboxPublisher(settings.database_url, producer)
         tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
     stopper = asyncio.create_task(stop.wait())
+    log.info(
+        "indexer_ready",
+        chains=[chain.chain_id for chain in settings.chains],
+        topic=settings.events_topic,
+        publisher=settings.run_publisher,
+        metrics_port=settings.metrics_port,
+    )
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for task in done:

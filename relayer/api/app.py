@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 from fastapi import APIRouter, FastAPI
 
-from escrowd.db import create_pool
+from escrowd.db import create_pool, migrate_url
 from relayer.api.auth import forget_expired_nonces
 from relayer.api.errors import install_error_handlers
 from relayer.api.settings import ApiSettings
@@ -84,6 +84,8 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Like every service, the API brings the schema up to date before serving.
+        await migrate_url(settings.database_url)
         app.state.pool = await create_pool(settings.database_url, max_size=settings.db_pool_size)
         bridge_rpcs = _bridge_health(app, settings)
         background: list[asyncio.Task[None]] = [asyncio.create_task(_forget_nonces_forever(app))]
@@ -97,9 +99,11 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
             await producer.start()
             publisher = OutboxPublisher(settings.database_url, producer)
             background.append(asyncio.create_task(publisher.run()))
+        log.info("api_ready", host=settings.api_host, port=settings.api_port, publisher=publisher is not None)
         try:
             yield
         finally:
+            log.info("api_stopping")
             if publisher is not None:
                 publisher.stop()
             for task in background:

@@ -17,16 +17,20 @@ def check(
         Path, typer.Option("--config", "-c", envvar="ESCROWD_CONFIG", help="YAML/JSON configuration file")
     ],
 ) -> None:
-    """Validate the indexer section and the relayer keys of FILE (with the environment).
+    """Validate FILE (with the environment) against every service's settings.
 
     Prints one line per section; exit 0 when every section is valid, 2 otherwise. Values are
     never printed, only field names and what is wrong with them.
     """
     import yaml
 
+    from escrowd.config_file import load as load_config
     from escrowd.errors import describe
     from indexer.config import load_settings
+    from relayer.api.settings import ApiSettings
+    from relayer.consumers_cli import ConsumerSettings
     from relayer.settlement.config import RelayerSettings
+    from relayer.verification.service import VerificationSettings
 
     # Syntax first: a YAML error is reported once, not once per section.
     text = config.read_text(encoding="utf-8")
@@ -38,6 +42,9 @@ def check(
     sections: list[tuple[str, Callable[[], object]]] = [
         ("indexer", lambda: load_settings(config)),
         ("relayer", lambda: RelayerSettings.load(config)),
+        ("api", lambda: load_config(ApiSettings, "api", config)),
+        ("verification", lambda: load_config(VerificationSettings, "verification", config)),
+        ("consumers", lambda: load_config(ConsumerSettings, "consumers", config)),
     ]
     for name, load in sections:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -72,9 +73,11 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
         await producer.stop()
 
 
-def _settings() -> ConsumerSettings:
+def _settings(config: Path | None) -> ConsumerSettings:
+    from escrowd.config_file import load
+
     try:
-        return ConsumerSettings()
+        return load(ConsumerSettings, "consumers", config)
     except Exception as exc:
         typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
@@ -82,13 +85,14 @@ def _settings() -> ConsumerSettings:
 
 @app.command()
 def lifecycle(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The lifecycle consumer: task state, timers, what can whom do now."""
     from escrowd.logging import configure_logging
     from relayer.lifecycle.consumer import build_consumer
 
-    settings = _settings()
+    settings = _settings(config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,
@@ -103,6 +107,7 @@ def lifecycle(
 
 @app.command()
 def reputation(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The reputation consumer: per-agent score, dispute count, matching score."""
@@ -110,7 +115,7 @@ def reputation(
     from relayer.reputation.consumer import build_consumer
     from relayer.reputation.rules import ReputationRules
 
-    settings = _settings()
+    settings = _settings(config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,

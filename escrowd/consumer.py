@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
+from escrowd import health
 from escrowd.db import connect, is_connection_error
 from escrowd.kafka import cloudevent_headers, decode_headers
 from escrowd.outbox import OutboxMessage, enqueue
@@ -171,12 +172,14 @@ class IdempotentConsumer:
             try:
                 await consumer.start()
                 conn = await connect(self._database_url)
+                health.mark(self.name, True)
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
             except Exception as exc:
                 if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError | _TRANSIENT_SQL)):
                     raise
                 RETRIES.labels(self.name).inc()
+                health.mark(self.name, False)
                 bound.warning("consumer_retry", error=repr(exc))
                 await asyncio.sleep(0.5)
             finally:
@@ -185,6 +188,7 @@ class IdempotentConsumer:
                         await conn.close(timeout=2)
                 with contextlib.suppress(Exception):
                     await consumer.stop()
+        health.mark(self.name, False)
         bound.info("consumer_stopped", processed=self.processed)
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:

@@ -52,9 +52,9 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
 
     assert isinstance(consumer, IdempotentConsumer)
     if metrics_port is not None:
-        from prometheus_client import start_http_server
+        from escrowd.health import start_server
 
-        start_http_server(metrics_port, addr="0.0.0.0")
+        start_server(metrics_port)
     await migrate_url(database_url)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

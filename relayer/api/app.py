@@ -24,6 +24,7 @@ from relayer.api.auth import forget_expired_nonces
 from relayer.api.errors import install_error_handlers
 from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
+from relayer.probes import router as probes_router
 from relayer.verification.verifiers import default_registry
 
 log = structlog.get_logger(__name__)
@@ -131,6 +132,7 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
         allowed_plugin_packages=settings.plugin_packages, allowed_endpoint_hosts=settings.endpoint_hosts
     )
     install_error_handlers(app)
+    app.include_router(probes_router)
     app.include_router(tasks_router)
     metrics = _optional_router("relayer.settlement.routes", "metrics_router")
     if metrics is not None:

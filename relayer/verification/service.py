@@ -214,9 +214,9 @@ async def run_verification_consumer(settings: VerificationSettings) -> None:
     """Run the verification service until cancelled (see the module docstring)."""
     key = load_signing_key(settings)
     if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
+        from escrowd.health import start_server
 
-        start_http_server(settings.metrics_port, addr="0.0.0.0")
+        start_server(settings.metrics_port)
     await migrate_url(settings.database_url)
     t = settings.topics()
     await ensure_topics(

@@ -4,6 +4,7 @@ Layers, bottom to top (docs/architecture.md, "The house"):
 
 0. `schemas`: the shared contract; imports nothing of the project.
 1. the runtime part of `escrowd` (db, Kafka, outbox, consumer runtime, logging, errors,
+   configuration files, health probes,
    embedded services): used by the services.
 2. `indexer` and `relayer`: the services; neither imports the other.
 3. the application part of `escrowd` (CLI, `run`, pipeline wiring, devnet, traffic, harness).
@@ -24,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "escrowd", "indexer", "relayer", "bench", "tests")
 ESCROWD_RUNTIME = {"escrowd", "escrowd.db", "escrowd.kafka", "escrowd.outbox", "escrowd.consumer",
-                   "escrowd.logging", "escrowd.errors", "escrowd.services"}  # fmt: skip
+                   "escrowd.logging", "escrowd.errors", "escrowd.config_file", "escrowd.health",
+                   "escrowd.services"}  # fmt: skip
 
 
 def layer(module: str) -> tuple[int, str]:

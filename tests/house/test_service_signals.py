@@ -111,6 +111,8 @@ def _get(url: str) -> tuple[int, bytes]:
             return reply.status, reply.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, b""  # not listening yet
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -123,6 +125,9 @@ def test_api_migrates_an_empty_database_and_stops_on_a_signal(sig: signal.Signal
         status, body = _get(f"http://127.0.0.1:{port}/v1/tasks/31337/{escrow}/1/results")
         assert status == 404, body  # an unknown task, not a 500 on a missing table
         assert json.loads(body)
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        ready_status, ready_body = _get(f"http://127.0.0.1:{port}/readyz")
+        assert ready_status == 200 and json.loads(ready_body)["parts"] == {"database": True}
         code = api.signal_and_wait(sig)
         assert drained(code, sig), api.output()[-3000:]
         assert '"api_stopping"' in api.output()
@@ -144,10 +149,19 @@ def test_consumers_drain_on_a_signal(
     argv: list[str], ready: str, stopped: str | None, sig: signal.Signals, empty_database: str,
     kafka_service: KafkaService, tmp_path: Path,
 ) -> None:  # fmt: skip
-    env = {"ESCROWD_DATABASE_URL": empty_database, "ESCROWD_KAFKA_BOOTSTRAP": kafka_service.bootstrap}
+    port = free_port()
+    env = {"ESCROWD_DATABASE_URL": empty_database, "ESCROWD_KAFKA_BOOTSTRAP": kafka_service.bootstrap,
+           "ESCROWD_METRICS_PORT": str(port)}  # fmt: skip
     service = Service(argv, env, tmp_path)
     try:
         service.wait_for(lambda: ready in service.output(), "ready line")
+        if argv[0] == "consume":
+            # Probes and metrics on the metrics port; counters exist at 0 before any message.
+            service.wait_for(lambda: _get(f"http://127.0.0.1:{port}/readyz")[0] == 200, "readiness")
+            assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+            metrics = _get(f"http://127.0.0.1:{port}/metrics")[1].decode()
+            group = f"escrowd-{argv[1]}"
+            assert f'escrowd_consumer_messages_total{{consumer="{group}",outcome="dead_lettered"}} 0.0' in metrics
         code = service.signal_and_wait(sig)
         assert drained(code, sig), service.output()[-3000:]
         if stopped is not None:

@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("relayer.verification.cli", "app", "Auto-check a result against verification criteria, or validate criteria."),
     "db": ("escrowd.db_cli", "app", "Database maintenance."),
     "config": ("escrowd.config_cli", "app", "Check a configuration file against every service's settings."),
+    "keys": ("escrowd.keys_cli", "app", "Keystores for the relayer and the verification service."),
     "schemas": ("schemas.cli", "app", "Shared message schemas."),
     "devnet": ("escrowd.devnet_cli", "devnet", "Start anvil with the escrow deployed and keep it running."),
     "run": ("escrowd.run", "run", "Run the whole pipeline on embedded services, with traffic."),

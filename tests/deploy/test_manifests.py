@@ -738,12 +738,10 @@ def test_make_run_prints_only_what_escrowd_prints() -> None:
     """`make run` echoes no command (bootstrap output goes to stderr): stdout is escrowd's own."""
     import shutil
     import subprocess
-
-    from importlib.metadata import version
-
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    proc = subprocess.run(["make", "--no-print-directory", "run", "ARGS=--version"], cwd=ROOT,
+    proc = subprocess.run(["make", "--no-print-directory", "run", "ARGS=--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout == f"escrowd {version('escrowd')}\n"
+    assert proc.stdout.lstrip().startswith("Usage: escrowd run"), proc.stdout[:300]
+    assert ".venv/bin" not in proc.stdout and "pip install" not in proc.stdout

@@ -58,7 +58,9 @@ def run(
     stack = None
     try:
         console.print("[bold]escrowd run[/]: starting PostgreSQL, Kafka and anvil…")
-        stack = start_stack(database_url=database_url, kafka_bootstrap=kafka_bootstrap)
+        # "" rather than None: `escrowd run` reads ESCROWD_* only, not the test harness's
+        # DATABASE_URL / KAFKA_BOOTSTRAP fallback of the service launchers.
+        stack = start_stack(database_url=database_url or "", kafka_bootstrap=kafka_bootstrap or "")
         code = asyncio.run(
             _main(
                 stack,

@@ -36,6 +36,7 @@ __all__ = [
     "ensure_topics",
     "iso_time",
     "make_producer",
+    "start_producer",
 ]
 
 def make_producer(bootstrap: str, *, client_id: str = "escrowd") -> AIOKafkaProducer:
@@ -50,6 +51,17 @@ def make_producer(bootstrap: str, *, client_id: str = "escrowd") -> AIOKafkaProd
         request_timeout_ms=15000,
         retry_backoff_ms=100,
     )
+
+
+async def start_producer(producer: AIOKafkaProducer) -> None:
+    """Start `producer`; when the broker cannot be reached, close it before raising (no
+    "Unclosed AIOKafkaProducer" noise after the one-line start-up error)."""
+    try:
+        await producer.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise
 
 
 async def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec]) -> None:

@@ -10,7 +10,7 @@ import structlog
 
 from escrowd.db import migrate_url
 from escrowd.health import mark, start_server
-from escrowd.kafka import ensure_topics, make_producer
+from escrowd.kafka import ensure_topics, make_producer, start_producer
 from escrowd.outbox import OutboxPublisher
 from indexer.config import IndexerSettings
 from indexer.service import ChainIndexer
@@ -44,7 +44,7 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
     publisher = None
     if settings.run_publisher:
         producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-indexer")
-        await producer.start()
+        await start_producer(producer)
         publisher = OutboxPublisher(settings.database_url, producer)
         tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
     stopper = asyncio.create_task(stop.wait())

@@ -49,14 +49,14 @@ def publish(
     import contextlib
     import signal
 
-    from escrowd.kafka import make_producer
+    from escrowd.kafka import make_producer, start_producer
     from escrowd.outbox import OutboxPublisher
 
     configure_logging(json=log_json)
 
     async def main() -> None:
         producer = make_producer(kafka_bootstrap, client_id="escrowd-publisher")
-        await producer.start()
+        await start_producer(producer)
         publisher = OutboxPublisher(database_url, producer)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -47,7 +47,7 @@ class ConsumerSettings(BaseSettings):
 async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
     from escrowd.consumer import IdempotentConsumer
     from escrowd.db import migrate_url
-    from escrowd.kafka import make_producer
+    from escrowd.kafka import make_producer, start_producer
     from escrowd.outbox import OutboxPublisher
 
     assert isinstance(consumer, IdempotentConsumer)
@@ -61,7 +61,7 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, consumer.stop)
     producer = make_producer(bootstrap, client_id=consumer.name)
-    await producer.start()
+    await start_producer(producer)
     publisher = OutboxPublisher(database_url, producer)
     publishing = asyncio.create_task(publisher.run())
     try:

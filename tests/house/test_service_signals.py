@@ -188,3 +188,17 @@ def test_indexer_drains_on_a_signal(sig: signal.Signals, devnet: Devnet, empty_d
         assert not indexer.leftovers()
     finally:
         indexer.kill()
+
+
+@pytest.mark.parametrize("argv", [["consume", "lifecycle"], ["index", "publish"]], ids=["lifecycle", "publisher"])
+def test_unreachable_broker_at_start_up_is_one_line_and_exit_2(argv: list[str], empty_database: str, tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there
+    service = Service(argv, {"ESCROWD_DATABASE_URL": empty_database, "ESCROWD_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}"}, tmp_path)
+    try:
+        code = service.proc.wait(timeout=DEADLINE)
+    finally:
+        service.kill()
+    assert code == 2, service.output()[-3000:]
+    assert "escrowd: cannot reach the Kafka broker" in service.output()
+    assert "Traceback" not in service.output()
+    assert "Unclosed" not in service.output()

@@ -202,3 +202,18 @@ def test_unreachable_broker_at_start_up_is_one_line_and_exit_2(argv: list[str], 
     assert "escrowd: cannot reach the Kafka broker" in service.output()
     assert "Traceback" not in service.output()
     assert "Unclosed" not in service.output()
+
+
+def test_index_publish_reads_the_same_config_file(empty_database: str, kafka_service: KafkaService, tmp_path: Path) -> None:
+    """`index publish --config` takes database and broker from the file's shared keys."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"database_url: {empty_database}\nkafka_bootstrap: {kafka_service.bootstrap}\n", encoding="utf-8")
+    service = Service(["index", "publish", "--config", str(config)], {}, tmp_path)
+    try:
+        service.wait_for(lambda: "outbox_publisher_started" in service.output(), "ready line")
+        assert drained(service.signal_and_wait(signal.SIGTERM), signal.SIGTERM)
+    finally:
+        service.kill()
+    missing = Service(["index", "publish"], {}, tmp_path)
+    assert missing.proc.wait(timeout=DEADLINE) == 2
+    assert "database_url" in missing.output() and "Traceback" not in missing.output()

@@ -51,6 +51,7 @@ def publish(
     import signal
 
     from escrowd.config_file import config_path, read_config, section
+    from escrowd.db import migrate_url
     from escrowd.errors import StartupError
     from escrowd.kafka import make_producer, start_producer
     from escrowd.outbox import OutboxPublisher
@@ -69,6 +70,7 @@ def publish(
     configure_logging(json=log_json)
 
     async def main() -> None:
+        await migrate_url(db_url)  # like every service: the schema before the first query
         producer = make_producer(bootstrap, client_id="escrowd-publisher")
         await start_producer(producer)
         publisher = OutboxPublisher(db_url, producer)

@@ -132,7 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        sys.exit(_report(exc))
+        try:
+            code = _report(exc)
+        except KeyboardInterrupt:  # a Ctrl-C while reporting: still no traceback
+            code = 130
+        sys.exit(code)
 
 
 def _report(exc: BaseException) -> int:

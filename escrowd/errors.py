@@ -8,6 +8,7 @@ wherever they are printed.
 
 from __future__ import annotations
 
+import errno
 import re
 from typing import Any
 
@@ -119,6 +120,8 @@ def _unreachable(exc: BaseException) -> str | None:
         module = type(current).__module__
         if module.startswith("aiokafka") and ("Connection" in name or "NoBrokers" in name):
             return f"cannot reach the Kafka broker ({redact_url(str(current)) or name})"
+        if isinstance(current, OSError) and current.errno == errno.EADDRINUSE:
+            return f"cannot listen: {current.strerror or 'address already in use'} (a port setting)"
         if isinstance(current, ConnectionError | TimeoutError) or (
             isinstance(current, OSError) and current.errno is not None
         ):

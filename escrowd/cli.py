@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "schemas": ("schemas.cli", "app", "Shared message schemas."),
     "devnet": ("escrowd.devnet_cli", "devnet", "Start anvil with the escrow deployed and keep it running."),
     "run": ("escrowd.run", "run", "Run the whole pipeline on embedded services, with traffic."),
+    "verifier-agent": ("relayer.agents.verifier_agent", "verifier_agent", "The hosted verifier of agent review: queue, model, completeVerification."),
 }
 
 

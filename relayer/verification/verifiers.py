@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from relayer.verification.registry import (
     DEFAULT_ENDPOINT_TIMEOUT,
     DEFAULT_PLUGIN_TIMEOUT,
+    RubricJudgeFn,
     RubricStore,
     VerifierRegistry,
 )
@@ -24,6 +25,7 @@ def default_registry(
     endpoint_timeout: float = DEFAULT_ENDPOINT_TIMEOUT,
     plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
     rubrics: RubricStore | None = None,
+    rubric_judge: RubricJudgeFn | None = None,
 ) -> VerifierRegistry:
     """A registry that resolves rubrics, plugins, endpoints and every seed 002 type."""
     return VerifierRegistry(
@@ -32,5 +34,6 @@ def default_registry(
         endpoint_timeout=endpoint_timeout,
         plugin_timeout=plugin_timeout,
         rubrics=rubrics,
+        rubric_judge=rubric_judge,
         types=(register_builtin_types,),
     )

@@ -11,17 +11,19 @@ STAMP_NPM := node_modules/.installed
 bootstrap: $(STAMP_PY) $(STAMP_NPM)
 
 $(STAMP_PY): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $@
+	@# Bootstrap output goes to stderr: stdout stays the command's own (see `run`).
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) >&2
+	@$(BIN)/python -m pip install -q --upgrade pip >&2
+	@$(BIN)/python -m pip install -q -e '.[dev,local]' >&2
+	@touch $@
 
 $(STAMP_NPM): package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
-	touch $@
+	@npm ci --no-audit --no-fund --loglevel=error >&2
+	@touch $@
 
+# `@`: make echoes no command, so `make run ARGS="--tasks 20 --exit" | jq` reads clean JSON.
 run: bootstrap
-	$(BIN)/escrowd run $(ARGS)
+	@$(BIN)/escrowd run $(ARGS)
 
 devnet: bootstrap
 	$(BIN)/escrowd devnet

@@ -43,12 +43,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from escrowd.db import connect, migrate_url
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.kafka import TopicSpec, ensure_topics
-from escrowd.logging import configure_logging
-from escrowd.services.anvil import AnvilProcess, anvil_binary
-from escrowd.services.kafka import KafkaService, start_kafka
-from escrowd.services.postgres import PostgresService, start_postgres
-from tests.support.indexer_harness import (
+from escrowd.harness import (
     IndexerProcess,
     chain_config,
     generate_task_events,
@@ -57,6 +52,11 @@ from tests.support.indexer_harness import (
     rpc_batch,
     write_config,
 )
+from escrowd.kafka import TopicSpec, ensure_topics
+from escrowd.logging import configure_logging
+from escrowd.services.anvil import AnvilProcess, anvil_binary
+from escrowd.services.kafka import KafkaService, start_kafka
+from escrowd.services.postgres import PostgresService, start_postgres
 
 ETL_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python")
 

@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
+from escrowd import health
 from escrowd.db import connect, is_connection_error
 from escrowd.kafka import cloudevent_headers, decode_headers
 from escrowd.outbox import OutboxMessage, enqueue
@@ -138,6 +139,11 @@ class IdempotentConsumer:
         self._idle_interval = idle_interval
         self._stopping = asyncio.Event()
         self.processed = 0
+        # Every series exists from the start, at 0: error panels and rate() alerts read 0,
+        # not "No data", before the first failure.
+        for outcome in ("processed", "duplicate", "dead_lettered"):
+            MESSAGES.labels(name, outcome)
+        RETRIES.labels(name)
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -166,12 +172,14 @@ class IdempotentConsumer:
             try:
                 await consumer.start()
                 conn = await connect(self._database_url)
+                health.mark(self.name, True)
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
             except Exception as exc:
                 if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError | _TRANSIENT_SQL)):
                     raise
                 RETRIES.labels(self.name).inc()
+                health.mark(self.name, False)
                 bound.warning("consumer_retry", error=repr(exc))
                 await asyncio.sleep(0.5)
             finally:
@@ -180,6 +188,8 @@ class IdempotentConsumer:
                         await conn.close(timeout=2)
                 with contextlib.suppress(Exception):
                     await consumer.stop()
+        health.mark(self.name, False)
+        bound.info("consumer_stopped", processed=self.processed)
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0

@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.resources
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import structlog
 
+from escrowd.errors import StartupError
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -94,9 +96,22 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> asyn
     return pool
 
 
+class DatabaseUnreachable(StartupError, ConnectionError):
+    """The database could not be reached at start-up (the message holds no password)."""
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+
+
 async def migrate_url(url: str) -> list[str]:
     """Connect, migrate and close: for start-up and the `escrowd db migrate` command."""
-    conn = await connect(url)
+    try:
+        conn = await connect(url)
+    except (OSError, TimeoutError, asyncpg.exceptions.CannotConnectNowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise DatabaseUnreachable(f"cannot reach the database at {_where(url)} (database_url): {reason}") from exc
     try:
         return await migrate(conn)
     finally:

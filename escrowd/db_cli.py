@@ -12,7 +12,7 @@ app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 
 
 @app.command()
-def migrate(database_url: str = typer.Option(..., envvar="DATABASE_URL", help="PostgreSQL URL")) -> None:
+def migrate(database_url: str = typer.Option(..., envvar="ESCROWD_DATABASE_URL", help="PostgreSQL URL")) -> None:
     """Apply the SQL migrations this database lacks."""
     applied = asyncio.run(migrate_url(database_url))
     typer.echo(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")

@@ -8,27 +8,36 @@ consumers deduplicate on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-CE_SPECVERSION = "1.0"
-CONTENT_TYPE = "application/json"
+# The header and topic shapes are part of the shared contract (`schemas`); re-exported here
+# so the Kafka plumbing keeps one import point.
+from schemas.cloudevents import (
+    CE_SPECVERSION,
+    CONTENT_TYPE,
+    TopicSpec,
+    cloudevent_headers,
+    decode_headers,
+    encode_headers,
+    iso_time,
+)
 
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """A topic this project writes to."""
-
-    name: str
-    partitions: int = 4
-    compacted: bool = False
-    config: dict[str, str] = field(default_factory=dict)
-
+__all__ = [
+    "CE_SPECVERSION",
+    "CONTENT_TYPE",
+    "TopicSpec",
+    "cloudevent_headers",
+    "decode_headers",
+    "encode_headers",
+    "ensure_topics",
+    "iso_time",
+    "make_producer",
+    "start_producer",
+]
 
 def make_producer(bootstrap: str, *, client_id: str = "escrowd") -> AIOKafkaProducer:
     """A producer tuned for awaited batches: large batches, a short linger, acks from all."""
@@ -42,6 +51,17 @@ def make_producer(bootstrap: str, *, client_id: str = "escrowd") -> AIOKafkaProd
         request_timeout_ms=15000,
         retry_backoff_ms=100,
     )
+
+
+async def start_producer(producer: AIOKafkaProducer) -> None:
+    """Start `producer`; when the broker cannot be reached, close it before raising (no
+    "Unclosed AIOKafkaProducer" noise after the one-line start-up error)."""
+    try:
+        await producer.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise
 
 
 async def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec]) -> None:
@@ -63,36 +83,3 @@ async def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec]) -> None:
             await admin.create_topics(new)
     finally:
         await admin.close()
-
-
-def iso_time(unix_seconds: int | float) -> str:
-    """RFC 3339 time for `ce_time`."""
-    return datetime.fromtimestamp(unix_seconds, tz=UTC).isoformat().replace("+00:00", "Z")
-
-
-def cloudevent_headers(
-    *, id: str, source: str, type: str, subject: str | None, time: str | None
-) -> dict[str, str]:
-    """The binary-mode CloudEvents 1.0 attributes as Kafka headers (`ce_` prefix)."""
-    headers = {
-        "ce_specversion": CE_SPECVERSION,
-        "ce_id": id,
-        "ce_source": source,
-        "ce_type": type,
-        "content-type": CONTENT_TYPE,
-    }
-    if subject is not None:
-        headers["ce_subject"] = subject
-    if time is not None:
-        headers["ce_time"] = time
-    return headers
-
-
-def encode_headers(headers: dict[str, str]) -> list[tuple[str, bytes]]:
-    """Kafka header list from a str mapping."""
-    return [(k, v.encode()) for k, v in headers.items()]
-
-
-def decode_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
-    """Str mapping from a Kafka header list; undecodable values are replaced, not fatal."""
-    return {k: v.decode("utf-8", "replace") for k, v in (headers or ())}

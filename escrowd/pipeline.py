@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,37 +16,32 @@ import asyncpg
 import structlog
 from prometheus_client import start_http_server
 
+from escrowd import pipeline_parts
 from escrowd.db import connect, migrate_url
-from escrowd.devnet import Devnet
 from escrowd.kafka import ensure_topics, make_producer
 from escrowd.outbox import OutboxPublisher
+from escrowd.pipeline_config import Component, PipelineConfig
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
 from schemas.topics import ESCROW_EVENTS, all_topics
 
+__all__ = ["Component", "Pipeline", "PipelineConfig"]
+
 log = structlog.get_logger(__name__)
 
+STOP_ORDER = (
+    "api",
+    "verification-consumer",
+    "verification-retries",
+    "escrowd-lifecycle",
+    "escrowd-reputation",
+    "relayer",
+    "outbox-publisher",
+    "indexer",
+)
+"""Components stop in this order (any other first): downstream before upstream."""
 
-@dataclass
-class PipelineConfig:
-    """Where everything is and which ports to serve on."""
-
-    database_url: str
-    kafka_bootstrap: str
-    devnet: Devnet
-    api_port: int
-    metrics_port: int
-    confirmations: int = 0
-
-
-@dataclass
-class Component:
-    """A named long-running task and how to ask it to stop."""
-
-    name: str
-    run: Callable[[], Awaitable[None]]
-    stop: Callable[[], None] = lambda: None
-    task: asyncio.Task[None] | None = None
+STOP_GRACE_SECONDS = 10.0
 
 
 @dataclass
@@ -79,7 +73,10 @@ class Pipeline:
             poll_interval=0.5,
         )
         indexer = ChainIndexer(chain, database_url=cfg.database_url, topic=ESCROW_EVENTS)
-        self.components.append(Component("indexer", lambda: indexer.run(self.stop_event)))
+        indexer_stop = asyncio.Event()
+        self.components.append(
+            Component("indexer", lambda: indexer.run(indexer_stop), indexer_stop.set)
+        )
         self._producer = make_producer(cfg.kafka_bootstrap, client_id="escrowd-run")
         await self._producer.start()
         publisher = OutboxPublisher(cfg.database_url, self._producer)
@@ -91,8 +88,6 @@ class Pipeline:
         self._conn = await connect(cfg.database_url)
 
     async def _optional_components(self) -> list[Component]:
-        from escrowd import pipeline_parts
-
         return await pipeline_parts.components(self.config, self.stop_event)
 
     async def _guard(self, component: Component) -> None:
@@ -104,6 +99,26 @@ class Pipeline:
             log.exception("component_crashed", component=component.name)
             raise
 
+    async def _stop_one(self, component: Component) -> None:
+        task = component.task
+        if task is None or task.done():
+            return
+        if component.stop is None:
+            task.cancel()
+        else:
+            with contextlib.suppress(Exception):
+                component.stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_GRACE_SECONDS)
+        except TimeoutError:
+            log.warning("component_stop_timeout", component=component.name)
+            task.cancel()
+        except BaseException:  # its own error or cancellation: it has stopped either way
+            pass
+        with contextlib.suppress(BaseException):
+            await task
+        log.info("component_stopped", component=component.name)
+
     def failed(self) -> list[str]:
         """Components that stopped with an error."""
         return [
@@ -113,15 +128,16 @@ class Pipeline:
         ]
 
     async def stop(self) -> None:
-        """Stop every component, then the producer."""
+        """Stop the components one by one, downstream first, then the producer.
+
+        The API stops taking requests, the consumers finish their batch, the relayer stops
+        sending, the publisher and then the indexer stop last: nothing upstream is cut off
+        while a downstream part still needs it.
+        """
+        order = {name: i for i, name in enumerate(STOP_ORDER)}
+        for component in sorted(self.components, key=lambda c: order.get(c.name, -1)):
+            await self._stop_one(component)
         self.stop_event.set()
-        for component in self.components:
-            with contextlib.suppress(Exception):
-                component.stop()
-        for component in self.components:
-            if component.task is not None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(component.task, 10)
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()

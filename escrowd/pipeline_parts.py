@@ -17,9 +17,10 @@ import httpx
 import uvicorn
 from eth_account import Account
 
+from escrowd.pipeline_config import Component, PipelineConfig
+
 if TYPE_CHECKING:
     from escrowd.devnet import Devnet
-    from escrowd.pipeline import Component, PipelineConfig
     from escrowd.traffic import OffChain
 
 
@@ -43,7 +44,6 @@ class _Server(uvicorn.Server):
 
 async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Component]:
     """Every downstream service, ready to run."""
-    from escrowd.pipeline import Component
     from relayer.api.app import create_app
     from relayer.api.settings import ApiSettings
     from relayer.lifecycle.consumer import build_consumer as lifecycle_consumer
@@ -205,7 +205,6 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
     """The panel service, the relayer's ruling path (arbiter key) and six verifier bots."""
     import aiohttp
 
-    from escrowd.pipeline import Component
     from relayer.panels.bot import BotSettings, VerifierBot
     from relayer.panels.service import PanelConfig
     from relayer.panels.service import build_consumer as panel_consumer

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 import structlog
@@ -21,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from escrowd.errors import redact_url
 from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
 from escrowd.logging import configure_logging
 from escrowd.services.ports import free_port
@@ -39,18 +42,25 @@ def run(
     api_port: int = typer.Option(0, help="API port (0: a free port)"),
     metrics_port: int = typer.Option(0, help="Prometheus port (0: a free port)"),
     progress: bool = typer.Option(True, help="Live progress display"),
-    database_url: str | None = typer.Option(None, envvar="DATABASE_URL", help="PostgreSQL server (else embedded)"),
-    kafka_bootstrap: str | None = typer.Option(None, envvar="KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
+    database_url: str | None = typer.Option(None, envvar="ESCROWD_DATABASE_URL", help="PostgreSQL server (a fresh database is created on it; else embedded)"),
+    kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
 ) -> None:
     """Run the indexer, every consumer, the relayer and the API on embedded services, with traffic."""
     from escrowd.stack import start_stack
 
     configure_logging(json=False, level=os.environ.get("ESCROWD_LOG_LEVEL", "WARNING"))
     console = Console(stderr=True)
-    console.print("[bold]escrowd run[/]: starting PostgreSQL, Kafka and anvil…")
-    stack = start_stack(database_url=database_url, kafka_bootstrap=kafka_bootstrap)
+    # SIGINT and SIGTERM both stop everything in order and exit 128 + signal number. Outside
+    # the event loop they raise `Interrupted`; inside it they cancel the main task, whose
+    # clean-up stops the pipeline.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 1
+    stack = None
     try:
+        console.print("[bold]escrowd run[/]: starting PostgreSQL, Kafka and anvil…")
+        # "" rather than None: `escrowd run` reads ESCROWD_* only, not the test harness's
+        # DATABASE_URL / KAFKA_BOOTSTRAP fallback of the service launchers.
+        stack = start_stack(database_url=database_url or "", kafka_bootstrap=kafka_bootstrap or "")
         code = asyncio.run(
             _main(
                 stack,
@@ -64,14 +74,72 @@ def run(
                 progress=progress,
             )
         )
-    except KeyboardInterrupt:
-        code = 130
+    except Interrupted as stop:
+        code = 128 + stop.signum
     finally:
-        stack.stop()
+        # A second signal must not cut the clean-up short and leave services behind.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        if stack is not None:
+            stack.stop()
+        console.print(f"[bold]escrowd run[/]: stopped (exit {code})")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     raise typer.Exit(code)
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; `signum` says which (exit code 128 + signum)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
 async def _main(
+    stack: Any,
+    *,
+    console: Console,
+    tasks: int,
+    exit_when_done: bool,
+    seed: int,
+    batch: int,
+    api_port: int,
+    metrics_port: int,
+    progress: bool,
+) -> int:
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            main_task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await _pipeline_main(
+            stack, console=console, tasks=tasks, exit_when_done=exit_when_done, seed=seed,
+            batch=batch, api_port=api_port, metrics_port=metrics_port, progress=progress,
+        )  # fmt: skip
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        return 128 + received[0]
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, _interrupt)
+
+
+async def _pipeline_main(
     stack: Any,
     *,
     console: Console,
@@ -96,32 +164,35 @@ async def _main(
             metrics_port=metrics_port,
         )
     )
-    await pipeline.start()
-    console.print(
-        f"  chain      {dn.rpc_url} (chain id {dn.chain_id}), escrow {dn.escrow_address}\n"
-        f"  API        http://127.0.0.1:{api_port}  (OpenAPI: /docs)\n"
-        f"  bridge     http://127.0.0.1:{api_port}/health/bridge\n"
-        f"  metrics    http://127.0.0.1:{metrics_port}/metrics\n"
-        f"  Kafka      {stack.kafka.bootstrap}    PostgreSQL {stack.postgres.url}"
-    )
-    from escrowd import pipeline_parts
-
-    offchain = pipeline_parts.offchain_client(api_port, dn)
-    from relayer.agents.verifier_agent import LocalHostedVerifier
-
-    # A hosted verifier (`escrowd verifier-agent`'s loop) with the deterministic local model
-    # serves the agent-review tasks posted through the API.
-    hosted_actor = dn.spare[-1]
-    hosted = await LocalHostedVerifier.start(
-        api_url=f"http://127.0.0.1:{api_port}", rpc_url=dn.rpc_url, chain_id=dn.chain_id,
-        escrow_address=dn.escrow_address, wallet_key=hosted_actor.private_key,
-    )  # fmt: skip
-    console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
-    generator = TrafficGenerator(dn, offchain=offchain, seed=seed, hosted_verifier=hosted_actor)
-    started = time.monotonic()
-    planned: list[PlannedTask] = []
-    display = asyncio.create_task(_display(pipeline, generator, console, progress))
+    display: asyncio.Task[None] | None = None
+    hosted: Any = None
     try:
+        await pipeline.start()
+        console.print(
+            f"  chain      {dn.rpc_url} (chain id {dn.chain_id}), escrow {dn.escrow_address}\n"
+            f"  API        http://127.0.0.1:{api_port}  (OpenAPI: /docs)\n"
+            f"  bridge     http://127.0.0.1:{api_port}/health/bridge\n"
+            f"  metrics    http://127.0.0.1:{metrics_port}/metrics\n"
+            f"  Kafka      {stack.kafka.bootstrap}    PostgreSQL {redact_url(stack.postgres.url)}"
+        )
+        from escrowd import pipeline_parts
+
+        offchain = pipeline_parts.offchain_client(api_port, dn)
+        from relayer.agents.verifier_agent import LocalHostedVerifier
+
+        # A hosted verifier (`escrowd verifier-agent`'s loop) with the deterministic local model
+        # serves the agent-review tasks posted through the API.
+        hosted_actor = dn.spare[-1]
+        hosted = await LocalHostedVerifier.start(
+            api_url=f"http://127.0.0.1:{api_port}", rpc_url=dn.rpc_url, chain_id=dn.chain_id,
+            escrow_address=dn.escrow_address, wallet_key=hosted_actor.private_key,
+        )  # fmt: skip
+        console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
+        generator = TrafficGenerator(dn, offchain=offchain, seed=seed, hosted_verifier=hosted_actor)
+        started = time.monotonic()
+        planned: list[PlannedTask] = []
+        display = asyncio.create_task(_display(pipeline, generator, console, progress))
+        console.print("[bold]escrowd run[/]: ready")
         if tasks > 0:
             planned = await generator.run(generator.plan(tasks))
         if exit_when_done:
@@ -138,10 +209,13 @@ async def _main(
                 console.print(f"[red]components failed: {pipeline.failed()}[/]")
                 return 1
     finally:
-        display.cancel()
-        with contextlib.suppress(BaseException):
-            await display
-        await hosted.stop()
+        if display is not None:
+            display.cancel()
+            with contextlib.suppress(BaseException):
+                await display
+        if hosted is not None:
+            with contextlib.suppress(Exception):
+                await hosted.stop()
         await pipeline.stop()
 
 

@@ -1,7 +1,7 @@
 """The local stack for `escrowd run` and `escrowd devnet`: PostgreSQL, Kafka and anvil.
 
-Embedded defaults: a throwaway PostgreSQL unless `DATABASE_URL` is set, a Tansu broker
-unless `KAFKA_BOOTSTRAP` is set, and always a fresh anvil devnet with the escrow deployed.
+Embedded defaults: a throwaway PostgreSQL unless a server URL is given (`escrowd run` takes
+it from `ESCROWD_DATABASE_URL`), a Tansu broker unless a bootstrap is given, and always a fresh anvil devnet with the escrow deployed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ class LocalStack:
     devnet: Devnet
 
     def stop(self) -> None:
-        """Stop anvil, the broker and the database (in reverse order of start)."""
-        with contextlib.suppress(Exception):
-            self.anvil.stop()
+        """Stop the broker, the database and then the chain, each waited for."""
         with contextlib.suppress(Exception):
             self.kafka.stop()
         with contextlib.suppress(Exception):
             self.postgres.stop()
+        with contextlib.suppress(Exception):
+            self.anvil.stop()
 
 
 def start_stack(*, database_url: str | None = None, kafka_bootstrap: str | None = None) -> LocalStack:

@@ -7,10 +7,10 @@ import contextlib
 import signal
 
 import structlog
-from prometheus_client import start_http_server
 
 from escrowd.db import migrate_url
-from escrowd.kafka import ensure_topics, make_producer
+from escrowd.health import mark, start_server
+from escrowd.kafka import ensure_topics, make_producer, start_producer
 from escrowd.outbox import OutboxPublisher
 from indexer.config import IndexerSettings
 from indexer.service import ChainIndexer
@@ -34,7 +34,7 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         topics.append(TopicSpec(settings.events_topic, settings.topic_partitions))
     await ensure_topics(settings.kafka_bootstrap, topics)
     if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port, addr="0.0.0.0")
+        start_server(settings.metrics_port)
     indexers = [
         ChainIndexer(chain, database_url=settings.database_url, topic=settings.events_topic)
         for chain in settings.chains
@@ -44,10 +44,18 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
     publisher = None
     if settings.run_publisher:
         producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-indexer")
-        await producer.start()
+        await start_producer(producer)
         publisher = OutboxPublisher(settings.database_url, producer)
         tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
     stopper = asyncio.create_task(stop.wait())
+    mark("indexer", True)
+    log.info(
+        "indexer_ready",
+        chains=[chain.chain_id for chain in settings.chains],
+        topic=settings.events_topic,
+        publisher=settings.run_publisher,
+        metrics_port=settings.metrics_port,
+    )
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -63,4 +71,5 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         stopper.cancel()
         if producer is not None:
             await producer.stop()
+        mark("indexer", False)
         log.info("indexer_stopped")

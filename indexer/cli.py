@@ -9,18 +9,10 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
+from escrowd.errors import safe_message
 from escrowd.logging import configure_logging
 
 app = typer.Typer(help="Index escrow events into PostgreSQL and Kafka.", no_args_is_help=True)
-
-
-def config_error(exc: ValidationError) -> str:
-    """One line per bad field, naming it."""
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "(root)"
-        lines.append(f"  {where}: {error['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
 
 
 @app.command("run")
@@ -33,11 +25,8 @@ def run(
 
     try:
         settings = load_settings(config)
-    except ValidationError as exc:
-        typer.echo(config_error(exc), err=True)
-        raise typer.Exit(2) from None
-    except (OSError, ValueError) as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+    except (ValidationError, OSError, ValueError) as exc:
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
     try:
@@ -48,9 +37,10 @@ def run(
 
 @app.command("publish")
 def publish(
-    database_url: str = typer.Option(..., envvar="ESCROWD_DATABASE_URL", help="PostgreSQL URL"),
-    kafka_bootstrap: str = typer.Option(..., envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers"),
+    database_url: str | None = typer.Option(None, envvar="ESCROWD_DATABASE_URL", help="PostgreSQL URL"),
+    kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers"),
     log_json: bool = typer.Option(True, "--log-json/--log-console", help="JSON log lines"),
+    config: Path | None = typer.Option(None, "--config", "-c", envvar="ESCROWD_CONFIG", help="YAML/JSON config file"),
 ) -> None:
     """Run only the outbox publisher (pair with `run_publisher: false` on the indexers).
 
@@ -60,15 +50,30 @@ def publish(
     import contextlib
     import signal
 
-    from escrowd.kafka import make_producer
+    from escrowd.config_file import config_path, read_config, section
+    from escrowd.db import migrate_url
+    from escrowd.errors import StartupError
+    from escrowd.kafka import make_producer, start_producer
     from escrowd.outbox import OutboxPublisher
 
+    # The same file as `index run` (shared keys, then the `indexer:` section); the options
+    # and their ESCROWD_* variables win over it.
+    path = config_path(config)
+    if path is not None:
+        values = section(read_config(path), "indexer", {"database_url", "kafka_bootstrap"})
+        database_url = database_url or values.get("database_url")
+        kafka_bootstrap = kafka_bootstrap or values.get("kafka_bootstrap")
+    if not database_url or not kafka_bootstrap:
+        missing = "database_url" if not database_url else "kafka_bootstrap"
+        raise StartupError(f"invalid settings: {missing}: required (ESCROWD_{missing.upper()} or the config file)")
+    db_url, bootstrap = str(database_url), str(kafka_bootstrap)
     configure_logging(json=log_json)
 
     async def main() -> None:
-        producer = make_producer(kafka_bootstrap, client_id="escrowd-publisher")
-        await producer.start()
-        publisher = OutboxPublisher(database_url, producer)
+        await migrate_url(db_url)  # like every service: the schema before the first query
+        producer = make_producer(bootstrap, client_id="escrowd-publisher")
+        await start_producer(producer)
+        publisher = OutboxPublisher(db_url, producer)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from escrowd.config_file import load as config_file_load
 from schemas.topics import ESCROW_EVENTS
 
 
@@ -95,12 +95,6 @@ class IndexerSettings(BaseSettings):
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:
-    """Settings from an optional YAML/JSON file, then environment, then explicit overrides."""
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        loaded = yaml.safe_load(config_file.read_text(encoding="utf-8"))
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{config_file}: expected a mapping at the top level")
-        data.update(loaded.get("indexer", loaded))
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    return IndexerSettings(**data)
+    """Settings: explicit overrides, then `ESCROWD_*`, then the file's `indexer:` section and
+    shared top-level keys (`escrowd.config_file`), then defaults."""
+    return config_file_load(IndexerSettings, "indexer", config_file, **overrides)

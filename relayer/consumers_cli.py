@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from escrowd.errors import safe_message
 from relayer.verification.consumer_cli import app as verification_app
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
@@ -34,25 +36,32 @@ class ConsumerSettings(BaseSettings):
     reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
 
 async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
     from escrowd.consumer import IdempotentConsumer
     from escrowd.db import migrate_url
-    from escrowd.kafka import make_producer
+    from escrowd.kafka import make_producer, start_producer
     from escrowd.outbox import OutboxPublisher
 
     assert isinstance(consumer, IdempotentConsumer)
     if metrics_port is not None:
-        from prometheus_client import start_http_server
+        from escrowd.health import start_server
 
-        start_http_server(metrics_port, addr="0.0.0.0")
+        start_server(metrics_port)
     await migrate_url(database_url)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, consumer.stop)
     producer = make_producer(bootstrap, client_id=consumer.name)
-    await producer.start()
+    await start_producer(producer)
     publisher = OutboxPublisher(database_url, producer)
     publishing = asyncio.create_task(publisher.run())
     try:
@@ -64,23 +73,26 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
         await producer.stop()
 
 
-def _settings() -> ConsumerSettings:
+def _settings(config: Path | None) -> ConsumerSettings:
+    from escrowd.config_file import load
+
     try:
-        return ConsumerSettings()
+        return load(ConsumerSettings, "consumers", config)
     except Exception as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 
 @app.command()
 def lifecycle(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The lifecycle consumer: task state, timers, what can whom do now."""
     from escrowd.logging import configure_logging
     from relayer.lifecycle.consumer import build_consumer
 
-    settings = _settings()
+    settings = _settings(config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,
@@ -95,6 +107,7 @@ def lifecycle(
 
 @app.command()
 def reputation(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The reputation consumer: per-agent score, dispute count, matching score."""
@@ -102,7 +115,7 @@ def reputation(
     from relayer.reputation.consumer import build_consumer
     from relayer.reputation.rules import ReputationRules
 
-    settings = _settings()
+    settings = _settings(config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,

@@ -5,7 +5,7 @@ Each name can be overridden in a service's settings; these are the defaults.
 
 from __future__ import annotations
 
-from escrowd.kafka import TopicSpec
+from schemas.cloudevents import TopicSpec
 
 ESCROW_EVENTS = "escrow.events.v1"
 """Indexed escrow events and their retractions. Key: `<chain id>:<task id>`."""

@@ -289,7 +289,7 @@ def verdict_key(verdict: Verdict) -> bytes:
 
 def verdict_headers(signed: SignedVerdict) -> dict[str, str]:
     """CloudEvents 1.0 binary-mode headers for a signed verdict on `escrow.verdicts.v1`."""
-    from escrowd.kafka import cloudevent_headers
+    from schemas.cloudevents import cloudevent_headers
 
     v = signed.verdict
     return cloudevent_headers(

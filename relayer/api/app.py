@@ -20,13 +20,14 @@ import structlog
 from eth_account import Account
 from fastapi import APIRouter, FastAPI
 
-from escrowd.db import create_pool
+from escrowd.db import create_pool, migrate_url
 from escrowd.logging import register_secret
 from relayer.api.auth import forget_expired_nonces
 from relayer.api.errors import install_error_handlers
 from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
-from relayer.verification.registry import VerifierRegistry
+from relayer.probes import router as probes_router
+from relayer.verification.verifiers import default_registry
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +90,8 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Like every service, the API brings the schema up to date before serving.
+        await migrate_url(settings.database_url)
         app.state.pool = await create_pool(settings.database_url, max_size=settings.db_pool_size)
         bridge_rpcs = _bridge_health(app, settings)
         background: list[asyncio.Task[None]] = [asyncio.create_task(_forget_nonces_forever(app))]
@@ -102,9 +105,11 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
             await producer.start()
             publisher = OutboxPublisher(settings.database_url, producer)
             background.append(asyncio.create_task(publisher.run()))
+        log.info("api_ready", host=settings.api_host, port=settings.api_port, publisher=publisher is not None)
         try:
             yield
         finally:
+            log.info("api_stopping")
             if publisher is not None:
                 publisher.stop()
             for task in background:
@@ -137,10 +142,11 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
         log.warning("api_serves_no_deployment", hint="set ESCROWD_DEPLOYMENTS: every signed request is refused")
     app.state.settings = settings
     app.state.clock = clock
-    app.state.registry = VerifierRegistry(
+    app.state.registry = default_registry(
         allowed_plugin_packages=settings.plugin_packages, allowed_endpoint_hosts=settings.endpoint_hosts
     )
     install_error_handlers(app)
+    app.include_router(probes_router)
     app.include_router(tasks_router)
     metrics = _optional_router("relayer.settlement.routes", "metrics_router")
     if metrics is not None:

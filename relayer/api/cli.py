@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,19 +15,22 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: ESCROWD_API_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: ESCROWD_API_PORT or 8080)")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
 ) -> None:
     """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
     import uvicorn
 
+    from escrowd.config_file import load
+    from escrowd.errors import safe_message
     from escrowd.logging import configure_logging
     from relayer.api.app import create_app
     from relayer.api.settings import ApiSettings
 
     configure_logging(json=log_json)
     try:
-        settings = ApiSettings()
+        settings = load(ApiSettings, "api", config)
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     uvicorn.run(
         create_app(settings),

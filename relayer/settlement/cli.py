@@ -25,6 +25,7 @@ def run(
     """Run the relayer until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
+    from escrowd.errors import safe_message
     from escrowd.logging import configure_logging
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.keys import KeyLoadError
@@ -34,7 +35,7 @@ def run(
         settings = RelayerSettings.load(config)
     except (ValidationError, FileNotFoundError) as exc:
         # pydantic hides SecretStr values in its messages; nothing else here is secret.
-        typer.echo(f"invalid relayer settings: {exc}", err=True)
+        typer.echo(f"invalid relayer settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
 
@@ -50,7 +51,7 @@ def run(
     try:
         asyncio.run(main())
     except KeyLoadError as exc:
-        typer.echo(f"relayer key: {exc}", err=True)
+        typer.echo(f"relayer key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 

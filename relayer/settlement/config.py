@@ -1,8 +1,8 @@
 """Settings of `escrowd relay`, parsed once at the entry point and passed down explicitly.
 
-Sources, highest first: keyword arguments, the configuration file (`--config` or
-`ESCROWD_CONFIG`, YAML or JSON), environment variables with the prefix `ESCROWD_`, and the
-defaults below. Keys and passwords belong in the environment or in files mounted as
+Sources, highest first: keyword arguments, environment variables with the prefix
+`ESCROWD_`, the configuration file (`--config` or `ESCROWD_CONFIG`, YAML or JSON: the
+`relayer:` section, then shared top-level keys; `${VAR}` expanded), and the defaults below. Keys and passwords belong in the environment or in files mounted as
 secrets, never in the configuration file.
 
 `chains` has the same shape as the indexer's, so one `ESCROWD_CHAINS` value can serve both;
@@ -11,25 +11,16 @@ fields the relayer does not use are ignored.
 
 from __future__ import annotations
 
-import contextvars
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from escrowd.config_file import load as config_file_load
 from relayer.settlement.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
-
-_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("relayer_config_file", default=None)
 
 
 class ChainSettings(BaseModel):
@@ -116,6 +107,13 @@ class RelayerSettings(BaseSettings):
         default=None, description="Tests only: 'point:probability,...' kill -9 at named crash points"
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
     @field_validator("relayer_trusted_signers", mode="before")
     @classmethod
     def _split_signers(cls, value: Any) -> Any:
@@ -147,35 +145,11 @@ class RelayerSettings(BaseSettings):
         return self
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword arguments, then the config file, then the environment."""
-        sources: list[PydanticBaseSettingsSource] = [init_settings]
-        path = _CONFIG_FILE.get()
-        if path is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        sources += [env_settings, file_secret_settings]
-        return tuple(sources)
-
-    @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> RelayerSettings:
-        """Read the settings; `config_file` defaults to `$ESCROWD_CONFIG` when set."""
-        path = config_file
-        if path is None and os.environ.get("ESCROWD_CONFIG"):
-            path = Path(os.environ["ESCROWD_CONFIG"])
-        if path is not None and not path.is_file():
-            raise FileNotFoundError(f"configuration file {path} not found")
-        token = _CONFIG_FILE.set(path)
-        try:
-            return cls(**overrides)
-        finally:
-            _CONFIG_FILE.reset(token)
+        """Read the settings (`escrowd.config_file`): keyword arguments, then `ESCROWD_*`,
+        then the file's `relayer:` section and shared top-level keys; `config_file`
+        defaults to `$ESCROWD_CONFIG` when set."""
+        return config_file_load(cls, "relayer", config_file, **overrides)
 
     def fee_policy(self) -> FeePolicy:
         """The fee policy these settings describe."""

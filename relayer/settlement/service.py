@@ -26,6 +26,7 @@ from escrowd.consumer import IdempotentConsumer
 from escrowd.db import connect, create_pool, is_connection_error, migrate_url
 from escrowd.kafka import TopicSpec, ensure_topics
 from escrowd.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
+from relayer.probes import router as probes_router
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
 from relayer.settlement.consumer import VerdictHandler
@@ -59,11 +60,12 @@ class _QuietServer(uvicorn.Server):
 
 
 def build_app(monitor: HealthMonitor) -> FastAPI:
-    """The relayer's own HTTP app: /health/bridge and /metrics."""
+    """The relayer's own HTTP app: /health/bridge, /metrics, /healthz and /readyz."""
     app = FastAPI(title="escrowd relayer", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.bridge_health = monitor
     app.include_router(router)
     app.include_router(metrics_router)
+    app.include_router(probes_router)
     return app
 
 

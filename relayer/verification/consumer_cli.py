@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from escrowd.config_file import load
+from escrowd.errors import safe_message
 
 app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
 
 
 @app.command()
 def run(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """Run the verification consumer, the retry scheduler and an outbox publisher until Ctrl-C."""
@@ -25,33 +30,35 @@ def run(
 
     configure_logging(json=log_json)
     try:
-        settings = VerificationSettings()
+        settings = load(VerificationSettings, "verification", config)
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run_verification_consumer(settings))
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {exc}", err=True)
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 
 @app.command()
-def check() -> None:
+def check(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+) -> None:
     """Validate the configuration and the signing key, print the signer address, and exit."""
     from eth_account import Account
 
     from relayer.verification.service import SigningKeyError, VerificationSettings, load_signing_key
 
     try:
-        settings = VerificationSettings()
+        settings = load(VerificationSettings, "verification", config)
         key = load_signing_key(settings)
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {exc}", err=True)
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
 

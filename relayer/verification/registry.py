@@ -14,7 +14,7 @@ over a rubric of the registry's file store (distinct keywords found per item, we
 
 Seed 002's verifier types (`exact_match`, `schema_validation`, `numerical_range`,
 `test_suite`, `execution_result`, `optimization_score`, `multi_verifier`) are registered
-in the same table by `relayer.verification.verifier_types`.
+in the same table by `relayer.verification.verifier_types` (through `verifiers.default_registry`).
 
 Every verifier has the seed's contract `VerifyFn(task, trajectory) -> reward`. A verifier
 that cannot answer — import error, endpoint down or slow, a response without a numeric
@@ -224,7 +224,7 @@ class VerifierRegistry:
         endpoint_timeout: float = DEFAULT_ENDPOINT_TIMEOUT,
         plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
         rubrics: RubricStore | None = None,
-        register_builtin_types: bool = True,
+        types: Iterable[Callable[[VerifierRegistry], None]] = (),
         rubric_judge: RubricJudgeFn | None = None,
     ) -> None:
         self.allowed_plugin_packages = tuple(allowed_plugin_packages)
@@ -238,15 +238,15 @@ class VerifierRegistry:
         self._session: aiohttp.ClientSession | None = None
         self.plugin_imports = 0
         self._types["keyword_rubric"] = _keyword_rubric_factory
-        if register_builtin_types:
-            from relayer.verification.verifier_types import register_builtin_types as register
-
+        # Types are registered by the caller (`relayer.verification.verifiers.default_registry`
+        # adds seed 002's): the type modules import this one, never the other way round.
+        for register in types:
             register(self)
 
     # -------------------------------------------------------------- registration
 
     def register_type(self, kind: str, factory: TypeFactory) -> None:
-        """Add a verifier type (seed 002's types are registered at construction)."""
+        """Add a verifier type (`verifiers.default_registry` registers seed 002's)."""
         if kind in ("rubric", "plugin", "endpoint"):
             raise ValueError(f"{kind} is a reference kind, not a type")
         self._types[kind] = factory

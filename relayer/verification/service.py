@@ -38,6 +38,7 @@ from relayer.verification.consumer import (
 )
 from relayer.verification.registry import RubricStore, VerifierRegistry
 from relayer.verification.routing import RetryPolicy
+from relayer.verification.verifiers import default_registry
 from schemas import topics
 from schemas.task_terms import RetryDue
 
@@ -114,7 +115,7 @@ class VerificationSettings(BaseSettings):
         """The verifier registry this service runs (with the rubric judge when `ESCROWD_MODEL_URL` is set)."""
         from relayer.agents.rubrics import rubric_judge_from_env
 
-        return VerifierRegistry(
+        return default_registry(
             allowed_plugin_packages=self.plugin_packages,
             allowed_endpoint_hosts=self.endpoint_hosts,
             endpoint_timeout=self.endpoint_timeout,
@@ -235,9 +236,9 @@ async def run_verification_consumer(settings: VerificationSettings) -> None:
     """Run the verification service until cancelled (see the module docstring)."""
     key = load_signing_key(settings)
     if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
+        from escrowd.health import start_server
 
-        start_http_server(settings.metrics_port, addr="0.0.0.0")
+        start_server(settings.metrics_port)
     await migrate_url(settings.database_url)
     t = settings.topics()
     await ensure_topics(

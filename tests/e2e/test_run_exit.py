@@ -18,7 +18,7 @@ def test_run_drives_every_path_and_the_invariants_hold(
     pg_service: PostgresService, kafka_service: KafkaService
 ) -> None:
     """Exit code 0, a JSON summary, every path played, every invariant checked and true."""
-    env = {**os.environ, "DATABASE_URL": pg_service.admin_url, "KAFKA_BOOTSTRAP": kafka_service.bootstrap}
+    env = {**os.environ, "ESCROWD_DATABASE_URL": pg_service.admin_url, "ESCROWD_KAFKA_BOOTSTRAP": kafka_service.bootstrap}
     result = subprocess.run(
         [sys.executable, "-m", "escrowd.cli", "run", "--tasks", "20", "--exit", "--no-progress"],
         capture_output=True, text=True, env=env, timeout=540, check=False,

@@ -492,7 +492,7 @@ def test_key_match() -> None:
 
 
 def test_settings_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Env with comma-separated signers and the indexer's chain shape; the file wins over env."""
+    """Env with comma-separated signers and the indexer's chain shape; the environment wins over the file."""
     from relayer.settlement.config import RelayerSettings
 
     signer = Account.from_key(KEY_B).address
@@ -513,7 +513,7 @@ def test_settings_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     config = tmp_path / "relayer.yaml"
     config.write_text("relayer_poll_interval: 0.75\nrelayer_fee_cap_wei: 1000000000\n")
     from_file = RelayerSettings.load(config)
-    assert from_file.relayer_poll_interval == 0.75 and from_file.fee_policy().fee_cap == GWEI
+    assert from_file.relayer_poll_interval == 2.5 and from_file.fee_policy().fee_cap == GWEI
     monkeypatch.setenv("ESCROWD_RELAYER_KEYSTORE", str(tmp_path / "k.json"))
     with pytest.raises(ValidationError):
         RelayerSettings.load()

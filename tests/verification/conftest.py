@@ -24,8 +24,8 @@ from relayer.api.app import create_app
 from relayer.api.auth import Deployment, sign_request
 from relayer.api.settings import ApiSettings
 from relayer.verification.consumer import Topics, VerificationHandler
-from relayer.verification.registry import VerifierRegistry
 from relayer.verification.routing import RetryPolicy
+from relayer.verification.verifiers import default_registry
 from schemas import topics
 from schemas.events import event_id
 
@@ -279,7 +279,7 @@ SIGNING_KEY = anvil_key(40)[1]
 def make_handler(**overrides: Any) -> VerificationHandler:
     """The consumer's handler with the test topics and signing key."""
     values: dict[str, Any] = {
-        "registry": VerifierRegistry(allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"]),
+        "registry": default_registry(allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"]),
         "signing_key": lambda: SIGNING_KEY,
         "topics": Topics(events=EVENTS, requests=REQUESTS, verdicts=VERDICTS, dead_letters=DLQ),
         "retry_policy": RetryPolicy(base_seconds=0.0, max_seconds=0.0),

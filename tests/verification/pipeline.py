@@ -29,6 +29,7 @@ from relayer.verification.consumer import Topics, VerificationHandler
 from relayer.verification.registry import VerifierRegistry
 from relayer.verification.routing import RetryPolicy
 from relayer.verification.service import RetryScheduler
+from relayer.verification.verifiers import default_registry
 from schemas import jsoncodec
 from schemas.task_terms import result_hash
 from schemas.verdict import SignedVerdict
@@ -227,7 +228,7 @@ async def pipeline(
     )  # fmt: skip
     await ensure_topics(bootstrap, [TopicSpec(topics.events, 2), TopicSpec(topics.requests, 2),
                                     TopicSpec(topics.verdicts, 2), TopicSpec(topics.dead_letters, 1)])  # fmt: skip
-    registry = registry or VerifierRegistry(
+    registry = registry or default_registry(
         allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"], endpoint_timeout=1.0
     )
     chain = ChainConfig(

@@ -19,6 +19,7 @@ from relayer.verification.registry import (
     VerifierRegistry,
     flatten_trajectory,
 )
+from relayer.verification.verifiers import default_registry
 from schemas.task_terms import VerifierRef
 
 TASK: dict[str, Any] = {"taskId": 1, "prompt": "What is 6 x 7?", "reference": "42"}
@@ -30,7 +31,7 @@ def ref(kind: str, name: str = "v1", **config: Any) -> VerifierRef:
 
 @pytest.fixture
 def registry() -> VerifierRegistry:
-    return VerifierRegistry(
+    return default_registry(
         allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"], endpoint_timeout=0.5
     )
 
@@ -205,7 +206,7 @@ async def test_keyword_rubric_scores_and_a_missing_rubric_raises(tmp_path: Any) 
     ]))  # fmt: skip
     (tmp_path / "bob").mkdir()
     (tmp_path / "bob" / "style.json").write_text('{"name": "style", "items": [{"criterion": "c", "keywords": ["ok"]}]}')
-    registry = VerifierRegistry(rubrics=store)
+    registry = default_registry(rubrics=store)
     outcome = await registry.verify(VerifierRef(kind="keyword_rubric", ref="alice/risks"), {}, "Outage risk. Outage again.")
     assert outcome.reward == pytest.approx((0.5 * 3 + 0.5 * 1) / 4)
     assert (await registry.verify(VerifierRef(kind="keyword_rubric", ref="bob/style"), {}, "all ok")).reward == 1.0

@@ -108,7 +108,7 @@ async def test_signing_key_never_reaches_the_logs(api: Api, chain: IndexedChain,
 
 async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
     """A finalize waiting for its retry is queued on the requests topic when due, and only once."""
-    from relayer.verification.registry import VerifierRegistry
+    from relayer.verification.verifiers import default_registry
 
     body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
             "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.broken:score"}}  # fmt: skip
@@ -118,7 +118,7 @@ async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedC
     await chain.submitted(4, who["agent"].address, 1, result_hash("x"))
     path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/4/finalize"
     assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
-    registry = VerifierRegistry(allowed_plugin_packages=["tests.verification.plugins"])
+    registry = default_registry(allowed_plugin_packages=["tests.verification.plugins"])
     await drain(database_url, make_handler(registry=registry))
     scheduler = RetryScheduler(database_url, topics.VERIFICATION_REQUESTS)
     conn = await connect(database_url)

@@ -1,0 +1,73 @@
+"""`escrowd keys init`: the keystores and passwords a deployment's relayer and verifier need.
+
+Writes four files (mode 0600) into `--out`: `relayer-keystore.json`,
+`relayer-keystore-password`, `verification-keystore.json` and
+`verification-keystore-password`, the layout `deploy/docker-compose.yml` mounts at
+/run/secrets and `kubectl create secret generic escrowd-secrets --from-file=...` reads.
+
+Keys: fresh random ones by default (production: upload the files to your secret manager
+and register the addresses printed); with `--devnet`, the relayer gets the devnet's
+marketplace verifier account and the verifier anvil's account 9, both derived from anvil's
+public test mnemonic, so that the compose `devnet` profile comes up with no manual step.
+Passwords: `ESCROWD_RELAYER_KEYSTORE_PASSWORD` / `ESCROWD_VERIFICATION_KEYSTORE_PASSWORD`
+when set, otherwise random. Existing files are kept (re-running is harmless) unless
+`--force`. Only addresses are printed, as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Keystores for the relayer and the verification service.", no_args_is_help=True)
+
+DEVNET_VERIFIER_ACCOUNT = 9
+"""anvil account whose key signs verdicts in the compose devnet (its address is in the example config)."""
+
+
+def _write_secret(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+@app.command("init")
+def init(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the four files into")],
+    devnet: Annotated[bool, typer.Option("--devnet", help="Use the devnet's well-known test accounts")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
+) -> None:
+    """Write encrypted keystores and their passwords for the relayer and the verifier."""
+    from eth_account import Account
+
+    from escrowd.logging import register_secret
+    from relayer.settlement.keys import SecretKey, load_keystore, write_keystore
+
+    out.mkdir(parents=True, exist_ok=True)
+    addresses: dict[str, str] = {}
+    for role in ("relayer", "verification"):
+        keystore = out / f"{role}-keystore.json"
+        password_file = out / f"{role}-keystore-password"
+        if keystore.exists() and password_file.exists() and not force:
+            addresses[role] = load_keystore(keystore, password_file=password_file).address
+            continue
+        if devnet:
+            from escrowd.devnet import _MARKETPLACE_VERIFIER, anvil_key
+
+            raw = anvil_key(_MARKETPLACE_VERIFIER if role == "relayer" else DEVNET_VERIFIER_ACCOUNT)[1]
+        else:
+            raw = "0x" + bytes(Account.create().key).hex()
+        register_secret(raw)
+        password = os.environ.get(f"ESCROWD_{role.upper()}_KEYSTORE_PASSWORD") or secrets.token_urlsafe(24)
+        register_secret(password)
+        key = SecretKey.from_hex(raw)
+        # scrypt at its default cost: a keystore that leaks stays expensive to attack.
+        write_keystore(key, keystore, password)
+        _write_secret(password_file, password)
+        addresses[role] = key.address
+    typer.echo(json.dumps({"dir": str(out), "relayer": addresses["relayer"], "verification": addresses["verification"]}))

@@ -1,0 +1,31 @@
+"""The pipeline's configuration and component shape, shared by its wiring modules."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from escrowd.devnet import Devnet
+
+
+@dataclass
+class PipelineConfig:
+    """Where everything is and which ports to serve on."""
+
+    database_url: str
+    kafka_bootstrap: str
+    devnet: Devnet
+    api_port: int
+    metrics_port: int
+    confirmations: int = 0
+
+
+@dataclass
+class Component:
+    """A named long-running task and how to ask it to stop (None: it is cancelled)."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+    stop: Callable[[], None] | None = None
+    task: asyncio.Task[None] | None = None

@@ -1,0 +1,48 @@
+"""`escrowd keys init`: four 0600 files, loadable by the services, only addresses printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+from escrowd.devnet import anvil_key
+from escrowd.harness import escrowd_command
+from relayer.settlement.keys import load_keystore
+
+FILES = ("relayer-keystore.json", "relayer-keystore-password", "verification-keystore.json", "verification-keystore-password")
+
+
+def _init(out: Path, *flags: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
+    proc = subprocess.run([*escrowd_command(), "keys", "init", "--out", str(out), *flags],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for index in (2, 9):
+        assert anvil_key(index)[1][2:] not in proc.stdout + proc.stderr
+    result: dict[str, str] = json.loads(proc.stdout)
+    return result
+
+
+def test_devnet_keys_are_the_devnet_accounts_and_are_kept_on_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "secrets"
+    first = _init(out, "--devnet")
+    assert first["relayer"] == anvil_key(2)[0]  # the devnet's marketplace verifier
+    assert first["verification"] == anvil_key(9)[0]
+    for name in FILES:
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    for role in ("relayer", "verification"):
+        key = load_keystore(out / f"{role}-keystore.json", password_file=out / f"{role}-keystore-password")
+        assert key.address == first[role]
+    before = (out / "relayer-keystore-password").read_text()
+    assert _init(out, "--devnet") == first
+    assert (out / "relayer-keystore-password").read_text() == before  # kept, not regenerated
+
+
+def test_production_keys_are_fresh(tmp_path: Path) -> None:
+    a = _init(tmp_path / "a")
+    b = _init(tmp_path / "b")
+    assert a["relayer"] != b["relayer"] and a["verification"] != b["verification"]
+    assert a["relayer"] not in (anvil_key(2)[0], anvil_key(9)[0])

@@ -4,6 +4,11 @@
   `verificationResult` JSON on stdout and exits 0 whether the result passed or failed.
 * ``verify validate-criteria FILE [--mode auto|agent|manual]`` prints the post-time
   verdict JSON and exits 0 when the criteria would be accepted, 1 when refused.
+* ``verify run --verifier VERIFIER.json --result RESULT.json`` runs one registry verifier
+  (a `VerifierRef` `{"kind", "ref", "config"}`) on a result (`{"output": ...}`) exactly as
+  the consumer does (code in the sandbox), prints `{"passed", "reward", "detail",
+  "reasons"}` and exits 0 on pass or fail; 3 when the verifier could not answer (the
+  reason on stderr and as `{"error": ...}` on stdout).
 
 A file that cannot be read or is not JSON (or criteria that are not a JSON object)
 exits 2 with a one-line error on stderr.
@@ -11,6 +16,7 @@ exits 2 with a one-line error on stderr.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -20,9 +26,11 @@ import typer
 
 from relayer.verification.auto_check import auto_check
 from relayer.verification.criteria_validation import MODES, validate_criteria
+from relayer.verification.registry import VerificationError, VerifierOutcome, VerifierRegistry
 from relayer.verification.structured import json_nesting_exceeds
 
 EXIT_USAGE = 2
+EXIT_COULD_NOT_ANSWER = 3
 
 app = typer.Typer(
     help="Auto-check a result against verification criteria, or validate criteria.",
@@ -88,3 +96,43 @@ def validate_criteria_command(
     _print_json(verdict.to_json_dict())
     if not verdict.ok:
         raise typer.Exit(1)
+
+
+@app.command("run")
+def run_command(
+    verifier: Annotated[Path, typer.Option("--verifier", help="VerifierRef JSON file {kind, ref, config}.")],
+    result: Annotated[Path, typer.Option("--result", help="The agent's result JSON file ({output: ...}).")],
+) -> None:
+    """Run one verifier on RESULT as the consumer would (exit 0 on pass or fail, 3 if it cannot answer)."""
+    from pydantic import ValidationError
+
+    from schemas.task_terms import VerifierRef
+
+    ref_data = _read_json(verifier, "verifier")
+    result_data = _read_json(result, "result")
+    try:
+        ref = VerifierRef.model_validate(ref_data)
+    except ValidationError as exc:
+        _fail(f"verifier file {str(verifier)!r} is not a VerifierRef: {exc.errors()[0]['msg']}")
+
+    async def judge() -> VerifierOutcome:
+        registry = VerifierRegistry()
+        try:
+            return await registry.verify(ref, {}, result_data)
+        finally:
+            await registry.close()
+
+    try:
+        outcome = asyncio.run(judge())
+    except VerificationError as exc:
+        typer.echo(f"could not answer: {exc}", err=True)
+        _print_json({"error": str(exc)})
+        raise typer.Exit(EXIT_COULD_NOT_ANSWER) from None
+    _print_json(
+        {
+            "passed": outcome.reward >= ref.pass_reward,
+            "reward": outcome.reward,
+            "detail": outcome.detail,
+            "reasons": list(outcome.reasons),
+        }
+    )

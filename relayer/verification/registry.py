@@ -38,6 +38,7 @@ import aiohttp
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from relayer.verification.sandbox import DEFAULT_SETTINGS, SandboxSettings
 from schemas.task_terms import VerifierRef
 
 log = structlog.get_logger(__name__)
@@ -213,12 +214,14 @@ class VerifierRegistry:
         plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
         rubrics: RubricStore | None = None,
         register_builtin_types: bool = True,
+        sandbox_settings: SandboxSettings = DEFAULT_SETTINGS,
     ) -> None:
         self.allowed_plugin_packages = tuple(allowed_plugin_packages)
         self.allowed_endpoint_hosts = tuple(h.lower() for h in allowed_endpoint_hosts)
         self.endpoint_timeout = endpoint_timeout
         self.plugin_timeout = plugin_timeout
         self.rubrics = rubrics or RubricStore()
+        self.sandbox_settings = sandbox_settings
         self._plugins: dict[str, Callable[..., Any]] = {}
         self._types: dict[str, TypeFactory] = {}
         self._session: aiohttp.ClientSession | None = None

@@ -277,6 +277,8 @@ def bwrap_argv(bwrap: str, runtime: PythonRuntime, result_fd: int, limits: dict[
     ]  # fmt: skip
     if _bwrap_supports(bwrap, "--disable-userns"):
         argv.append("--disable-userns")
+    # /tmp first: the interpreter may itself be bound from a staged copy under /tmp.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32"):
         if os.path.isdir(lib):
             argv += ["--ro-bind", lib, lib]
@@ -291,8 +293,7 @@ def bwrap_argv(bwrap: str, runtime: PythonRuntime, result_fd: int, limits: dict[
     if (runtime.source / site_packages.relative_to(runtime.prefix)).is_dir():
         argv += ["--tmpfs", str(site_packages), "--remount-ro", str(site_packages)]
     argv += [
-        "--proc", "/proc", "--dev", "/dev",
-        "--tmpfs", "/tmp", "--dir", "/tmp/work", "--chdir", "/tmp/work",
+        "--dir", "/tmp/work", "--chdir", "/tmp/work",
         "--clearenv", "--setenv", "PYTHONHASHSEED", str(HASH_SEED), "--setenv", "LANG", "C.UTF-8",
         *(["--setenv", "LD_LIBRARY_PATH", str(runtime.libraries[0].parent)] if runtime.libraries else []),
         "--",

@@ -9,6 +9,10 @@
   the consumer does (code in the sandbox), prints `{"passed", "reward", "detail",
   "reasons"}` and exits 0 on pass or fail; 3 when the verifier could not answer (the
   reason on stderr and as `{"error": ...}` on stdout).
+* ``verify proof FILE --signer ADDRESS [--chain-id N --escrow ADDRESS --evidence-hash H
+  --terms TERMS.json]`` checks a signed proof offline (signature, signer among the registered
+  keys, chain/escrow of the domain, evidence hash, criteria hash recomputed from the terms)
+  and prints `{"valid", "problems", "proof"}`: exit 0 when valid, 1 when not.
 
 A file that cannot be read or is not JSON (or criteria that are not a JSON object)
 exits 2 with a one-line error on stderr.
@@ -136,3 +140,40 @@ def run_command(
             "reasons": list(outcome.reasons),
         }
     )
+
+
+@app.command("proof")
+def proof_command(
+    file: Annotated[Path, typer.Argument(help="Signed proof JSON (as served by GET .../proof).")],
+    signer: Annotated[list[str], typer.Option("--signer", help="A registered verification key address.")],
+    chain_id: Annotated[int | None, typer.Option("--chain-id", help="The chain the task is on.")] = None,
+    escrow: Annotated[str | None, typer.Option("--escrow", help="The escrow the task is on.")] = None,
+    evidence_hash: Annotated[str | None, typer.Option("--evidence-hash", help="The attempt's evidence hash on chain.")] = None,
+    terms: Annotated[Path | None, typer.Option("--terms", help="The task's registered terms JSON.")] = None,
+) -> None:
+    """Check a signed proof offline (exit 0 valid, 1 not)."""
+    from pydantic import ValidationError
+
+    from relayer.verification.proof import SignedProof, check_proof, criteria_hash
+
+    data = _read_json(file, "proof")
+    try:
+        signed = SignedProof.model_validate(data)
+    except ValidationError as exc:
+        _print_json({"valid": False, "problems": [f"not a signed proof: {exc.errors()[0]['msg']}"], "proof": None})
+        raise typer.Exit(1) from None
+    expected_criteria = None
+    if terms is not None:
+        terms_data = _read_json(terms, "terms")
+        if not isinstance(terms_data, dict):
+            _fail(f"terms file {str(terms)!r} must hold a JSON object")
+        expected_criteria = criteria_hash(terms_data.get("verificationCriteria"), terms_data.get("verifier"))
+    try:
+        problems = check_proof(
+            signed, signer, chain_id=chain_id, escrow=escrow, evidence_hash=evidence_hash, criteria=expected_criteria
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    _print_json({"valid": not problems, "problems": problems, "proof": signed.to_json_dict()["proof"]})
+    if problems:
+        raise typer.Exit(1)

@@ -111,7 +111,10 @@ class SandboxRun:
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal between two runs of the same code for the verdict to stand."""
-        return (self.stage, tuple((c.ok, json.dumps(c.value, sort_keys=True), c.error) for c in self.cases))
+        return (
+            self.stage,
+            tuple((c.ok, json.dumps(c.value, sort_keys=True), c.error) for c in self.cases),
+        )
 
 
 def strip_code_fences(text: str) -> str:
@@ -252,7 +255,9 @@ def find_bwrap(explicit: str | None) -> str:
 @functools.lru_cache(maxsize=4)
 def _bwrap_supports(bwrap: str, option: str) -> bool:
     try:
-        out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return option in out.stdout + out.stderr
@@ -266,7 +271,9 @@ def _runtime_for(as_other_uid: bool, base: str) -> PythonRuntime:
     return runtime
 
 
-def bwrap_argv(bwrap: str, runtime: PythonRuntime, result_fd: int, limits: dict[str, Any]) -> list[str]:
+def bwrap_argv(
+    bwrap: str, runtime: PythonRuntime, result_fd: int, limits: dict[str, Any]
+) -> list[str]:
     """The bwrap command line for one run (the harness source is passed with `-c`)."""
     argv = [
         bwrap,
@@ -365,7 +372,9 @@ async def run_cases(
     except TimeoutError:
         _kill_group(proc.pid)
         await proc.wait()
-        raise SandboxUnavailable(f"the sandbox gave no answer within {backstop:g} s (host overloaded?)") from None
+        raise SandboxUnavailable(
+            f"the sandbox gave no answer within {backstop:g} s (host overloaded?)"
+        ) from None
     except BaseException:
         _kill_group(proc.pid)
         await proc.wait()
@@ -378,7 +387,9 @@ async def run_cases(
     return interpret(report, stderr, proc.returncode, len(cases), limits, wall_ms)
 
 
-async def _communicate(proc: asyncio.subprocess.Process, fd: int, job: bytes) -> tuple[bytes, bytes]:
+async def _communicate(
+    proc: asyncio.subprocess.Process, fd: int, job: bytes
+) -> tuple[bytes, bytes]:
     assert proc.stdin is not None and proc.stderr is not None
     stderr_task = asyncio.create_task(proc.stderr.read(_MAX_STDERR_BYTES))
     report_task = asyncio.create_task(_read_fd(fd))
@@ -416,7 +427,12 @@ def _kill_group(pid: int) -> None:
 
 
 def interpret(
-    report: bytes, stderr: bytes, returncode: int | None, n_cases: int, limits: dict[str, Any], wall_ms: int
+    report: bytes,
+    stderr: bytes,
+    returncode: int | None,
+    n_cases: int,
+    limits: dict[str, Any],
+    wall_ms: int,
 ) -> SandboxRun:
     """The run's outcome from the harness's report; SandboxUnavailable when the harness did not report."""
     events: list[dict[str, Any]] = []
@@ -434,9 +450,14 @@ def interpret(
         raise SandboxUnavailable("the sandbox stopped before reporting how the run ended")
     cpu_ms = int(final.get("cpu_ms") or 0)
     peak_mb = round(int(final.get("maxrss_kb") or 0) / 1024, 1)
-    recorded = {"timeLimitMs": int(limits["time_limit_ms"]), "memoryMb": int(limits["memory_bytes"]) // 2**20}
+    recorded = {
+        "timeLimitMs": int(limits["time_limit_ms"]),
+        "memoryMb": int(limits["memory_bytes"]) // 2**20,
+    }
 
-    def run(stage: str, cases: tuple[CaseOutcome, ...] = (), error: str | None = None) -> SandboxRun:
+    def run(
+        stage: str, cases: tuple[CaseOutcome, ...] = (), error: str | None = None
+    ) -> SandboxRun:
         return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded)
 
     outcomes: list[CaseOutcome] = []
@@ -455,7 +476,11 @@ def interpret(
         elif kind == "case" and loaded and len(outcomes) < n_cases:
             ok = event.get("ok") is True
             outcomes.append(
-                CaseOutcome(ok=ok, value=event.get("value") if ok else None, error=None if ok else str(event.get("error")))
+                CaseOutcome(
+                    ok=ok,
+                    value=event.get("value") if ok else None,
+                    error=None if ok else str(event.get("error")),
+                )
             )
         elif kind == "done" and loaded:
             done = True
@@ -463,12 +488,22 @@ def interpret(
     cases = tuple(outcomes)
     reason = final.get("reason")
     limit_mb = recorded["memoryMb"]
-    if reason == "time" or cpu_ms > int(limits["time_limit_ms"]) or final.get("signal") == signal.SIGXCPU:
-        return run("time_limit", cases, f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms")
+    if (
+        reason == "time"
+        or cpu_ms > int(limits["time_limit_ms"])
+        or final.get("signal") == signal.SIGXCPU
+    ):
+        return run(
+            "time_limit", cases, f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms"
+        )
     if memory or peak_mb > limit_mb:
         return run("memory_limit", cases, f"memory limit of {limit_mb} MB exceeded")
     if reason == "blocked":
-        return run("blocked", cases, f"blocked (sleeping or waiting) for more than {limits['blocked_seconds']:g} s")
+        return run(
+            "blocked",
+            cases,
+            f"blocked (sleeping or waiting) for more than {limits['blocked_seconds']:g} s",
+        )
     if reason in ("processes", "output"):
         return run("crashed", cases, f"too many {reason}")
     if done and len(cases) == n_cases:

@@ -90,7 +90,12 @@ def _worker(job: dict[str, Any], limits: dict[str, Any], value_fd: int) -> None:
         out.write(oom)
         return
     except BaseException as exc:
-        out.write(json.dumps({"event": "compile_error", "error": (type(exc).__name__ + ": " + str(exc))[:300]}) + "\n")
+        out.write(
+            json.dumps(
+                {"event": "compile_error", "error": (type(exc).__name__ + ": " + str(exc))[:300]}
+            )
+            + "\n"
+        )
         return
     namespace: dict[str, Any] = {"__name__": "solution"}
     try:
@@ -99,11 +104,19 @@ def _worker(job: dict[str, Any], limits: dict[str, Any], value_fd: int) -> None:
         out.write(oom)
         return
     except BaseException as exc:
-        out.write(json.dumps({"event": "load_error", "error": (type(exc).__name__ + ": " + str(exc))[:300]}) + "\n")
+        out.write(
+            json.dumps(
+                {"event": "load_error", "error": (type(exc).__name__ + ": " + str(exc))[:300]}
+            )
+            + "\n"
+        )
         return
     fn = namespace.get(job["entrypoint"])
     if not callable(fn):
-        out.write(json.dumps({"event": "load_error", "error": "no callable named " + job["entrypoint"]}) + "\n")
+        out.write(
+            json.dumps({"event": "load_error", "error": "no callable named " + job["entrypoint"]})
+            + "\n"
+        )
         return
     out.write('{"event": "loaded"}\n')
     for args in job["cases"]:
@@ -209,7 +222,12 @@ def main() -> None:
         except ValueError:
             continue
         if not isinstance(item, dict) or item.get("event") not in (
-            "compile_error", "load_error", "loaded", "case", "done", "memory"
+            "compile_error",
+            "load_error",
+            "loaded",
+            "case",
+            "done",
+            "memory",
         ):
             continue
         result.write(json.dumps(item) + "\n")

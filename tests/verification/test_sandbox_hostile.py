@@ -55,7 +55,9 @@ def runner(request: pytest.FixtureRequest) -> dict[str, Any]:
     python = staged.source / staged.executable.relative_to(staged.prefix)
     env = {}
     if staged.libraries:
-        env["LD_LIBRARY_PATH"] = str(staged.source / staged.libraries[0].parent.relative_to(staged.prefix))
+        env["LD_LIBRARY_PATH"] = str(
+            staged.source / staged.libraries[0].parent.relative_to(staged.prefix)
+        )
     boot = (
         "import site, sys; site.addsitedir(sys.argv.pop(1)); sys.path.insert(0, sys.argv.pop(1));"
         " sys.argv[0] = 'escrowd'; from escrowd.cli import main; sys.exit(main())"
@@ -64,7 +66,11 @@ def runner(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def run_cli(
-    runner: dict[str, Any], workdir: Path, verifier: dict[str, Any], code: str, extra_env: dict[str, str] | None = None
+    runner: dict[str, Any],
+    workdir: Path,
+    verifier: dict[str, Any],
+    code: str,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, Any], str]:
     """`escrowd verify run` on `code`; (exit status, parsed stdout, stdout + stderr)."""
     token = secrets.token_hex(4)
@@ -73,7 +79,13 @@ def run_cli(
     rfile.write_text(json.dumps({"output": code}))
     for f in (vfile, rfile):
         f.chmod(0o644)
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent", **runner["env"], **(extra_env or {})}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/nonexistent",
+        **runner["env"],
+        **(extra_env or {}),
+    }
     user = runner["user"]
     proc = subprocess.run(
         [*runner["argv"], "verify", "run", "--verifier", str(vfile), "--result", str(rfile)],
@@ -87,7 +99,9 @@ def run_cli(
     return proc.returncode, out, proc.stdout + proc.stderr
 
 
-def suite(public: list[tuple[list[Any], Any]], hidden: list[tuple[list[Any], Any]] = (), **limits: Any) -> dict[str, Any]:  # type: ignore[assignment]
+def suite(
+    public: list[tuple[list[Any], Any]], hidden: list[tuple[list[Any], Any]] = (), **limits: Any
+) -> dict[str, Any]:  # type: ignore[assignment]
     config: dict[str, Any] = {
         "publicTests": [{"args": a, "expected": e} for a, e in public],
         "hiddenTests": [{"args": a, "expected": e} for a, e in hidden],
@@ -152,13 +166,18 @@ def test_reading_every_proc_environ_finds_no_secret(runner: dict[str, Any], work
         "    seen += repr(dict(os.environ)).encode()\n"
         "    return a + b if b'hunter2' in seen or b'ESCROWD_' in seen else -1\n"
     )
-    env = {"ESCROWD_DATABASE_URL": f"postgresql://app:{secret}@db/escrow", "ESCROWD_KEYSTORE_PASSWORD": secret}
+    env = {
+        "ESCROWD_DATABASE_URL": f"postgresql://app:{secret}@db/escrow",
+        "ESCROWD_KEYSTORE_PASSWORD": secret,
+    }
     status, out, text = run_cli(runner, workdir, ADD, code, env)
     assert_attack_failed(status, out, text)
     assert secret not in text
 
 
-def test_host_files_and_same_uid_secret_are_out_of_reach(runner: dict[str, Any], workdir: Path) -> None:
+def test_host_files_and_same_uid_secret_are_out_of_reach(
+    runner: dict[str, Any], workdir: Path
+) -> None:
     """/etc/passwd, the host's directories and a secret file owned by the runner's uid cannot be read."""
     secret_dir = Path(tempfile.mkdtemp(prefix="escrowd-secret-"))
     secret_dir.chmod(0o755)
@@ -263,7 +282,9 @@ def test_writes_to_tmp_and_dev_shm_stay_inside(runner: dict[str, Any], workdir: 
         assert not os.path.exists(host_path), host_path
 
 
-def test_detached_grandchildren_do_not_outlive_the_run(runner: dict[str, Any], workdir: Path) -> None:
+def test_detached_grandchildren_do_not_outlive_the_run(
+    runner: dict[str, Any], workdir: Path
+) -> None:
     """Double-forked, setsid'd children are alive during the run and gone when the CLI returns."""
     name = "esc" + secrets.token_hex(5)
     code = (
@@ -327,7 +348,9 @@ def test_fork_bomb_is_bounded(runner: dict[str, Any], workdir: Path) -> None:
 def test_memory_above_the_limit_fails(runner: dict[str, Any], workdir: Path) -> None:
     """Allocating past memoryMb is a FAIL at RESOURCE LIMITS."""
     code = "def solve(a, b):\n    block = bytearray(400 * 1024 * 1024)\n    return a + b\n"
-    status, out, text = run_cli(runner, workdir, suite([([1, 2], 3)], memoryMb=64, timeLimitMs=60_000), code)
+    status, out, text = run_cli(
+        runner, workdir, suite([([1, 2], 3)], memoryMb=64, timeLimitMs=60_000), code
+    )
     assert status == 0 and out["passed"] is False, text
     assert out["detail"]["stage"] == "RESOURCE LIMITS" and "memory" in out["reasons"][0]
 
@@ -367,7 +390,9 @@ def test_forging_the_result_channel_fails(runner: dict[str, Any], workdir: Path)
         "        pass\n"
         "print(LINES.decode()); sys.stderr.write(LINES.decode())\n"
     )
-    status, out, text = run_cli(runner, workdir, suite([([1, 2], 3)], [([10, 5], 15), ([7, 7], 14)]), code)
+    status, out, text = run_cli(
+        runner, workdir, suite([([1, 2], 3)], [([10, 5], 15), ([7, 7], 14)]), code
+    )
     assert status == 0 and out["passed"] is False, text
     assert out["detail"]["hiddenTests"] != "2/2"
 

@@ -263,10 +263,16 @@ def _bwrap_supports(bwrap: str, option: str) -> bool:
     return option in out.stdout + out.stderr
 
 
-@functools.lru_cache(maxsize=4)
-def _runtime_for(as_other_uid: bool, base: str) -> PythonRuntime:
+@functools.lru_cache(maxsize=1)
+def _host_runtime_readable() -> tuple[PythonRuntime, bool]:
     runtime = host_runtime()
-    if as_other_uid and not all(_readable_by_others(Path(src)) for src, _ in runtime.binds()):
+    return runtime, all(_readable_by_others(Path(src)) for src, _ in runtime.binds())
+
+
+def _runtime_for(as_other_uid: bool, base: str) -> PythonRuntime:
+    runtime, readable = _host_runtime_readable()
+    if as_other_uid and not readable:
+        # Not cached: a temp-dir cleaner may remove the staged copy; it is rebuilt then.
         return stage_runtime(runtime, Path(base))
     return runtime
 

@@ -13,6 +13,8 @@
   --terms TERMS.json]`` checks a signed proof offline (signature, signer among the registered
   keys, chain/escrow of the domain, evidence hash, criteria hash recomputed from the terms)
   and prints `{"valid", "problems", "proof"}`: exit 0 when valid, 1 when not.
+* ``verify serve-sandbox [--host H --port P --max-parallel N]`` runs the sandbox runner
+  service (`relayer.verification.sandbox_service`), for a container that holds no secrets.
 
 A file that cannot be read or is not JSON (or criteria that are not a JSON object)
 exits 2 with a one-line error on stderr.
@@ -177,3 +179,22 @@ def proof_command(
     _print_json({"valid": not problems, "problems": problems, "proof": signed.to_json_dict()["proof"]})
     if problems:
         raise typer.Exit(1)
+
+
+@app.command("serve-sandbox")
+def serve_sandbox_command(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8090,
+    max_parallel: Annotated[int, typer.Option("--max-parallel", min=1, help="Runs at a time.")] = 2,
+) -> None:
+    """Serve sandboxed runs over HTTP (POST /v1/run) until interrupted."""
+    from aiohttp import web
+
+    from relayer.verification.sandbox import SandboxUnavailable, find_bwrap
+    from relayer.verification.sandbox_service import create_app
+
+    try:
+        find_bwrap(None)
+    except SandboxUnavailable as exc:
+        _fail(str(exc))
+    web.run_app(create_app(max_parallel=max_parallel), host=host, port=port, print=None)

@@ -78,6 +78,8 @@ class SandboxSettings:
     """Added to the run's own bounds: past that, the host is too loaded to judge."""
     runtime_dir: Path | None = None
     """Where a readable copy of the interpreter is staged when needed (default: temp dir)."""
+    remote_url: str | None = None
+    """A sandbox runner service (`escrowd verify serve-sandbox`) to send runs to instead."""
 
 
 DEFAULT_SETTINGS = SandboxSettings()
@@ -329,6 +331,8 @@ async def run_cases(
     settings: SandboxSettings = DEFAULT_SETTINGS,
 ) -> SandboxRun:
     """Run `entrypoint(*args)` for each case in a fresh sandbox; SandboxUnavailable if it cannot."""
+    if settings.remote_url is not None:
+        return await _run_remote(settings, source, entrypoint, cases, time_limit_ms, memory_mb)
     bwrap = find_bwrap(settings.bwrap)
     as_root = os.geteuid() == 0
     base = str(settings.runtime_dir or tempfile.gettempdir())
@@ -391,6 +395,40 @@ async def run_cases(
         _kill_group(proc.pid)
     wall_ms = int((loop.time() - started) * 1000)
     return interpret(report, stderr, proc.returncode, len(cases), limits, wall_ms)
+
+
+async def _run_remote(
+    settings: SandboxSettings, source: str, entrypoint: str, cases: list[list[Any]], time_limit_ms: int, memory_mb: int
+) -> SandboxRun:
+    import aiohttp
+
+    from relayer.verification.sandbox_service import run_from_json
+
+    assert settings.remote_url is not None
+    url = settings.remote_url.rstrip("/") + "/v1/run"
+    body = {"source": source, "entrypoint": entrypoint, "cases": cases, "timeLimitMs": time_limit_ms, "memoryMb": memory_mb}
+    # The runner's own bounds plus the backstop, plus time queued behind other runs there.
+    timeout = aiohttp.ClientTimeout(
+        total=2 * (time_limit_ms / 1000 * (1 + settings.blocked_factor) + 1 + settings.backstop_seconds)
+    )
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, json=body) as response,
+        ):
+            data = await response.json(content_type=None)
+            status = response.status
+    except TimeoutError:
+        raise SandboxUnavailable("the sandbox runner gave no answer in time") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise SandboxUnavailable(f"the sandbox runner is unreachable: {type(exc).__name__}") from None
+    if status != 200:
+        error = data.get("error") if isinstance(data, dict) else None
+        raise SandboxUnavailable(f"the sandbox runner answered HTTP {status}: {str(error)[:200]}")
+    try:
+        return run_from_json(data)
+    except (ValueError, TypeError) as exc:
+        raise SandboxUnavailable(f"the sandbox runner's answer is not a run: {exc}") from None
 
 
 async def _communicate(

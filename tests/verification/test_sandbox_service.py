@@ -87,3 +87,27 @@ async def test_a_malformed_request_is_refused_and_a_down_runner_cannot_answer(
     )
     with pytest.raises(VerificationError, match="unreachable"):
         await down.verify(SUITE, {}, "def solve(a, b):\n    return a + b\n")
+
+
+def test_deployments_give_the_runner_no_secrets_and_no_egress() -> None:
+    """Compose and Kubernetes: the sandbox runner has no secret, env or config; egress is denied;
+    the verification container mounts only its own keystore folder and points at the runner."""
+    from pathlib import Path
+
+    import yaml
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    compose = yaml.safe_load((deploy / "docker-compose.yml").read_text())
+    sandbox = compose["services"]["sandbox"]
+    assert "environment" not in sandbox and "volumes" not in sandbox
+    assert sandbox["networks"] == ["sandbox"] and compose["networks"]["sandbox"]["internal"] is True
+    verification = compose["services"]["verification"]
+    assert verification["environment"]["ESCROWD_SANDBOX_URL"] == "http://sandbox:8090"
+    assert not any(v.split(":")[0].endswith("./secrets}") for v in verification["volumes"])
+    docs = list(yaml.safe_load_all((deploy / "k8s" / "sandbox.yaml").read_text()))
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert all("env" not in c and "envFrom" not in c for c in pod["containers"])
+    assert all("secret" not in v and "configMap" not in v for v in pod["volumes"])
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert "Egress" in policy["spec"]["policyTypes"] and policy["spec"]["egress"] == []

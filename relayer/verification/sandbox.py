@@ -42,6 +42,7 @@ import os
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -280,7 +281,11 @@ def _runtime_for(as_other_uid: bool, base: str) -> PythonRuntime:
 
 
 def bwrap_argv(
-    bwrap: str, runtime: PythonRuntime, result_fd: int, limits: dict[str, Any]
+    bwrap: str,
+    runtime: PythonRuntime,
+    result_fd: int,
+    limits: dict[str, Any],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bwrap command line for one run (the harness source is passed with `-c`)."""
     argv = [
@@ -292,6 +297,8 @@ def bwrap_argv(
     ]  # fmt: skip
     if _bwrap_supports(bwrap, "--disable-userns"):
         argv.append("--disable-userns")
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     # /tmp first: the interpreter may itself be bound from a staged copy under /tmp.
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32"):
@@ -316,6 +323,65 @@ def bwrap_argv(
         str(result_fd), json.dumps(limits),
     ]  # fmt: skip
     return argv
+
+
+# ---------------------------------------------------------------------------- the seccomp filter
+
+# x86_64 system calls the submission never needs and that widen the kernel surface or let a
+# process inspect or steer another: refused with EPERM inside the sandbox.
+DENIED_SYSCALLS_X86_64 = {
+    "ptrace": 101, "syslog": 103, "personality": 135, "pivot_root": 155, "adjtimex": 159,
+    "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
+    "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212,
+    "clock_settime": 227, "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
+    "unshare": 272, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+}  # fmt: skip
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_BIT = 0x40000000
+
+
+def seccomp_program(machine: str) -> bytes | None:
+    """The classic-BPF seccomp filter bwrap loads (`--seccomp FD`); None on an architecture without one.
+
+    Any other architecture's calling convention, and x32 system calls, are killed; the
+    denied calls return EPERM; everything else is allowed (the namespaces and rlimits do
+    the rest).
+    """
+    if machine not in ("x86_64", "amd64"):
+        return None
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    kill_process, allow, errno_eperm = 0x80000000, 0x7FFF0000, 0x00050000 | 1
+    denied = sorted(DENIED_SYSCALLS_X86_64.values())
+    program: list[tuple[int, int, int, int]] = [
+        (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq_k, 1, 0, _AUDIT_ARCH_X86_64),
+        (ret_k, 0, 0, kill_process),
+        (ld_w_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge_k, 0, 1, _X32_BIT),
+        (ret_k, 0, 0, kill_process),
+    ]
+    for index, number in enumerate(denied):
+        remaining = len(denied) - index - 1
+        # Match: jump over the remaining checks and the ALLOW, to the EPERM at the end.
+        program.append((jeq_k, remaining + 1, 0, number))
+    program += [(ret_k, 0, 0, allow), (ret_k, 0, 0, errno_eperm)]
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
+
+
+def _seccomp_fd() -> int | None:
+    program = seccomp_program(os.uname().machine)
+    if program is None:
+        return None
+    fd = os.memfd_create("escrowd-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
 
 
 # ---------------------------------------------------------------------------- running
@@ -352,6 +418,7 @@ async def run_cases(
     }
     job = json.dumps({"source": source, "entrypoint": entrypoint, "cases": cases}).encode()
     read_fd, write_fd = os.pipe()
+    seccomp_fd = _seccomp_fd()
     user: dict[str, Any] = {}
     if as_root:
         uid = settings.unprivileged_uid
@@ -361,11 +428,11 @@ async def run_cases(
     started = loop.time()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *bwrap_argv(bwrap, runtime, write_fd, limits),
+            *bwrap_argv(bwrap, runtime, write_fd, limits, seccomp_fd),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-            pass_fds=(write_fd,),
+            pass_fds=(write_fd,) if seccomp_fd is None else (write_fd, seccomp_fd),
             start_new_session=True,
             env={},
             cwd="/",
@@ -375,8 +442,10 @@ async def run_cases(
         os.close(read_fd)
         raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
     finally:
-        with contextlib.suppress(OSError):
-            os.close(write_fd)
+        for fd in (write_fd, seccomp_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
     try:
         report, stderr = await asyncio.wait_for(_communicate(proc, read_fd, job), timeout=backstop)
     except TimeoutError:
@@ -398,7 +467,12 @@ async def run_cases(
 
 
 async def _run_remote(
-    settings: SandboxSettings, source: str, entrypoint: str, cases: list[list[Any]], time_limit_ms: int, memory_mb: int
+    settings: SandboxSettings,
+    source: str,
+    entrypoint: str,
+    cases: list[list[Any]],
+    time_limit_ms: int,
+    memory_mb: int,
 ) -> SandboxRun:
     import aiohttp
 
@@ -406,10 +480,17 @@ async def _run_remote(
 
     assert settings.remote_url is not None
     url = settings.remote_url.rstrip("/") + "/v1/run"
-    body = {"source": source, "entrypoint": entrypoint, "cases": cases, "timeLimitMs": time_limit_ms, "memoryMb": memory_mb}
+    body = {
+        "source": source,
+        "entrypoint": entrypoint,
+        "cases": cases,
+        "timeLimitMs": time_limit_ms,
+        "memoryMb": memory_mb,
+    }
     # The runner's own bounds plus the backstop, plus time queued behind other runs there.
     timeout = aiohttp.ClientTimeout(
-        total=2 * (time_limit_ms / 1000 * (1 + settings.blocked_factor) + 1 + settings.backstop_seconds)
+        total=2
+        * (time_limit_ms / 1000 * (1 + settings.blocked_factor) + 1 + settings.backstop_seconds)
     )
     try:
         async with (
@@ -421,7 +502,9 @@ async def _run_remote(
     except TimeoutError:
         raise SandboxUnavailable("the sandbox runner gave no answer in time") from None
     except (aiohttp.ClientError, ValueError) as exc:
-        raise SandboxUnavailable(f"the sandbox runner is unreachable: {type(exc).__name__}") from None
+        raise SandboxUnavailable(
+            f"the sandbox runner is unreachable: {type(exc).__name__}"
+        ) from None
     if status != 200:
         error = data.get("error") if isinstance(data, dict) else None
         raise SandboxUnavailable(f"the sandbox runner answered HTTP {status}: {str(error)[:200]}")

@@ -461,3 +461,13 @@ async def test_invalid_type_config_cannot_answer(registry: VerifierRegistry) -> 
         "rubric", "plugin", "endpoint", "exact_match", "schema_validation", "numerical_range", "test_suite",
         "execution_result", "optimization_score", "multi_verifier",
     }  # fmt: skip
+
+
+def test_seccomp_program_is_built_for_x86_64_only() -> None:
+    """A whole number of 8-byte BPF instructions ending in ALLOW then EPERM; no filter elsewhere."""
+    from relayer.verification.sandbox import DENIED_SYSCALLS_X86_64, seccomp_program
+
+    program = seccomp_program("x86_64")
+    assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 2)
+    assert program[-16:-8] == bytes.fromhex("060000000000ff7f") and program[-8:] == bytes.fromhex("0600000001000500")
+    assert seccomp_program("aarch64") is None

@@ -410,3 +410,24 @@ def test_execution_result_self_report_fails_and_trusting_config_is_refused(
     trusting = {"kind": "execution_result", "ref": "gas", "config": {"args": [10], "threshold": 40}}
     status, out, text = run_cli(runner, workdir, trusting, "def solve(n):\n    return 10**9\n")
     assert status == EXIT_COULD_NOT_ANSWER and "measure" in out["error"], text
+
+
+def test_kernel_surface_calls_are_refused_by_the_seccomp_filter(
+    runner: dict[str, Any], workdir: Path
+) -> None:
+    """ptrace, unshare, mount, keyctl, bpf, io_uring and perf events return EPERM inside."""
+    code = (
+        "import ctypes\n"
+        "def solve(a, b):\n"
+        "    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    calls = {101: (0, 0, 0, 0), 272: (0x10000000,), 165: (0, 0, 0, 0, 0), 250: (0, 0, 0, 0),\n"
+        "             321: (0, 0, 0), 425: (8, 0), 298: (0, 0, -1, -1, 0)}\n"
+        "    refused = 0\n"
+        "    for number, args in calls.items():\n"
+        "        ctypes.set_errno(0)\n"
+        "        if libc.syscall(number, *args) == -1 and ctypes.get_errno() == 1:\n"
+        "            refused += 1\n"
+        "    return -1 if refused == len(calls) else a + b\n"
+    )
+    status, out, text = run_cli(runner, workdir, ADD, code)
+    assert_attack_failed(status, out, text)

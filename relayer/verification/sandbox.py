@@ -461,7 +461,8 @@ async def run_cases(
     finally:
         with contextlib.suppress(OSError):
             os.close(read_fd)
-        _kill_group(proc.pid)
+    # No kill after a normal end: bwrap's exit took its init and the namespace with it, and
+    # its reaped process-group id may already belong to someone else.
     wall_ms = int((loop.time() - started) * 1000)
     return interpret(report, stderr, proc.returncode, len(cases), limits, wall_ms)
 

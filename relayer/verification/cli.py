@@ -11,8 +11,9 @@
   reason on stderr and as `{"error": ...}` on stdout).
 * ``verify proof FILE --signer ADDRESS [--chain-id N --escrow ADDRESS --evidence-hash H
   --terms TERMS.json]`` checks a signed proof offline (signature, signer among the registered
-  keys, chain/escrow of the domain, evidence hash, criteria hash recomputed from the terms)
-  and prints `{"valid", "problems", "proof"}`: exit 0 when valid, 1 when not.
+  keys, chain/escrow of the domain, evidence hash, criteria hash recomputed from the terms;
+  with `--verifier V.json --result R.json` it re-runs the verifier and compares passed and the
+  counts) and prints `{"valid", "problems", "proof"}`: exit 0 when valid, 1 when not.
 * ``verify serve-sandbox [--host H --port P --max-parallel N]`` runs the sandbox runner
   service (`relayer.verification.sandbox_service`), for a container that holds no secrets.
 
@@ -26,7 +27,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -152,8 +153,12 @@ def proof_command(
     escrow: Annotated[str | None, typer.Option("--escrow", help="The escrow the task is on.")] = None,
     evidence_hash: Annotated[str | None, typer.Option("--evidence-hash", help="The attempt's evidence hash on chain.")] = None,
     terms: Annotated[Path | None, typer.Option("--terms", help="The task's registered terms JSON.")] = None,
+    verifier: Annotated[
+        Path | None, typer.Option("--verifier", help="Re-run this VerifierRef (deterministic verifiers).")
+    ] = None,
+    result: Annotated[Path | None, typer.Option("--result", help="The delivered result, to re-run on.")] = None,
 ) -> None:
-    """Check a signed proof offline (exit 0 valid, 1 not)."""
+    """Check a signed proof offline (exit 0 valid, 1 not); optionally re-run the verifier and compare."""
     from pydantic import ValidationError
 
     from relayer.verification.proof import SignedProof, check_proof, criteria_hash
@@ -176,6 +181,10 @@ def proof_command(
         )
     except ValueError as exc:
         _fail(str(exc))
+    if (verifier is None) != (result is None):
+        _fail("--verifier and --result go together")
+    if verifier is not None and result is not None:
+        problems += _rerun_problems(signed.proof, verifier, result)
     _print_json({"valid": not problems, "problems": problems, "proof": signed.to_json_dict()["proof"]})
     if problems:
         raise typer.Exit(1)
@@ -198,3 +207,38 @@ def serve_sandbox_command(
     except SandboxUnavailable as exc:
         _fail(str(exc))
     web.run_app(create_app(max_parallel=max_parallel), host=host, port=port, print=None)
+
+
+def _rerun_problems(proof: Any, verifier: Path, result: Path) -> list[str]:
+    """Where re-running the verifier disagrees with the proof (passed and the counts it signs)."""
+    from pydantic import ValidationError
+
+    from relayer.verification.proof import proof_fields
+    from schemas.task_terms import VerifierRef
+
+    try:
+        ref = VerifierRef.model_validate(_read_json(verifier, "verifier"))
+    except ValidationError as exc:
+        _fail(f"verifier file {str(verifier)!r} is not a VerifierRef: {exc.errors()[0]['msg']}")
+    result_data = _read_json(result, "result")
+
+    async def judge() -> VerifierOutcome:
+        registry = VerifierRegistry()
+        try:
+            return await registry.verify(ref, {}, result_data)
+        finally:
+            await registry.close()
+
+    try:
+        outcome = asyncio.run(judge())
+    except VerificationError as exc:
+        return [f"re-running the verifier could not answer: {exc.reason}"]
+    problems = []
+    passed = outcome.reward >= ref.pass_reward
+    if passed != proof.passed:
+        problems.append(f"re-running the verifier gives passed={passed}, the proof says {proof.passed}")
+    signed = {"publicTests": proof.public_tests, "hiddenTests": proof.hidden_tests, "resourceLimits": proof.resource_limits}
+    for name, value in proof_fields(outcome.detail).items():
+        if signed[name] and value != signed[name]:
+            problems.append(f"re-running the verifier gives {name} {value}, the proof says {signed[name]}")
+    return problems

@@ -110,3 +110,20 @@ def test_escrowd_verify_proof_cli(tmp_path: Path) -> None:
         [*base[:-1], str(other_terms), str(good)], capture_output=True, text=True, timeout=120
     )
     assert wrong.returncode == 1 and "criteria hash" in wrong.stdout
+
+
+def test_escrowd_verify_proof_reruns_a_deterministic_verifier(tmp_path: Path) -> None:
+    """A validly signed proof whose verdict the verifier does not reproduce is refused."""
+    ref = {"kind": "exact_match", "ref": "answer", "config": {"expected": "42"}}
+    (tmp_path / "verifier.json").write_text(json.dumps(ref))
+    (tmp_path / "result.json").write_text(json.dumps({"output": "41"}))
+    lying = sign_proof(proof(public_tests="", hidden_tests="", resource_limits="", verifier_id="exact_match:answer"), KEY)
+    (tmp_path / "proof.json").write_text(json.dumps(lying.to_json_dict()))
+    argv = [sys.executable, "-m", "escrowd.cli", "verify", "proof", str(tmp_path / "proof.json"), "--signer", SIGNER,
+            "--verifier", str(tmp_path / "verifier.json"), "--result", str(tmp_path / "result.json")]  # fmt: skip
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert json.loads(refused.stdout)["problems"] == ["re-running the verifier gives passed=False, the proof says True"]
+    (tmp_path / "result.json").write_text(json.dumps({"output": "42"}))
+    accepted = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr

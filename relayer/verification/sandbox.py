@@ -624,7 +624,7 @@ def interpret(
         return run(
             "time_limit", cases, f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms"
         )
-    if memory or peak_mb > limit_mb:
+    if memory or reason == "memory" or peak_mb > limit_mb:
         return run("memory_limit", cases, f"memory limit of {limit_mb} MB exceeded")
     if reason == "blocked":
         return run(

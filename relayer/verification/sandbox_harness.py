@@ -22,8 +22,10 @@ Measured limits: CPU time is the sum over every process of the sandbox (read fro
 `/proc/<pid>/schedstat`, so work spread over children counts too; the worker's final
 figure from `wait4`); time a process spent *blocked* (wall time minus CPU time minus time
 spent waiting for a CPU on the run queue) is bounded separately, so load on the host never
-counts against the submission. Peak memory is the worker's `ru_maxrss`; the address-space
-rlimit makes allocations past the limit fail.
+counts against the submission. Peak memory is the larger of the worker's `ru_maxrss` and the
+resident memory of all the sandbox's processes together (polled); the address-space rlimit
+makes a single process's allocations past the limit fail, the poll stops a family of
+processes that together exceed it.
 """
 
 import contextlib
@@ -37,6 +39,7 @@ from typing import Any
 
 POLL_SECONDS = 0.02
 MAX_REPORT = 8 * 1024 * 1024
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _schedstat(pid: int) -> tuple[int, int] | None:
@@ -46,6 +49,14 @@ def _schedstat(pid: int) -> tuple[int, int] | None:
         return int(cpu), int(wait)
     except (OSError, ValueError):
         return None
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _sandbox_pids(exclude: set[int]) -> list[int]:
@@ -167,6 +178,7 @@ def main() -> None:
     usage: Any = None
     seen_cpu: dict[int, int] = {}
     seen_wait: dict[int, int] = {}
+    peak_rss = 0
     cpu_limit_ns = limits["time_limit_ms"] * 1_000_000
     blocked_limit = limits["blocked_seconds"]
     while status is None:
@@ -187,12 +199,18 @@ def main() -> None:
             status, usage = raw_status, ru
             break
         cpu_total = sum(seen_cpu.values())
-        live = [s for s in (_schedstat(p) for p in _sandbox_pids(me)) if s is not None]
+        pids = _sandbox_pids(me)
+        live = [s for s in (_schedstat(p) for p in pids) if s is not None]
+        # Resident memory of the whole sandbox: children count, not only the worker.
+        rss_total = sum(_rss_bytes(p) for p in pids)
+        peak_rss = max(peak_rss, rss_total)
         # Time the busiest live process spent neither running nor waiting for a CPU: sleeping.
         wall_ns = (time.monotonic() - started) * 1e9
         blocked = (wall_ns - max((c + w for c, w in live), default=0)) / 1e9
         if reason is None and cpu_total > cpu_limit_ns:
             reason = "time"
+        elif reason is None and rss_total > limits["memory_bytes"]:
+            reason = "memory"
         elif reason is None and blocked > blocked_limit:
             reason = "blocked"
         elif reason is None and len(seen_cpu) > 4 * limits["max_processes"]:
@@ -234,7 +252,7 @@ def main() -> None:
     exit_event = {
         "event": "exit",
         "cpu_ms": sum(seen_cpu.values()) // 1_000_000,
-        "maxrss_kb": usage.ru_maxrss,
+        "maxrss_kb": max(usage.ru_maxrss, peak_rss // 1024),
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "reason": reason,

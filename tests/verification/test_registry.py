@@ -471,3 +471,21 @@ def test_seccomp_program_is_built_for_x86_64_only() -> None:
     assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 2)
     assert program[-16:-8] == bytes.fromhex("060000000000ff7f") and program[-8:] == bytes.fromhex("0600000001000500")
     assert seccomp_program("aarch64") is None
+
+
+async def test_memory_spread_over_processes_counts_in_total(registry: VerifierRegistry) -> None:
+    """Children that each stay under the address-space limit but together exceed memoryMb fail at RESOURCE LIMITS."""
+    family = (
+        "import os, time\n"
+        "def solve(a, b):\n"
+        "    for _ in range(6):\n"
+        "        if os.fork() == 0:\n"
+        "            block = bytearray(40 * 1024 * 1024)\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "    time.sleep(30)\n"
+        "    return a + b\n"
+    )
+    outcome = await registry.verify(suite(memoryMb=128, timeLimitMs=20_000), {}, family)
+    assert outcome.reward == 0.0 and outcome.detail["stage"] == "RESOURCE LIMITS"
+    assert "memory" in outcome.reasons[0] and outcome.detail["measured"]["peakMemoryMb"] > 128

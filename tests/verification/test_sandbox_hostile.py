@@ -431,3 +431,31 @@ def test_kernel_surface_calls_are_refused_by_the_seccomp_filter(
     )
     status, out, text = run_cli(runner, workdir, ADD, code)
     assert_attack_failed(status, out, text)
+
+
+def test_without_user_namespaces_the_run_fails_closed(workdir: Path) -> None:
+    """Where user namespaces are refused, `verify run` cannot answer (exit 3): it never runs the code unsandboxed."""
+    # The CLI runs in a user namespace that may create no further ones (as Docker's default
+    # seccomp profile or user.max_user_namespaces=0 would have it).
+    helper = (
+        "import ctypes, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.unshare(0x10000000) == 0, ctypes.get_errno()\n"
+        "open('/proc/sys/user/max_user_namespaces', 'w').write('0')\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'escrowd.cli', *sys.argv[1:]])\n"
+    )
+    marker = workdir / f"ran-{secrets.token_hex(4)}"
+    code = (
+        f"def solve(a, b):\n    open({str(marker)!r}, 'w').write('unsandboxed')\n    return a + b\n"
+    )
+    token = secrets.token_hex(4)
+    vfile, rfile = workdir / f"v-{token}.json", workdir / f"r-{token}.json"
+    vfile.write_text(json.dumps(ADD))
+    rfile.write_text(json.dumps({"output": code}))
+    proc = subprocess.run(
+        [sys.executable, "-c", helper, "verify", "run", "--verifier", str(vfile), "--result", str(rfile)],
+        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )  # fmt: skip
+    assert proc.returncode == EXIT_COULD_NOT_ANSWER, proc.stdout + proc.stderr
+    assert "did not start" in json.loads(proc.stdout)["error"]
+    assert not marker.exists()

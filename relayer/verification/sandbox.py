@@ -403,7 +403,8 @@ async def run_cases(
     as_root = os.geteuid() == 0
     base = str(settings.runtime_dir or tempfile.gettempdir())
     try:
-        runtime = _runtime_for(as_root, base)
+        # A thread: staging a copy of the interpreter (first run only) must not stall the loop.
+        runtime = await asyncio.to_thread(_runtime_for, as_root, base)
     except OSError as exc:
         raise SandboxUnavailable(f"cannot prepare the interpreter: {exc.strerror or exc}") from None
     cpu_seconds = max(1, -(-time_limit_ms // 1000))

@@ -8,6 +8,7 @@ for on the host after the run. The non-root runner is the same CLI started with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from relayer.verification.sandbox import host_runtime, stage_runtime
+from relayer.verification.sandbox import _readable_by_others, host_runtime, stage_runtime
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,6 +53,7 @@ def runner(request: pytest.FixtureRequest) -> dict[str, Any]:
         # Already unprivileged: the plain CLI is the non-root runner.
         return {"argv": [sys.executable, "-m", "escrowd.cli"], "env": {}, "user": None}
     staged = stage_runtime(host_runtime(), Path(tempfile.gettempdir()))
+    site, repo = readable_copy(Path(SITE), "site"), readable_copy(REPO, "repo", PACKAGES)
     python = staged.source / staged.executable.relative_to(staged.prefix)
     env = {}
     if staged.libraries:
@@ -62,7 +64,29 @@ def runner(request: pytest.FixtureRequest) -> dict[str, Any]:
         "import site, sys; site.addsitedir(sys.argv.pop(1)); sys.path.insert(0, sys.argv.pop(1));"
         " sys.argv[0] = 'escrowd'; from escrowd.cli import main; sys.exit(main())"
     )
-    return {"argv": [str(python), "-c", boot, SITE, str(REPO)], "env": env, "user": NOBODY}
+    return {"argv": [str(python), "-c", boot, str(site), str(repo)], "env": env, "user": NOBODY}
+
+
+PACKAGES = ("escrowd", "relayer", "schemas", "indexer")
+
+
+def readable_copy(path: Path, tag: str, only: tuple[str, ...] = ()) -> Path:
+    """`path` itself when uid 65534 can read it, else a hard-linked (or copied) world-readable mirror."""
+    if _readable_by_others(path):
+        return path
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    mirror = Path(tempfile.gettempdir()) / f"escrowd-nonroot-{tag}-{digest}"
+    if not mirror.exists():
+        building = Path(tempfile.mkdtemp(prefix=mirror.name + "."))
+        for item in [path / name for name in only] if only else sorted(path.iterdir()):
+            if subprocess.run(["cp", "-al", str(item), str(building)], check=False).returncode != 0:
+                subprocess.run(["cp", "-a", str(item), str(building)], check=True)
+        # Directories only: the files are hard links, and their modes are the originals' too.
+        subprocess.run(
+            ["find", str(building), "-type", "d", "-exec", "chmod", "755", "{}", "+"], check=True
+        )
+        building.rename(mirror)
+    return mirror
 
 
 def run_cli(

@@ -111,7 +111,7 @@ def test_openapi_fuzz_finds_no_5xx(database_url: str, who: dict[str, Who]) -> No
         spec = loop.run_until_complete(api.call("GET", "/openapi.json")).json()
         components = spec.get("components", {}).get("schemas", {})
         ops = operations(spec)
-        assert len(ops) == 7
+        assert len(ops) == 8
         seen: set[tuple[str, int]] = set()
         actors = [who["poster"], who["agent"], who["verifier"], who["stranger"]]
 

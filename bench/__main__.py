@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, indexer, relayer (default: all that exist). Extra arguments after `--`
+Names: autocheck, indexer, relayer, sandbox (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -14,6 +14,7 @@ BENCHMARKS = {
     "autocheck": "bench.bench_autocheck",
     "indexer": "bench.bench_indexer",
     "relayer": "bench.bench_relayer",
+    "sandbox": "bench.bench_sandbox",
 }
 
 

@@ -37,6 +37,7 @@ def _register() -> None:
     commands = {
         "devnet": ("escrowd.devnet_cli", "devnet"),
         "run": ("escrowd.run", "run"),
+        "verifier-agent": ("relayer.agents.verifier_agent", "verifier_agent"),
     }
     for name, (module_name, attr) in commands.items():
         try:

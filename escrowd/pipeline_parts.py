@@ -100,6 +100,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
         kafka_bootstrap=None,
         api_port=config.api_port,
         marketplace_verifier_address=dn.marketplace_verifier.address,
+        deployments=[{"chain_id": dn.chain_id, "escrow": dn.escrow_address}],
         evidence_wait_seconds=10.0,
         finalize_wait_seconds=5.0,
     )
@@ -124,11 +125,12 @@ class ApiClient:
         self.client = httpx.AsyncClient(base_url=base_url, timeout=60)
 
     async def call(self, method: str, path: str, body: Any, key: str) -> httpx.Response:
-        from relayer.api.auth import sign_request
+        from relayer.api.auth import Deployment, sign_request
 
-        raw = json.dumps(body).encode()
-        headers = {"content-type": "application/json"}
-        headers.update(sign_request(key, method, path, raw, expires_at=int(time.time()) + 300))
+        raw = b"" if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"} if body is not None else {}
+        deployment = Deployment(self.devnet.chain_id, self.devnet.escrow_address)
+        headers.update(sign_request(key, method, path, raw, deployment=deployment, expires_at=int(time.time()) + 300))
         for attempt in range(50):
             try:
                 return await self.client.request(method, path, content=raw, headers=headers)
@@ -163,13 +165,26 @@ class ApiClient:
         data: dict[str, Any] = response.json()
         return data
 
-    async def review(self, poster_key: str, task_id: int, passed: bool, reasons: list[str]) -> dict[str, Any]:
-        body = {"passed": passed, "reasons": reasons}
+    async def review(
+        self, poster_key: str, task_id: int, attempt: int, evidence_hash: str, passed: bool, reasons: list[str]
+    ) -> dict[str, Any]:
+        body = {"attempt": attempt, "evidenceHash": evidence_hash, "passed": passed, "reasons": reasons}
         response = await self.call("POST", self._task_path(task_id, "review"), body, poster_key)
         if response.status_code not in (200, 202):
             raise RuntimeError(f"review: {response.status_code} {response.text}")
         data: dict[str, Any] = response.json()
         return data
+
+    async def list_task(self, poster_key: str, task_id: int) -> None:
+        """List the task once its TaskCreated is indexed (404 TASK_NOT_FOUND until then)."""
+        for _ in range(600):
+            response = await self.call("POST", self._task_path(task_id, "listing"), None, poster_key)
+            if response.status_code in (200, 201):
+                return
+            if response.status_code != 404:
+                raise RuntimeError(f"listing: {response.status_code} {response.text}")
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"listing: task {task_id} never indexed")
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -107,7 +107,17 @@ async def _main(
     from escrowd import pipeline_parts
 
     offchain = pipeline_parts.offchain_client(api_port, dn)
-    generator = TrafficGenerator(dn, offchain=offchain, seed=seed)
+    from relayer.agents.verifier_agent import LocalHostedVerifier
+
+    # A hosted verifier (`escrowd verifier-agent`'s loop) with the deterministic local model
+    # serves the agent-review tasks posted through the API.
+    hosted_actor = dn.spare[-1]
+    hosted = await LocalHostedVerifier.start(
+        api_url=f"http://127.0.0.1:{api_port}", rpc_url=dn.rpc_url, chain_id=dn.chain_id,
+        escrow_address=dn.escrow_address, wallet_key=hosted_actor.private_key,
+    )  # fmt: skip
+    console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
+    generator = TrafficGenerator(dn, offchain=offchain, seed=seed, hosted_verifier=hosted_actor)
     started = time.monotonic()
     planned: list[PlannedTask] = []
     display = asyncio.create_task(_display(pipeline, generator, console, progress))
@@ -131,6 +141,7 @@ async def _main(
         display.cancel()
         with contextlib.suppress(BaseException):
             await display
+        await hosted.stop()
         await pipeline.stop()
 
 

@@ -43,7 +43,13 @@ class OffChain:
     async def finalize(self, agent_key: str, task_id: int, result: Any) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
 
-    async def review(self, poster_key: str, task_id: int, passed: bool, reasons: list[str]) -> dict[str, Any]:  # pragma: no cover
+    async def review(
+        self, poster_key: str, task_id: int, attempt: int, evidence_hash: str, passed: bool, reasons: list[str]
+    ) -> dict[str, Any]:  # pragma: no cover
+        """The poster's decision on `attempt`, whose on-chain evidence is `evidence_hash`."""
+        raise NotImplementedError
+
+    async def list_task(self, poster_key: str, task_id: int) -> None:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -102,9 +108,11 @@ class TrafficGenerator:
         offchain: OffChain | None = None,
         seed: int = 0,
         wait_judged: Callable[[int, int], Awaitable[bool]] | None = None,
+        hosted_verifier: Any = None,
     ) -> None:
         self.dn = devnet
         self.offchain = offchain
+        self.hosted_verifier = hosted_verifier
         self.random = random.Random(seed)
         self.stats = TrafficStats()
         self._wait_judged = wait_judged
@@ -115,7 +123,8 @@ class TrafficGenerator:
         """Paths this run can play (the pipeline paths need the API)."""
         if self.offchain is None:
             return self.CHAIN_ONLY_PATHS
-        return self.PIPELINE_PATHS + self.CHAIN_ONLY_PATHS
+        hosted = ("agent_review_hosted",) if self.hosted_verifier is not None else ()
+        return self.PIPELINE_PATHS + hosted + self.CHAIN_ONLY_PATHS
 
     def plan(self, count: int) -> list[TaskPlan]:
         """`count` tasks spread over every path, in a seeded order."""
@@ -257,25 +266,48 @@ class TrafficGenerator:
         poster, _ = self._actors(plan)
         await self._post_with_terms(plan, {"verificationMode": "manual"}, duration=LONG_DEADLINE)
         assert plan.task_id is not None
-        await self._deliver(plan, self._bad_result(plan, 1))
-        await self._review_when_indexed(plan, poster.private_key, False, ["The summary table is missing."])
+        first = self._bad_result(plan, 1)
+        await self._deliver(plan, first)
+        await self._review_when_indexed(plan, poster.private_key, 1, first, False, ["The summary table is missing."])
         await self._wait_status(plan, 3)
-        await self._deliver(plan, self._good_result(plan, 2))
-        await self._review_when_indexed(plan, poster.private_key, True, [])
+        second = self._good_result(plan, 2)
+        await self._deliver(plan, second)
+        await self._review_when_indexed(plan, poster.private_key, 2, second, True, [])
         await self._wait_status(plan, 4)
         plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
 
-    async def _review_when_indexed(self, plan: TaskPlan, key: str, passed: bool, reasons: list[str]) -> None:
+    async def _review_when_indexed(
+        self, plan: TaskPlan, key: str, attempt: int, result: Any, passed: bool, reasons: list[str]
+    ) -> None:
+        """Review `attempt` (whose evidence is `result`'s hash) once the API has indexed it."""
+        from schemas.task_terms import result_hash
+
         assert self.offchain is not None and plan.task_id is not None
         last: Exception | None = None
         for _ in range(100):
             try:
-                await self.offchain.review(key, plan.task_id, passed, reasons)
+                await self.offchain.review(key, plan.task_id, attempt, result_hash(result), passed, reasons)
                 return
             except RuntimeError as exc:  # the submission may not be indexed yet
                 last = exc
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"review of task {plan.task_id} refused: {last}")
+
+    async def _phase1_agent_review_hosted(self, plan: TaskPlan) -> None:
+        """Agent review by the running hosted verifier: terms, post with it, list, deliver; it judges."""
+        assert self.offchain is not None and self.hosted_verifier is not None
+        poster, _ = self._actors(plan)
+        terms = {
+            "verificationMode": "agent",
+            "verifierAddress": self.hosted_verifier.address,
+            "verificationCriteria": {"acceptance": 'The report covers the "escrow" flow.'},
+        }
+        task_hash = await self.offchain.register_terms(poster.private_key, terms)
+        task = await self._post(plan, duration=LONG_DEADLINE, verifier=self.hosted_verifier, task_hash=task_hash)
+        await self.offchain.list_task(poster.private_key, task)
+        await self._deliver(plan, self._good_result(plan, 1))
+        await self._wait_status(plan, 4)
+        plan.passed_rounds, plan.final_status = 1, 4
 
     # -- chain-only paths ---------------------------------------------------------------
 

@@ -260,6 +260,27 @@ TimerEvent = Annotated[
 ]
 
 
+class TimerRetracted(BaseModel):
+    """A timer event published earlier no longer holds: a reorg retracted its cause (the
+    failed verdict, the escalation, the task itself) or moved chain time back before it.
+
+    Sent on the timers topic with the task's key; `retracts` is the CloudEvents id of the
+    withdrawn timer message. If the cause comes back, the timer is published again under
+    a new id (`…#n`).
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["timer_retracted"] = "timer_retracted"
+    chain_id: int
+    escrow: Address
+    task_id: int
+    timer_kind: TimerKind
+    at: Timestamp = Field(description="The withdrawn timer's instant")
+    retracts: str = Field(description="CloudEvents id of the timer message withdrawn")
+    cause: str = Field(description="Id of the retraction (or event) that triggered the refold")
+
+
 class RoundOutcome(BaseModel):
     """A verdict on one attempt, as it counts for the agent's reputation."""
 

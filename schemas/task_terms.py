@@ -36,6 +36,7 @@ from eth_utils.crypto import keccak
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from schemas.criteria import VerificationCriteria
+from schemas.request_auth import RequesterProof, ServiceProof
 from schemas.task_state import Address, Hash32
 from schemas.verification import VerificationResult
 
@@ -59,6 +60,7 @@ VerifierKind = Literal[
     "execution_result",
     "optimization_score",
     "multi_verifier",
+    "keyword_rubric",
 ]
 
 _CAMEL = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
@@ -374,10 +376,17 @@ class FinalizeResponse(BaseModel):
 
 
 class ReviewRequest(BaseModel):
-    """Body of `POST .../review`: the poster's decision on the current attempt."""
+    """Body of `POST .../review`: the poster's decision on the attempt it names.
 
-    model_config = ConfigDict(extra="forbid")
+    `attempt` and `evidenceHash` name what the poster judged: a review is refused unless they
+    are the task's current attempt and its on-chain evidence, so a signed review can never be
+    applied to an attempt its poster did not see.
+    """
 
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    attempt: int = Field(ge=1, le=3)
+    evidence_hash: Hash32 = Field(alias="evidenceHash")
     passed: bool
     reasons: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON_CHARS)]] = Field(
         default_factory=list, max_length=MAX_REVIEW_REASONS
@@ -465,13 +474,23 @@ class _RequestBase(BaseModel):
     evidence_hash: Hash32
     actor: Address
     requested_at: int = Field(description="Unix seconds (wall clock) when the API accepted it")
+    requester: RequesterProof | None = Field(
+        default=None, description="The actor's signed HTTP request, re-verified by the consumer"
+    )
+    service: ServiceProof | None = Field(default=None, description="The API service key's signature")
 
 
 class FinalizeRequested(_RequestBase):
-    """The agent finalized attempt `attempt` with `result` (whose hash is `evidence_hash`)."""
+    """The agent finalized attempt `attempt` with `result` (whose hash is `evidence_hash`).
+
+    With `result_in_proof` the result travels once, inside the requester's signed body
+    (`requester.body`), and `result` is null here: the consumer takes it from the body it
+    has verified, so a large result does not fill the message twice.
+    """
 
     kind: Literal["finalize"] = "finalize"
     result: Any
+    result_in_proof: bool = False
 
 
 class ReviewSubmitted(_RequestBase):

@@ -17,9 +17,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
+from eth_account import Account
 from fastapi import APIRouter, FastAPI
 
 from escrowd.db import create_pool
+from escrowd.logging import register_secret
 from relayer.api.auth import forget_expired_nonces
 from relayer.api.errors import install_error_handlers
 from relayer.api.settings import ApiSettings
@@ -31,6 +33,7 @@ log = structlog.get_logger(__name__)
 OPTIONAL_ROUTERS: tuple[tuple[str, str], ...] = (
     ("relayer.settlement.routes", "router"),
     ("relayer.lifecycle.routes", "router"),
+    ("relayer.agents.routes", "router"),
 )
 
 
@@ -121,6 +124,15 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
         description="Task terms, finalize, review and verification results of the agent-work escrow.",
         lifespan=lifespan,
     )
+    if settings.api_service_key is not None:
+        # Never let the service key reach a log line, even inside an error.
+        register_secret(settings.api_service_key.get_secret_value())
+        try:
+            Account.from_key(settings.api_service_key.get_secret_value())
+        except Exception:
+            raise ValueError("api_service_key is not a valid secp256k1 private key") from None
+    if not settings.served_deployments():
+        log.warning("api_serves_no_deployment", hint="set ESCROWD_DEPLOYMENTS: every signed request is refused")
     app.state.settings = settings
     app.state.clock = clock
     app.state.registry = VerifierRegistry(

@@ -1,4 +1,4 @@
-"""Request signatures: EIP-712 typed data signed by the acting address, with expiry and nonce.
+"""Request signatures: EIP-712 typed data signed by the acting address, bound to one deployment.
 
 Every authenticated request carries four headers:
 
@@ -6,33 +6,46 @@ Every authenticated request carries four headers:
     X-Escrowd-Nonce       8–100 characters of [A-Za-z0-9_-], never reused by that signer
     X-Escrowd-Expires-At  unix seconds; the signature is refused at or after it, and when
                           it lies more than `max_ttl` seconds ahead
-    X-Escrowd-Signature   65-byte r‖s‖v signature, 0x hex
+    X-Escrowd-Signature   65-byte r‖s‖v signature (low s), 0x hex
 
-over the EIP-712 message
+over the EIP-712 message of `schemas.request_auth`:
 
-    EIP712Domain(string name,string version)          name "escrowd-api", version "1"
+    EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)
+      name "escrowd-api", version "2", chainId + verifyingContract = the deployment's escrow
     Request(string method,string path,bytes32 bodyHash,address signer,string nonce,uint64 expiresAt)
 
-where `path` is the request path with its query string and `bodyHash` is keccak256 of the
-raw body bytes (of the empty string for a GET). A nonce is remembered until its signature
-expires, so a captured request cannot be replayed: the second use is `409 NONCE_REPLAYED`.
+The deployment is the one the request acts on (the `{chain_id}/{escrow}` of a task route,
+`chainId`/`escrow` of a terms body; a request naming none, such as an agent's executions,
+uses the API's first deployment), and the domain is taken from the API's own configuration
+of it (`ApiSettings.deployments`): a request to a deployment this API does not serve is
+`404 DEPLOYMENT_UNKNOWN`, and a signature made for another deployment does not verify.
+
+A nonce is spent, in its own transaction, as soon as the signature verifies and before the
+request is judged: every authenticated request uses up its nonce whatever its outcome
+(accepted, 403, 409...), so a refused request can never be replayed later. Nonces are
+remembered until their signature expires; a reuse is `409 NONCE_REPLAYED`.
 """
 
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
-from eth_account import Account
-from eth_account.messages import encode_typed_data
 from eth_utils.address import to_checksum_address
-from eth_utils.crypto import keccak
 from fastapi import Request
 
 from relayer.api.errors import ApiProblem
+from schemas.request_auth import (
+    BadSignature,
+    Deployment,
+    RequesterProof,
+    recover_digest_signer,
+    request_digest,
+    requester_proof,
+    sign_request,
+    typed_request,
+)
 
 SIGNER_HEADER = "x-escrowd-signer"
 NONCE_HEADER = "x-escrowd-nonce"
@@ -40,18 +53,6 @@ EXPIRES_HEADER = "x-escrowd-expires-at"
 SIGNATURE_HEADER = "x-escrowd-signature"
 AUTH_HEADERS = (SIGNER_HEADER, NONCE_HEADER, EXPIRES_HEADER, SIGNATURE_HEADER)
 
-DOMAIN = {"name": "escrowd-api", "version": "1"}
-_TYPES = {
-    "EIP712Domain": [{"name": "name", "type": "string"}, {"name": "version", "type": "string"}],
-    "Request": [
-        {"name": "method", "type": "string"},
-        {"name": "path", "type": "string"},
-        {"name": "bodyHash", "type": "bytes32"},
-        {"name": "signer", "type": "address"},
-        {"name": "nonce", "type": "string"},
-        {"name": "expiresAt", "type": "uint64"},
-    ],
-}
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{8,100}$")
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 _SIGNATURE = re.compile(r"^0x[0-9a-fA-F]{130}$")
@@ -59,50 +60,13 @@ _SIGNATURE = re.compile(r"^0x[0-9a-fA-F]{130}$")
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated caller: the signer, and the nonce it spent on this request."""
+    """An authenticated caller: the signer, the nonce it spent, and its request as signed."""
 
     address: str
     nonce: str
     expires_at: int
-
-
-def typed_request(method: str, path: str, body: bytes, signer: str, nonce: str, expires_at: int) -> dict[str, Any]:
-    """The full EIP-712 message a client signs for one request."""
-    return {
-        "types": _TYPES,
-        "primaryType": "Request",
-        "domain": DOMAIN,
-        "message": {
-            "method": method.upper(),
-            "path": path,
-            "bodyHash": bytes(keccak(body)),
-            "signer": to_checksum_address(signer),
-            "nonce": nonce,
-            "expiresAt": expires_at,
-        },
-    }
-
-
-def sign_request(
-    private_key: str,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    *,
-    expires_at: int,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """Client side: the four auth headers for one request (for SDKs, tests and scripts)."""
-    account = Account.from_key(private_key)
-    nonce = nonce or secrets.token_urlsafe(16)
-    message = encode_typed_data(full_message=typed_request(method, path, body, account.address, nonce, expires_at))
-    signed = account.sign_message(message)
-    return {
-        "X-Escrowd-Signer": account.address,
-        "X-Escrowd-Nonce": nonce,
-        "X-Escrowd-Expires-At": str(expires_at),
-        "X-Escrowd-Signature": "0x" + bytes(signed.signature).hex(),
-    }
+    deployment: Deployment
+    proof: RequesterProof
 
 
 def request_path(request: Request) -> str:
@@ -116,8 +80,8 @@ def has_auth(request: Request) -> bool:
     return any(request.headers.get(h) for h in AUTH_HEADERS)
 
 
-async def verify_signature(request: Request, *, now: int, max_ttl: int) -> Caller:
-    """Check the headers and the signature over this request (no database: see `spend_nonce`)."""
+async def verify_signature(request: Request, deployment: Deployment, *, now: int, max_ttl: int) -> Caller:
+    """Check the headers and the signature over this request to `deployment` (no database)."""
     values = {h: request.headers.get(h) for h in AUTH_HEADERS}
     missing = [h for h, v in values.items() if not v]
     if missing:
@@ -140,20 +104,23 @@ async def verify_signature(request: Request, *, now: int, max_ttl: int) -> Calle
     if expires_at > now + max_ttl:
         raise ApiProblem(401, "SIGNATURE_EXPIRY_TOO_FAR", f"X-Escrowd-Expires-At may be at most {max_ttl} s ahead")
     body = await request.body()
-    message = encode_typed_data(
-        full_message=typed_request(request.method, request_path(request), body, signer, nonce, expires_at)
-    )
+    path = request_path(request)
+    digest = request_digest(deployment, request.method, path, body, signer, nonce, expires_at)
     try:
-        recovered = Account.recover_message(message, signature=bytes.fromhex(signature[2:]))
-    except Exception:
-        raise ApiProblem(401, "SIGNATURE_INVALID", "the signature does not recover a key") from None
-    if str(recovered).lower() != signer.lower():
-        raise ApiProblem(401, "SIGNATURE_INVALID", "the signature is not the signer's over this request")
-    return Caller(address=str(to_checksum_address(signer)), nonce=nonce, expires_at=expires_at)
+        recovered = recover_digest_signer(digest, signature.lower())
+    except BadSignature as exc:
+        raise ApiProblem(401, "SIGNATURE_INVALID", f"the signature is not usable: {exc}") from None
+    if recovered.lower() != signer.lower():
+        raise ApiProblem(
+            401, "SIGNATURE_INVALID", "the signature is not the signer's over this request to this deployment"
+        )
+    address = str(to_checksum_address(signer))
+    proof = requester_proof(request.method, path, body, address, nonce, expires_at, signature.lower())
+    return Caller(address=address, nonce=nonce, expires_at=expires_at, deployment=deployment, proof=proof)
 
 
 async def spend_nonce(conn: asyncpg.Connection, caller: Caller) -> None:
-    """Record the caller's nonce (inside the request's transaction); a reuse is 409 NONCE_REPLAYED."""
+    """Record the caller's nonce (committed before the request is judged); a reuse is 409 NONCE_REPLAYED."""
     inserted = await conn.fetchval(
         "INSERT INTO api_nonces (signer, nonce, expires_at) VALUES ($1, $2, to_timestamp($3))"
         " ON CONFLICT DO NOTHING RETURNING 1",
@@ -169,3 +136,17 @@ async def forget_expired_nonces(conn: asyncpg.Connection) -> int:
     """Delete nonces whose signatures have expired (they can no longer be replayed anyway)."""
     status = await conn.execute("DELETE FROM api_nonces WHERE expires_at < now() - interval '1 minute'")
     return int(status.split()[-1])
+
+
+__all__ = [
+    "AUTH_HEADERS",
+    "Caller",
+    "Deployment",
+    "forget_expired_nonces",
+    "has_auth",
+    "request_path",
+    "sign_request",
+    "spend_nonce",
+    "typed_request",
+    "verify_signature",
+]

@@ -5,10 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from eth_utils.address import is_address, to_checksum_address
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import topics
+from schemas.request_auth import Deployment
+
+
+class DeploymentSetting(BaseModel):
+    """One escrow on one chain this API serves (a request signature is bound to it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chain_id: int = Field(gt=0, le=2**63 - 1)
+    escrow: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$")
 
 
 class ApiSettings(BaseSettings):
@@ -36,6 +46,16 @@ class ApiSettings(BaseSettings):
     )
     signature_max_ttl_seconds: int = Field(
         default=900, ge=10, description="Latest X-Escrowd-Expires-At accepted, in seconds from now"
+    )
+    deployments: list[DeploymentSetting] = Field(
+        default_factory=list,
+        description="The escrows (chain_id, escrow) this API serves; request signatures are bound to one of them."
+        " Empty: the escrows of bridge_chains",
+    )
+    api_service_key: SecretStr | None = Field(
+        default=None,
+        description="0x key the API signs the requests it relays to the verification consumer with"
+        " (not the verdict-signing key); without it the consumer verifies the requester's signature only",
     )
     marketplace_verifier_address: str | None = Field(
         default=None, description="The marketplace verifier address: it may never finalize as an agent"
@@ -71,3 +91,13 @@ class ApiSettings(BaseSettings):
         if not is_address(value):
             raise ValueError("marketplace_verifier_address is not an address")
         return str(to_checksum_address(value))
+
+    def served_deployments(self) -> list[Deployment]:
+        """The deployments of this API, in configuration order (the first is its home)."""
+        if self.deployments:
+            return [Deployment(d.chain_id, d.escrow) for d in self.deployments]
+        out: list[Deployment] = []
+        for chain in self.bridge_chains:
+            for escrow in chain.get("escrow_addresses") or []:
+                out.append(Deployment(int(chain["chain_id"]), str(escrow)))
+        return out

@@ -1,10 +1,12 @@
 """Routes of the verification service: terms, finalize, review, verifier reports, results.
 
-Every write is signed by the acting address (`relayer.api.auth`) and answered with either
-a result or one `{"error": {code, message}}`. A write spends its nonce, stores its request
-row and queues its message (to the verification consumer, through the outbox) in one
-transaction. The chain as this API sees it is the indexer's `escrow_events`; chain time is
-the indexer's newest block time (the wall clock until the indexer has run).
+Every write is signed by the acting address for the deployment it acts on
+(`relayer.api.auth`) and answered with either a result or one `{"error": {code, message}}`.
+The nonce is spent as soon as the signature verifies, whatever the outcome; a write then
+stores its request row and queues its message (to the verification consumer, through the
+outbox, carrying the signed request so the consumer can verify it again) in one
+transaction. The chain as this API sees it is the indexer's `escrow_events`; chain time
+is the indexer's newest block time (the wall clock until the indexer has run).
 
 The decisions are pure functions (`finalize_check`, `review_check`, `report_check`,
 `visibility`); the routes only load, decide and store.
@@ -23,13 +25,15 @@ from eth_utils.address import is_address, to_checksum_address
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from escrowd.outbox import enqueue
-from relayer.api.auth import Caller, has_auth, spend_nonce, verify_signature
+from relayer.agents.checks import check_named_verifier
+from relayer.api.auth import Caller, Deployment, has_auth, spend_nonce, verify_signature
 from relayer.api.errors import ApiProblem
 from relayer.api.settings import ApiSettings
 from relayer.verification import results_store as store
 from relayer.verification.consumer import request_message
 from relayer.verification.criteria_validation import validate_criteria
 from relayer.verification.registry import VerifierConfigError, VerifierRegistry
+from relayer.verification.request_auth import RelayedRequest, request_id_for, service_proof
 from relayer.verification.routing import (
     ChainTask,
     RequestRecord,
@@ -80,6 +84,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "Conflicts with the task's state (see `error.code`)"),
         (413, "The result is too large"),
         (422, "The body does not fit the schema"),
+        (503, "The API is configured with no deployment to serve (`NO_DEPLOYMENT`)"),
     )
 }
 _POLL_SECONDS = 0.2
@@ -109,10 +114,43 @@ def _ctx(request: Request) -> Ctx:
     return Ctx(settings=state.settings, pool=state.pool, clock=state.clock, registry=state.registry)
 
 
-async def _caller(request: Request, ctx: Ctx) -> Caller:
-    return await verify_signature(
-        request, now=int(ctx.clock()), max_ttl=ctx.settings.signature_max_ttl_seconds
+def _deployment(ctx: Ctx, chain_id: int | None, escrow: str | None) -> Deployment:
+    """The served deployment a request acts on (the API's first one when it names none)."""
+    served = ctx.settings.served_deployments()
+    if not served:
+        raise ApiProblem(503, "NO_DEPLOYMENT", "this API is configured with no deployment to serve")
+    if chain_id is None or escrow is None:
+        return served[0]
+    found = next((d for d in served if d.chain_id == chain_id and d.escrow.lower() == escrow.lower()), None)
+    if found is None:
+        raise ApiProblem(404, "DEPLOYMENT_UNKNOWN", f"this API serves no escrow {escrow} on chain {chain_id}")
+    return found
+
+
+async def _caller(request: Request, ctx: Ctx, chain_id: int | None = None, escrow: str | None = None) -> Caller:
+    """Verify the signature for the deployment acted on, then spend the nonce at once.
+
+    The nonce is committed before the request is judged, so every authenticated request
+    uses it up whatever its outcome: a refused request cannot be replayed later.
+    """
+    caller = await verify_signature(
+        request, _deployment(ctx, chain_id, escrow), now=int(ctx.clock()), max_ttl=ctx.settings.signature_max_ttl_seconds
     )
+    async with ctx.pool.acquire() as conn, conn.transaction():
+        await spend_nonce(conn, caller)
+    return caller
+
+
+def _relayed(ctx: Ctx, caller: Caller, message: RelayedRequest) -> RelayedRequest:
+    """The message with the caller's signed request, and the API's service proof when keyed."""
+    update: dict[str, Any] = {"requester": caller.proof}
+    if isinstance(message, FinalizeRequested):
+        update |= {"result": None, "result_in_proof": True}  # the signed body holds it
+    message = message.model_copy(update=update)
+    key = ctx.settings.api_service_key
+    if key is not None:
+        message = message.model_copy(update={"service": service_proof(message, key.get_secret_value())})
+    return message
 
 
 def _key(chain_id: int, escrow: str, task_id: int) -> TaskKey:
@@ -191,8 +229,10 @@ def finalize_check(
     return FinalizeOk(attempt)
 
 
-def review_check(chain: ChainTask, mode: str | None, terms_issue: str | None, signer: str) -> FinalizeOk | Refusal:
-    """May `signer` review the task's current attempt now?"""
+def review_check(
+    chain: ChainTask, mode: str | None, terms_issue: str | None, signer: str, attempt: int, evidence_hash: str
+) -> FinalizeOk | Refusal:
+    """May `signer` review now, and is the attempt it names (with its evidence) the current one?"""
     if chain.task_hash is None:
         return Refusal(404, "TASK_NOT_FOUND", "the task is not indexed (yet)")
     if mode is None:
@@ -205,6 +245,10 @@ def review_check(chain: ChainTask, mode: str | None, terms_issue: str | None, si
         return Refusal(403, "NOT_POSTER", "only the poster reviews the task")
     if not chain.submitted or chain.current_attempt in chain.verdicts:
         return Refusal(409, "TASK_NOT_SUBMITTED", "the task is not waiting for a review")
+    if attempt != chain.current_attempt:
+        return Refusal(409, "ATTEMPT_MISMATCH", f"the review names attempt {attempt}; the current attempt is {chain.current_attempt}")
+    if chain.attempts.get(attempt) != evidence_hash:
+        return Refusal(409, "EVIDENCE_MISMATCH", f"attempt {attempt} on chain does not have evidence hash {evidence_hash}")
     return FinalizeOk(chain.current_attempt)
 
 
@@ -273,7 +317,7 @@ async def register_terms(
 ) -> RegisterTermsResponse:
     """Signed by the poster named in the terms."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx)
+    caller = await _caller(request, ctx, body.chain_id, body.escrow)
     if not _same(caller.address, body.poster):
         raise ApiProblem(403, "NOT_POSTER", "the terms must be registered by the poster they name")
     mode = body.verification_mode if body.verification_mode is not None else "manual"
@@ -319,7 +363,8 @@ async def register_terms(
     )
     digest = task_hash(terms)
     async with ctx.pool.acquire() as conn, conn.transaction():
-        await spend_nonce(conn, caller)
+        if terms.verifier_address is not None:
+            await check_named_verifier(conn, terms.verifier_address)  # 409 VERIFIER_NOT_OPTED_IN
         new = await store.insert_terms(
             conn,
             task_hash=digest,
@@ -413,7 +458,7 @@ async def finalize(
 ) -> FinalizeResponse:
     """Signed by the agent holding the task. 200 with the verdict when judged in time, else 202."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx)
+    caller = await _caller(request, ctx, chain_id, escrow)
     try:
         size = result_size(body.result)
         evidence = result_hash(body.result)
@@ -448,7 +493,7 @@ async def finalize(
         await asyncio.sleep(_POLL_SECONDS)
     assert terms is not None
     attempt = decision.attempt
-    request_id = f"finalize:{key.chain_id}:{key.escrow.lower()}:{key.task_id}:{attempt}:{evidence}"
+    request_id = request_id_for("finalize", key.chain_id, key.escrow, key.task_id, attempt, evidence)
     message = FinalizeRequested(
         request_id=request_id,
         chain_id=key.chain_id,
@@ -460,11 +505,11 @@ async def finalize(
         requested_at=int(ctx.clock()),
         result=body.result,
     )
+    relayed = _relayed(ctx, caller, message)
     async with ctx.pool.acquire() as conn, conn.transaction():
-        await spend_nonce(conn, caller)
         record = RequestRecord(request_id, "finalize", attempt, evidence, caller.address, {"result": body.result})
         if await store.insert_api_request(conn, key, record):
-            await enqueue(conn, [request_message(message, ctx.settings.verification_requests_topic)])
+            await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
     wait_until = time.monotonic() + (ctx.settings.finalize_wait_seconds if terms.mode == "auto" else 0)
     while True:
         async with ctx.pool.acquire() as conn:
@@ -527,14 +572,16 @@ async def review(
     expires_at: ExpiresHeader = None,
     signature: SignatureHeader = None,
 ) -> RequestAccepted:
-    """Signed by the poster; up to 20 reasons."""
+    """Signed by the poster; names the attempt and evidence hash it judges; up to 20 reasons."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx)
+    caller = await _caller(request, ctx, chain_id, escrow)
     key = _key(chain_id, escrow, task_id)
     async with ctx.pool.acquire() as conn:
         chain, terms = await _chain_and_terms(conn, key)
         issue = terms_problem(key, chain, terms) if terms is not None else None
-        decision = review_check(chain, terms.mode if terms else None, issue, caller.address)
+        decision = review_check(
+            chain, terms.mode if terms else None, issue, caller.address, body.attempt, body.evidence_hash.lower()
+        )
         if isinstance(decision, Refusal):
             raise decision.problem()
         attempt = decision.attempt
@@ -542,15 +589,13 @@ async def review(
         existing_result = await store.result_for(conn, key, attempt)
         if existing_result is not None and existing_result["status"] == "final":
             raise ApiProblem(409, "ALREADY_REVIEWED", f"attempt {attempt} is already judged")
-        request_id = f"review:{key.chain_id}:{key.escrow.lower()}:{key.task_id}:{attempt}:{evidence}"
+        request_id = request_id_for("review", key.chain_id, key.escrow, key.task_id, attempt, evidence)
         payload = {"passed": body.passed, "reasons": list(body.reasons)}
         earlier = await store.request_row(conn, request_id)
         if earlier is not None:
             same = earlier["payload"].get("passed") == body.passed and list(earlier["payload"].get("reasons") or []) == list(body.reasons)
             if not same:
                 raise ApiProblem(409, "ALREADY_REVIEWED", f"attempt {attempt} was already reviewed differently")
-            async with conn.transaction():
-                await spend_nonce(conn, caller)
             response.status_code = 200
             return RequestAccepted(request_id=request_id, attempt=attempt, evidence_hash=evidence, status="duplicate")
         message = ReviewSubmitted(
@@ -565,11 +610,11 @@ async def review(
             passed=body.passed,
             reasons=list(body.reasons),
         )
+        relayed = _relayed(ctx, caller, message)
         async with conn.transaction():
-            await spend_nonce(conn, caller)
             record = RequestRecord(request_id, "review", attempt, evidence, caller.address, payload)
             if await store.insert_api_request(conn, key, record):
-                await enqueue(conn, [request_message(message, ctx.settings.verification_requests_topic)])
+                await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
     return RequestAccepted(request_id=request_id, attempt=attempt, evidence_hash=evidence, status="accepted")
 
 
@@ -593,7 +638,7 @@ async def verifier_report(
 ) -> RequestAccepted:
     """Signed by the verifier agent; a verdict is recorded once it matches the chain."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx)
+    caller = await _caller(request, ctx, chain_id, escrow)
     key = _key(chain_id, escrow, task_id)
     evidence = body.evidence_hash.lower()
     if body.outcome == "verdict" and (body.passed is None or body.score is None):
@@ -604,7 +649,6 @@ async def verifier_report(
         decision = report_check(chain, terms.mode if terms else None, issue, caller.address, body.attempt, evidence)
         if isinstance(decision, Refusal):
             raise decision.problem()
-        base = f"{key.chain_id}:{key.escrow.lower()}:{key.task_id}:{body.attempt}"
         common: dict[str, Any] = {
             "chain_id": key.chain_id,
             "escrow_address": key.escrow,
@@ -618,21 +662,25 @@ async def verifier_report(
         if body.outcome == "verdict":
             assert body.passed is not None and body.score is not None
             message = VerifierVerdictReported(
-                request_id=f"verifier-verdict:{base}:{evidence}", passed=body.passed, score=body.score,
+                request_id=request_id_for("verifier_verdict", key.chain_id, key.escrow, key.task_id, body.attempt, evidence), passed=body.passed, score=body.score,
                 reasons=list(body.reasons), **common,
             )  # fmt: skip
             payload: dict[str, Any] = {"passed": body.passed, "score": body.score, "reasons": list(body.reasons)}
         else:
             message = VerifierFailed(
-                request_id=f"verifier-error:{base}:{caller.nonce}", error=body.error or "", **common
+                request_id=request_id_for(
+                    "verifier_error", key.chain_id, key.escrow, key.task_id, body.attempt, evidence, caller.nonce
+                ),
+                error=body.error or "",
+                **common,
             )
             payload = {"error": body.error or ""}
+        relayed = _relayed(ctx, caller, message)
         async with conn.transaction():
-            await spend_nonce(conn, caller)
             record = RequestRecord(message.request_id, message.kind, body.attempt, evidence, caller.address, payload)
             new = await store.insert_api_request(conn, key, record)
             if new:
-                await enqueue(conn, [request_message(message, ctx.settings.verification_requests_topic)])
+                await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
     return RequestAccepted(
         request_id=message.request_id, attempt=body.attempt, evidence_hash=evidence, status="accepted" if new else "duplicate"
     )
@@ -641,13 +689,12 @@ async def verifier_report(
 # ---------------------------------------------------------------------------- reads
 
 
-async def _optional_caller(request: Request, ctx: Ctx) -> Caller | None:
+async def _optional_caller(
+    request: Request, ctx: Ctx, chain_id: int | None = None, escrow: str | None = None
+) -> Caller | None:
     if not has_auth(request):
         return None
-    caller = await _caller(request, ctx)
-    async with ctx.pool.acquire() as conn, conn.transaction():
-        await spend_nonce(conn, caller)
-    return caller
+    return await _caller(request, ctx, chain_id, escrow)
 
 
 @router.get(
@@ -669,7 +716,7 @@ async def task_results(
 ) -> TaskResults:
     """Anonymous, or signed by a party of the task (poster, agent, verifier) to see a private task in full."""
     ctx = _ctx(request)
-    caller = await _optional_caller(request, ctx)
+    caller = await _optional_caller(request, ctx, chain_id, escrow)
     key = _key(chain_id, escrow, task_id)
     async with ctx.pool.acquire() as conn:
         chain, terms = await _chain_and_terms(conn, key)

@@ -5,11 +5,15 @@ Group `escrowd-lifecycle`, topic `escrow.events.v1`. For each task event it appl
 place, e.g. after a retraction reordered history) refolds the task from the events that
 remain. Every new state goes to the compacted `escrow.tasks.v1` topic; timer events
 (deadline passed, appeal window closed, escalation collectible) go to `escrow.timers.v1`.
+A refold also withdraws every published timer the remaining events no longer justify
+(`TimerRetracted`, e.g. "appeal window closed" after a reorg removed the failed verdict),
+and a timer that comes back later is published again under a new id.
 
-Chain time for timers comes from the indexer's published position: when every partition a
-member owns is caught up, it sweeps its tasks whose next timer is due at the timestamp of
-the newest block whose events are all published (`chain_time`), so a timer never fires
-ahead of an event that precedes it on the chain.
+Chain time for timers is per task (`relayer/lifecycle/clock.py`): the newest confirmed
+block below the first of the task's indexed events this consumer has not applied yet. When
+every partition a member owns is caught up it sweeps its tasks whose next timer is due at
+that time, so a timer never fires ahead of an event that precedes it on the chain, however
+far the publisher or the broker lags.
 """
 
 from __future__ import annotations
@@ -23,16 +27,25 @@ from aiokafka import TopicPartition
 from escrowd.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from escrowd.kafka import cloudevent_headers, iso_time
 from escrowd.outbox import OutboxMessage, enqueue
-from relayer.lifecycle import machine
+from relayer.lifecycle import clock, machine
 from schemas import jsoncodec
 from schemas.events import EscrowEventMessage, message_key
-from schemas.task_state import AppealWindowClosed, DeadlinePassed, EscalationCollectible, TaskState
+from schemas.task_state import (
+    AppealWindowClosed,
+    DeadlinePassed,
+    EscalationCollectible,
+    TaskState,
+    TimerRetracted,
+)
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, TASKS, TIMERS
 
 log = structlog.get_logger(__name__)
 
 GROUP = "escrowd-lifecycle"
 _TIMER_EVENTS = (DeadlinePassed, AppealWindowClosed, EscalationCollectible)
+
+
+_SWEEP_CLOCK = clock.TASK_TIME_SQL.format(chain="s.chain_id", escrow="s.escrow", task="s.task_id")
 
 
 def _next_timer_at(state: TaskState) -> int | None:
@@ -53,9 +66,6 @@ class LifecycleHandler:
         event_message = EscrowEventMessage.model_validate(message.json())
         if event_message.task_id is None:
             return  # escrow-wide events (key rotation, …) belong to no task
-        event = machine.event_from_message(event_message)
-        if event is None:
-            return
         key = (event_message.chain_id, event_message.escrow_address.lower(), event_message.task_id)
         if event_message.removed:
             await conn.execute("DELETE FROM lifecycle_events WHERE event_id = $1", event_message.id)
@@ -72,7 +82,10 @@ class LifecycleHandler:
             event_message.log_index,
             event_message.model_dump(mode="json"),
         )
-        if inserted is None:
+        # Recorded even when the machine ignores it: the task's clock waits for every one of
+        # its indexed events to be applied (relayer/lifecycle/clock.py).
+        event = machine.event_from_message(event_message)
+        if inserted is None or event is None:
             return
         state = await self._load(conn, key)
         latest_position = state.position if state is not None else None
@@ -106,17 +119,80 @@ class LifecycleHandler:
             for e in (machine.event_from_message(EscrowEventMessage.model_validate(r["message"])) for r in rows)
             if e is not None
         ]
+        now = await clock.task_time(conn, *key)
         try:
-            state = machine.fold(events)
+            state, effects = machine.replay(events, now)
         except machine.TransitionError as exc:
             raise PermanentError(f"task {key[2]}: events do not fold into a state: {exc}") from None
+        # Every timer the remaining events justify at this chain time; the rest are withdrawn.
+        justified = {(e.kind.value, e.at) for e in effects if isinstance(e, _TIMER_EVENTS)}
+        await self._retract_timers(conn, key, justified, cause=cause)
         if state is None:
             await conn.execute(
                 "DELETE FROM task_states WHERE chain_id = $1 AND escrow = $2 AND task_id = $3", *key
             )
             return
         await self._save(conn, state, partition)
-        await self._emit(conn, state, [machine.StatePublished(state=state)], cause=cause)
+        timers = [e for e in effects if isinstance(e, _TIMER_EVENTS)]
+        await self._emit(conn, state, [*timers, machine.StatePublished(state=state)], cause=cause)
+
+    async def _retract_timers(
+        self, conn: asyncpg.Connection, key: tuple[int, str, int], justified: set[tuple[str, int]], *, cause: str
+    ) -> None:
+        rows = await conn.fetch(
+            "SELECT kind, at, generation FROM lifecycle_fired_timers"
+            " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND live",
+            *key,
+        )
+        messages: list[OutboxMessage] = []
+        for row in rows:
+            if (row["kind"], row["at"]) in justified:
+                continue
+            await conn.execute(
+                "UPDATE lifecycle_fired_timers SET live = false, updated_at = now()"
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND kind = $4 AND at = $5",
+                *key,
+                row["kind"],
+                row["at"],
+            )
+            withdrawn = _timer_message_id(key[0], key[2], row["kind"], row["at"], row["generation"])
+            retraction = TimerRetracted(
+                chain_id=key[0], escrow=key[1], task_id=key[2], timer_kind=row["kind"], at=row["at"],
+                retracts=withdrawn, cause=cause,
+            )
+            message_id = f"{withdrawn}:removed"
+            messages.append(
+                OutboxMessage(
+                    message_id=message_id,
+                    topic=self.timers_topic,
+                    key=message_key(key[0], key[2], key[1]),
+                    payload=jsoncodec.dumps(retraction.model_dump(mode="json")),
+                    headers=cloudevent_headers(
+                        id=message_id,
+                        source=f"escrowd/lifecycle/{key[0]}/{key[1]}",
+                        type="io.escrowd.task.TimerRetracted.v1",
+                        subject=str(key[2]),
+                        time=None,
+                    ),
+                )
+            )
+        await enqueue(conn, messages)
+
+    async def _fire(self, conn: asyncpg.Connection, state: TaskState, kind: str, at: int) -> str | None:
+        """Record a timer as published; its message id, or None when it is live already."""
+        generation = await conn.fetchval(
+            "INSERT INTO lifecycle_fired_timers AS f (chain_id, escrow, task_id, kind, at, generation, live)"
+            " VALUES ($1, $2, $3, $4, $5, 0, true)"
+            " ON CONFLICT (chain_id, escrow, task_id, kind, at) DO UPDATE"
+            " SET live = true, generation = f.generation + 1, updated_at = now() WHERE NOT f.live"
+            " RETURNING generation",
+            *state.key,
+            kind,
+            at,
+        )
+        if generation is None:
+            return None
+        return _timer_message_id(state.chain_id, state.task_id, kind, at, generation)
 
     async def _save(self, conn: asyncpg.Connection, state: TaskState, partition: int) -> None:
         await conn.execute(
@@ -160,7 +236,10 @@ class LifecycleHandler:
                 )
             elif isinstance(effect, _TIMER_EVENTS):
                 body = effect.model_dump(mode="json")
-                message_id = f"timer:{state.chain_id}:{state.task_id}:{body['kind']}:{body.get('at', '')}"
+                fired_id = await self._fire(conn, state, effect.kind.value, effect.at)
+                if fired_id is None:
+                    continue  # published before and still standing
+                message_id = fired_id
                 messages.append(
                     OutboxMessage(
                         message_id=message_id,
@@ -183,9 +262,7 @@ class LifecycleHandler:
         partitions = [tp.partition for tp in assignment if tp.topic == self.events_topic]
         rows = await conn.fetch(
             "SELECT s.state, s.kafka_partition, t.chain_time FROM task_states s"
-            " JOIN LATERAL (SELECT b.timestamp AS chain_time FROM chain_cursor c"
-            "   JOIN chain_blocks b ON b.chain_id = c.chain_id AND b.block_number <= c.block_number - c.confirmations"
-            "   WHERE c.chain_id = s.chain_id ORDER BY b.block_number DESC LIMIT 1) t ON true"
+            f" JOIN LATERAL ({_SWEEP_CLOCK}) t(chain_time) ON true"
             " WHERE s.next_timer_at IS NOT NULL AND s.next_timer_at <= t.chain_time"
             " AND s.kafka_partition = ANY($1::int[])"
             " FOR UPDATE OF s SKIP LOCKED",
@@ -207,6 +284,12 @@ class LifecycleHandler:
         fired = await self.sweep_timers(conn, assignment)
         if fired:
             log.info("timers_fired", tasks=fired)
+
+
+def _timer_message_id(chain_id: int, task_id: int, kind: str, at: int, generation: int) -> str:
+    """`timer:<chain>:<task>:<kind>:<at>`, with `#<n>` for the n-th comeback after a retraction."""
+    base = f"timer:{chain_id}:{task_id}:{kind}:{at}"
+    return f"{base}#{generation}" if generation else base
 
 
 def build_consumer(

@@ -1,7 +1,8 @@
 """HTTP routes of the lifecycle and reputation consumers' state (included by the API app).
 
 - `GET /v1/tasks/{chain_id}/{escrow}/{task_id}/state`: the task's state and "what can whom
-  do now" at the latest chain time the indexer has seen (or `?at=<unix seconds>`);
+  do now" at the chain time of the confirmed, published events the state is folded from
+  (the timers' clock, `allowed.as_of`), or at `?at=<unix seconds>`;
 - `GET /v1/agents/{address}/reputation`: the agent's reputation and matching score.
 """
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from relayer.api.errors import ApiProblem
+from relayer.lifecycle import clock
 from relayer.lifecycle.machine import allowed_actions_view
 from relayer.reputation.rules import initial
 from schemas.task_state import AllowedActions, Reputation, TaskState
@@ -38,21 +40,22 @@ async def task_state(
     escrow: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
     task_id: Annotated[int, Path(ge=1)],
     request: Request,
-    at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the chain head's time)")] = None,
+    at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the time of the newest confirmed block, the clock task state and timers use)")] = None,
 ) -> TaskStateView:
     async with request.app.state.pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "SELECT s.state, c.head_timestamp FROM task_states s"
-            " LEFT JOIN chain_cursor c ON c.chain_id = s.chain_id"
-            " WHERE s.chain_id = $1 AND s.escrow = $2 AND s.task_id = $3",
+        raw = await conn.fetchval(
+            "SELECT state FROM task_states WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
             chain_id,
             escrow.lower(),
             task_id,
         )
-    if row is None:
+        confirmed = await clock.task_time(conn, chain_id, escrow, task_id) if raw is not None and at is None else None
+    if raw is None:
         raise ApiProblem(404, "TASK_NOT_FOUND", f"task {task_id} on chain {chain_id} is not indexed (yet)")
-    state = TaskState.model_validate(row["state"])
-    now = at if at is not None else max(int(row["head_timestamp"] or 0), state.last_block_timestamp)
+    state = TaskState.model_validate(raw)
+    # The state holds the events up to the confirmation line, so the answer is given at that
+    # line's time (the clock timers use), never at the head's: see relayer/lifecycle/clock.py.
+    now = at if at is not None else max(confirmed or 0, state.last_block_timestamp)
     return TaskStateView(state=state, allowed=allowed_actions_view(state, now))
 
 

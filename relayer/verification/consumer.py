@@ -6,7 +6,9 @@ once (inbox row), in a savepoint, and its offsets are committed after the databa
 For one message the handler:
 
 1. parses it (a payload that is not an escrow event or a request is a `PermanentError`:
-   the runtime dead-letters it with the reason);
+   the runtime dead-letters it with the reason); a finalize, review or verifier report must
+   carry the requester's signed request or a trusted API service signature
+   (`relayer.verification.request_auth`), else it is dead-lettered the same way;
 2. takes the task's advisory lock, loads the task's state (`results_store.load_state`);
 3. asks the pure `routing.decide` what to do, and applies each effect; a `Judge` effect runs
    the auto-check and the terms' registry verifier, and its outcome goes back through
@@ -28,6 +30,7 @@ from typing import Any
 
 import asyncpg
 import structlog
+from eth_utils.crypto import keccak
 from prometheus_client import Counter
 from pydantic import ValidationError
 
@@ -46,6 +49,7 @@ from relayer.verification.proof import (
     sign_proof,
 )
 from relayer.verification.registry import VerificationError, VerifierRegistry, describe
+from relayer.verification.request_auth import RequestNotTrusted, authenticate, resolved
 from relayer.verification.routing import (
     ChainEvent,
     CouldNotJudge,
@@ -108,6 +112,9 @@ _TASK_EVENTS = frozenset(
 VERDICTS = Counter(
     "escrowd_verification_verdicts_total", "Verdicts recorded, by mode, source and result", ["mode", "source", "result"]
 )
+UNTRUSTED_REQUESTS = Counter(
+    "escrowd_verification_untrusted_requests_total", "Request messages dead-lettered for want of a trusted signature"
+)
 VERIFIER_ERRORS = Counter(
     "escrowd_verification_verifier_errors_total", "Registry verifiers that could not answer", ["kind"]
 )
@@ -132,6 +139,8 @@ class VerificationHandler:
     topics: Topics = field(default_factory=Topics)
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.time
+    trusted_api_signers: frozenset[str] = frozenset()
+    """API service addresses whose signature vouches for a request (besides the requester's own)."""
 
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         parsed = self.parse(message)
@@ -175,6 +184,12 @@ class VerificationHandler:
             )
         if message.topic == self.topics.requests:
             request = parse_request_message(data)
+            try:
+                authenticate(request, self.trusted_api_signers)
+                request = resolved(request)
+            except RequestNotTrusted as exc:
+                UNTRUSTED_REQUESTS.inc()
+                raise PermanentError(f"request not trusted: {exc}"[:500]) from None
             key = TaskKey(request.chain_id, request.escrow_address, request.task_id)
             if isinstance(request, RetryDue):
                 return key, RetryDueObserved(request.target_request_id, request.retry_count)
@@ -210,6 +225,9 @@ class VerificationHandler:
         outbox: list[OutboxMessage] = []
         if effect.sign:
             reasons = [str(r) for r in effect.verification_result.get("reasons", ())][:64]
+            if state.terms is not None and state.terms.private:
+                # Reasons can quote a private brief and result: the verdicts topic carries none.
+                reasons = []
             verdict = Verdict(
                 chain_id=key.chain_id,
                 escrow=key.escrow,
@@ -290,6 +308,8 @@ class VerificationHandler:
             VERIFIER_ERRORS.labels(ref.kind).inc()
             log.warning("verifier_could_not_answer", verifier=exc.verifier, reason=exc.reason, task_id=state.key.task_id)
             return CouldNotJudge(exc.verifier, exc.reason)
+        # A rubric judge names the version it used (`rubric:owner/name@3`): the verdict records it.
+        name = str(outcome.detail.get("resolvedAs") or name)
         result = combine(auto, name, outcome.reward, ref.pass_reward, outcome.reasons)
         kind = name if auto is None else f"auto-check+{name}"
         return Judged(result, kind, proof_fields(outcome.detail))
@@ -312,7 +332,10 @@ def _record(
     request: FinalizeRequested | ReviewSubmitted | VerifierVerdictReported | VerifierFailed,
 ) -> RequestRecord:
     payload: Mapping[str, Any] = request.model_dump(
-        mode="json", exclude={"request_id", "chain_id", "escrow_address", "task_id", "attempt", "evidence_hash", "actor"}
+        mode="json", exclude={
+            "request_id", "chain_id", "escrow_address", "task_id", "attempt", "evidence_hash", "actor",
+            "requester", "service", "result_in_proof",
+        },
     )
     return RequestRecord(
         request_id=request.request_id,
@@ -328,14 +351,21 @@ def request_message(
     request: FinalizeRequested | ReviewSubmitted | VerifierVerdictReported | VerifierFailed | RetryDue,
     topic: str,
 ) -> OutboxMessage:
-    """The outbox row carrying a request to the consumer (keyed like the task's events)."""
+    """The outbox row carrying a request to the consumer (keyed like the task's events).
+
+    Its message id (the consumer's inbox key) is the request id plus a digest of the whole
+    payload, proofs included: a forged message that reuses a predictable request id can
+    never make the consumer skip the genuine message as a duplicate of itself.
+    """
+    payload = jsoncodec.dumps(request.model_dump(mode="json"))
+    message_id = f"{request.request_id}#{bytes(keccak(payload)).hex()[:32]}"
     return OutboxMessage(
-        message_id=request.request_id,
+        message_id=message_id,
         topic=topic,
         key=f"{request.chain_id}:{request.task_id}".encode(),
-        payload=jsoncodec.dumps(request.model_dump(mode="json")),
+        payload=payload,
         headers=cloudevent_headers(
-            id=request.request_id,
+            id=message_id,
             source=f"escrowd/verification-api/{request.chain_id}/{request.escrow_address}",
             type=request_event_type(request.kind),
             subject=str(request.task_id),

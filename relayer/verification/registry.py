@@ -2,12 +2,15 @@
 
 Seed 001's kinds, each a reference to something that owns the judgement:
 
-* `rubric` — `<owner>/<name>` of a rubric in the registry's rubric store; scored by a
-  deterministic judge (distinct keywords found per item, weighted);
+* `rubric` — `<owner>/<name>[@version]` of a published rubric; scored by the judge model
+  (`relayer.agents.rubrics.RubricJudge`, set as `rubric_judge`); without one it raises;
 * `plugin` — `module:callable`, imported lazily on first use and cached, only from an
   allow-listed set of packages;
-* `endpoint` — an HTTP(S) URL on an allow-listed host: POST `{task, trajectory}`, expect
-  `{reward}`; 60 s default timeout.
+* `endpoint` — an HTTP(S) URL on an allow-listed host: POST exactly
+  `{"task": {"prompt", "reference"}, "trajectory"}`, expect `{reward}`; 60 s default timeout.
+
+`keyword_rubric` is a built-in type, not seed 001's `rubric`: a deterministic keyword count
+over a rubric of the registry's file store (distinct keywords found per item, weighted).
 
 Seed 002's verifier types (`exact_match`, `schema_validation`, `numerical_range`,
 `test_suite`, `execution_result`, `optimization_score`, `multi_verifier`) are registered
@@ -48,6 +51,7 @@ DEFAULT_PLUGIN_TIMEOUT = 60.0
 _MAX_ENDPOINT_RESPONSE = 1024 * 1024
 _PLUGIN_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _RUBRIC_REF = re.compile(r"^[\w.-]+/[\w.-]+$")
+_JUDGED_RUBRIC_REF = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,100}(@[1-9][0-9]{0,8})?$")
 
 VerifyFn = Callable[[Mapping[str, Any], Any], float]
 """Seed 001's contract: the task and the submitted trajectory in, a reward out."""
@@ -79,6 +83,14 @@ class ResolvedVerifier(Protocol):
     """A verifier ready to run (async: endpoints and sandboxes do I/O)."""
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome: ...
+
+
+class RubricJudgeFn(Protocol):
+    """Scores a trajectory against a published rubric (`relayer.agents.rubrics.RubricJudge`)."""
+
+    async def __call__(self, ref: str, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome: ...
+
+    async def close(self) -> None: ...
 
 
 TypeFactory = Callable[["VerifierRegistry", VerifierRef], ResolvedVerifier]
@@ -215,6 +227,7 @@ class VerifierRegistry:
         rubrics: RubricStore | None = None,
         register_builtin_types: bool = True,
         sandbox_settings: SandboxSettings = DEFAULT_SETTINGS,
+        rubric_judge: RubricJudgeFn | None = None,
     ) -> None:
         self.allowed_plugin_packages = tuple(allowed_plugin_packages)
         self.allowed_endpoint_hosts = tuple(h.lower() for h in allowed_endpoint_hosts)
@@ -222,10 +235,12 @@ class VerifierRegistry:
         self.plugin_timeout = plugin_timeout
         self.rubrics = rubrics or RubricStore()
         self.sandbox_settings = sandbox_settings
+        self.rubric_judge = rubric_judge
         self._plugins: dict[str, Callable[..., Any]] = {}
         self._types: dict[str, TypeFactory] = {}
         self._session: aiohttp.ClientSession | None = None
         self.plugin_imports = 0
+        self._types["keyword_rubric"] = _keyword_rubric_factory
         if register_builtin_types:
             from relayer.verification.verifier_types import register_builtin_types as register
 
@@ -253,8 +268,8 @@ class VerifierRegistry:
         elif ref.kind == "endpoint":
             self._check_endpoint_url(ref.ref)
         elif ref.kind == "rubric":
-            if not _RUBRIC_REF.match(ref.ref):
-                raise VerifierConfigError("a rubric reference is <owner>/<name>")
+            if not _JUDGED_RUBRIC_REF.match(ref.ref) or ".." in ref.ref:
+                raise VerifierConfigError("a rubric reference is <owner>/<name>[@version]")
         elif ref.kind in self._types:
             self._types[ref.kind](self, ref)
         else:
@@ -304,7 +319,7 @@ class VerifierRegistry:
                 raise VerificationError(name, str(exc)) from None
             return _EndpointVerifier(name, ref.ref, self)
         if ref.kind == "rubric":
-            return _RubricVerifier(name, ref.ref, self.rubrics)
+            return _JudgedRubric(name, ref.ref, self.rubric_judge)
         factory = self._types.get(ref.kind)
         if factory is None:
             raise VerificationError(name, f"no verifier type {ref.kind!r} is registered")
@@ -342,10 +357,12 @@ class VerifierRegistry:
         return self._session
 
     async def close(self) -> None:
-        """Close the HTTP session."""
+        """Close the HTTP session (and the rubric judge's)."""
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self.rubric_judge is not None:
+            await self.rubric_judge.close()
 
 
 @dataclass(frozen=True)
@@ -383,7 +400,7 @@ class _EndpointVerifier:
         timeout = aiohttp.ClientTimeout(total=self.registry.endpoint_timeout)
         try:
             async with session.post(
-                self.url, json={"task": dict(task), "trajectory": trajectory}, timeout=timeout
+                self.url, json=endpoint_request(task, trajectory), timeout=timeout
             ) as response:
                 if response.status != 200:
                     raise VerificationError(self.name, f"HTTP {response.status}")
@@ -405,8 +422,27 @@ class _EndpointVerifier:
         return VerifierOutcome(reward=as_reward(self.name, data["reward"]))
 
 
+def endpoint_request(task: Mapping[str, Any], trajectory: Any) -> dict[str, Any]:
+    """Seed 001's request body, exactly: `{"task": {"prompt", "reference"}, "trajectory"}`."""
+    return {"task": {"prompt": task.get("prompt"), "reference": task.get("reference")}, "trajectory": trajectory}
+
+
 @dataclass(frozen=True)
-class _RubricVerifier:
+class _JudgedRubric:
+    name: str
+    ref: str
+    judge: RubricJudgeFn | None
+
+    async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
+        if self.judge is None:
+            raise VerificationError(self.name, "no rubric judge model is configured")
+        return await self.judge(self.ref, task, trajectory)
+
+
+@dataclass(frozen=True)
+class _KeywordRubric:
+    """The built-in `keyword_rubric` type: the keyword counter over a file-store rubric."""
+
     name: str
     ref: str
     store: RubricStore
@@ -416,4 +452,10 @@ class _RubricVerifier:
         if rubric is None:
             raise VerificationError(self.name, "rubric not found")
         return score_rubric(rubric, flatten_trajectory(trajectory))
+
+
+def _keyword_rubric_factory(registry: VerifierRegistry, ref: VerifierRef) -> ResolvedVerifier:
+    if not _RUBRIC_REF.match(ref.ref):
+        raise VerifierConfigError("a keyword_rubric reference is <owner>/<name>")
+    return _KeywordRubric(describe(ref), ref.ref, registry.rubrics)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 from eth_account import Account
+from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -68,6 +69,11 @@ class VerificationSettings(BaseSettings):
     verification_keystore_password: SecretStr | None = Field(
         default=None, description="Password of the keystore file"
     )
+    trusted_api_signers: list[str] = Field(
+        default_factory=list,
+        description="API service addresses whose signature vouches for a relayed request (besides the"
+        " requester's own signature); never the verdict-signing key's address",
+    )
     plugin_packages: list[str] = Field(
         default_factory=list, description="Packages whose modules may be plugin verifiers"
     )
@@ -91,6 +97,14 @@ class VerificationSettings(BaseSettings):
             raise ValueError("database_url must be a postgresql:// URL")
         return url
 
+    @field_validator("trusted_api_signers")
+    @classmethod
+    def _addresses(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not is_address(value):
+                raise ValueError("trusted_api_signers holds something that is not an address")
+        return [str(to_checksum_address(v)) for v in values]
+
     def topics(self) -> Topics:
         """The topic names in use."""
         return Topics(
@@ -101,13 +115,16 @@ class VerificationSettings(BaseSettings):
         )
 
     def registry(self) -> VerifierRegistry:
-        """The verifier registry this service runs."""
+        """The verifier registry this service runs (with the rubric judge when `ESCROWD_MODEL_URL` is set)."""
+        from relayer.agents.rubrics import rubric_judge_from_env
+
         return VerifierRegistry(
             allowed_plugin_packages=self.plugin_packages,
             allowed_endpoint_hosts=self.endpoint_hosts,
             endpoint_timeout=self.endpoint_timeout,
             rubrics=RubricStore(self.rubric_dir),
             sandbox_settings=SandboxSettings(remote_url=self.sandbox_url),
+            rubric_judge=rubric_judge_from_env(self.database_url),
         )
 
 
@@ -196,8 +213,13 @@ def build_consumer(
 ) -> IdempotentConsumer:
     """The verification consumer, ready to `run()`."""
     key = signing_key or load_signing_key(settings)
+    trusted = frozenset(settings.trusted_api_signers)
+    if Account.from_key(key).address in trusted:
+        # One key must not both vouch for requests and sign the verdicts they lead to.
+        raise SigningKeyError("trusted_api_signers must not hold the verdict-signing key's address")
     t = settings.topics()
     handler = VerificationHandler(
+        trusted_api_signers=trusted,
         registry=registry or settings.registry(),
         signing_key=lambda: key,
         topics=t,

@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import asyncpg
+import httpx
 from aiokafka import AIOKafkaProducer
 
 from escrowd.consumer import IdempotentConsumer
 from escrowd.db import connect
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
-from escrowd.kafka import TopicSpec, ensure_topics
+from escrowd.kafka import TopicSpec, ensure_topics, make_producer
+from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from relayer.lifecycle import consumer as lifecycle_consumer
@@ -71,7 +73,10 @@ class Consumers:
 
 
 @contextlib.asynccontextmanager
-async def pipeline(devnet: Devnet, database_url: str, bootstrap: str, prefix: str) -> AsyncIterator[Consumers]:
+async def pipeline(
+    devnet: Devnet, database_url: str, bootstrap: str, prefix: str, *, confirmations: int = 0,
+    publish: bool = True,
+) -> AsyncIterator[Consumers]:
     consumers = Consumers(database_url, bootstrap, prefix)
     await ensure_topics(
         bootstrap,
@@ -80,9 +85,9 @@ async def pipeline(devnet: Devnet, database_url: str, bootstrap: str, prefix: st
     )
     chain = ChainConfig(
         chain_id=devnet.chain_id, rpc_urls=[devnet.rpc_url], ws_url=devnet.ws_url,
-        escrow_addresses=[devnet.escrow_address], confirmations=0, poll_interval=0.1,
+        escrow_addresses=[devnet.escrow_address], confirmations=confirmations, poll_interval=0.1,
     )
-    async with in_process_indexer(chain, database_url, bootstrap, consumers.events_topic):
+    async with in_process_indexer(chain, database_url, bootstrap, consumers.events_topic, publish=publish):
         await consumers.start()
         try:
             yield consumers
@@ -403,5 +408,190 @@ async def test_timers_fire_once_as_chain_time_crosses_them(
             assert sorted(kinds) == ["appeal_window_closed", "deadline_passed"]
             state = (await _states(conn))[task]
             assert state.pending_timers == ()
+        finally:
+            await conn.close()
+
+
+async def test_a_timer_is_retracted_with_its_cause(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """"Appeal window closed" was published; a reorg removes the failed verdict: the timer is withdrawn."""
+    poster, agent = devnet.posters[0], devnet.agents[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix) as consumers:
+        conn = await connect(database_url)
+        try:
+            task = devnet.post_task(poster, duration=DAY)
+            devnet.accept_task(task, sender=agent)
+            evidence = text_hash("failing work, later un-failed")
+            devnet.submit_evidence(task, evidence, sender=agent)
+            devnet.complete_verification(task, 1, evidence, False, 0, sender=devnet.marketplace_verifier)
+            verdict_block = devnet.block_number()
+            devnet.increase_time(DAY + 3 * DAY + 10)  # past the deadline and the appeal window
+
+            async def timer_messages() -> list[dict[str, object]]:
+                records = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
+                return [r.payload for r in records if r.payload.get("task_id") == task]
+
+            async def fired() -> bool:
+                kinds = {m["kind"] for m in await timer_messages()}
+                return {"appeal_window_closed", "deadline_passed"} <= kinds
+
+            await wait_for(fired, timeout=60, interval=0.5, what="timers published")
+            closed = next(m for m in await timer_messages() if m["kind"] == "appeal_window_closed")
+
+            # The verdict's block and the later one are replaced by empty blocks.
+            devnet.reorg(devnet.block_number() - verdict_block + 1)
+            assert int(devnet.get_task(task).status) == 2  # Submitted: no verdict, nothing to appeal
+
+            # The new branch's blocks carry earlier times: neither timer holds on it any more.
+            assert devnet.now() < devnet.get_task(task).deadline
+
+            async def retracted() -> bool:
+                return sum(m["kind"] == "timer_retracted" for m in await timer_messages()) >= 2
+
+            await wait_for(retracted, timeout=60, interval=0.5, what="timer retractions published")
+            retractions = {m["timer_kind"]: m for m in await timer_messages() if m["kind"] == "timer_retracted"}
+            assert set(retractions) == {"appeal_window_closed", "deadline_passed"}
+            assert retractions["appeal_window_closed"]["at"] == closed["at"]
+            prefix = f"timer:{devnet.chain_id}:{task}"
+            assert retractions["appeal_window_closed"]["retracts"] == f"{prefix}:appeal_window_closed:{closed['at']}"
+            assert await conn.fetchval("SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1 AND live", task) == 0
+
+            # Time passes the deadline again on the new branch: that timer comes back (a new
+            # id, so subscribers that saw its retraction take it); the appeal window does not.
+            devnet.increase_time(DAY + 10)
+
+            async def deadline_again() -> bool:
+                return [m["kind"] for m in await timer_messages()].count("deadline_passed") == 2
+
+            await wait_for(deadline_again, timeout=60, interval=0.5, what="deadline timer published again")
+            records = await read_topic(kafka_bootstrap, consumers.topic("timers"), timeout=3)
+            ids = [r.headers.get("ce_id") for r in records if r.payload.get("task_id") == task]
+            deadline_at = retractions["deadline_passed"]["at"]
+            assert f"{prefix}:deadline_passed:{deadline_at}#1" in ids
+            messages = await timer_messages()
+            assert [m["kind"] for m in messages].count("appeal_window_closed") == 1
+            live = await conn.fetch("SELECT kind FROM lifecycle_fired_timers WHERE task_id = $1 AND live", task)
+            assert [r["kind"] for r in live] == ["deadline_passed"]
+            state = (await _states(conn))[task]
+            assert state.failed_at is None and int(state.status) == 2
+        finally:
+            await conn.close()
+
+
+async def test_the_api_answers_at_the_confirmed_time_task_state_holds(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """"What can whom do now" is answered at the confirmation line's time, not at the head's."""
+    from relayer.api.app import create_app
+    from relayer.api.settings import ApiSettings
+
+    poster = devnet.posters[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix, confirmations=3):
+        conn = await connect(database_url)
+        try:
+            task = devnet.post_task(poster, duration=DAY)
+            for _ in range(3):
+                devnet.mine()
+            await _wait_consumed(conn, devnet)
+            deadline = devnet.get_task(task).deadline
+            devnet.increase_time(DAY + 10)
+            devnet.mine()  # the head passes the deadline; the confirmation line (3 blocks back) does not
+
+            async def head_seen() -> bool:
+                return bool(await conn.fetchval(
+                    "SELECT head_timestamp > $2 FROM chain_cursor WHERE chain_id = $1", devnet.chain_id, deadline))
+
+            await wait_for(head_seen, timeout=60, what="indexer saw the new head")
+            app = create_app(ApiSettings(database_url=database_url))
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                    url = f"/v1/tasks/{devnet.chain_id}/{devnet.escrow_address}/{task}/state"
+                    body = (await client.get(url)).json()
+                    as_of = body["allowed"]["as_of"]
+                    assert as_of < deadline  # the answer's clock: the confirmed block's time
+                    confirmed = await conn.fetchval(
+                        "SELECT b.timestamp FROM chain_cursor c JOIN chain_blocks b ON b.chain_id = c.chain_id"
+                        " AND b.block_number = c.block_number - c.confirmations WHERE c.chain_id = $1",
+                        devnet.chain_id,
+                    )  # fmt: skip
+                    assert as_of == confirmed
+                    answers = {(c["actor"], c["action"]) for c in body["allowed"]["capabilities"]}
+                    assert ("agent", "accept") in answers  # before the deadline, as the state knows it
+                    at_head = (await client.get(url, params={"at": deadline + 10})).json()
+                    assert at_head["allowed"]["as_of"] == deadline + 10
+                    assert ("agent", "accept") not in {
+                        (c["actor"], c["action"]) for c in at_head["allowed"]["capabilities"]
+                    }
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def _publisher(database_url: str, bootstrap: str) -> AsyncIterator[None]:
+    producer = make_producer(bootstrap, client_id="test-publisher")
+    await producer.start()
+    publisher = OutboxPublisher(database_url, producer)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield
+    finally:
+        publisher.stop()
+        await asyncio.wait_for(task, 20)
+        await producer.stop()
+
+
+async def test_a_timer_never_fires_ahead_of_an_event_still_unpublished(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The publisher stalls with a cancel in the outbox; time passes the deadline: no "deadline passed"."""
+    poster = devnet.posters[0]
+    async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix, publish=False):
+        conn = await connect(database_url)
+        try:
+            async with _publisher(database_url, kafka_bootstrap):
+                victim = devnet.post_task(poster, duration=DAY)
+                control = devnet.post_task(poster, duration=DAY)
+                await _wait_consumed(conn, devnet)
+            # The publisher is stopped: what follows is indexed but reaches no consumer.
+            devnet.cancel(victim, sender=poster)
+            devnet.increase_time(DAY + 10)  # past both deadlines
+            head = devnet.block_number()
+
+            async def indexed() -> bool:
+                cursor = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", devnet.chain_id)
+                return cursor is not None and cursor >= head
+
+            await wait_for(indexed, timeout=60, what="the cancel and the time jump indexed")
+            unpublished = await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND event_id IS NOT NULL")
+            assert unpublished >= 1  # the cancel waits in the outbox
+            assert await conn.fetchval("SELECT count(*) FROM escrow_events WHERE event_name = 'TaskCancelled'") == 1
+
+            # The control task's deadline fires: the sweep ran at the new chain time...
+            async def control_fired() -> bool:
+                return bool(await conn.fetchval(
+                    "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1 AND kind = 'deadline_passed'",
+                    control))
+
+            await wait_for(control_fired, timeout=60, what="the control task's deadline timer")
+            # ...and in that same sweep the victim's clock stopped below its unapplied cancel.
+            assert await conn.fetchval(
+                "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1", victim) == 0
+            assert (await _states(conn))[victim].status == 0  # still Open as far as the consumer knows
+
+            async with _publisher(database_url, kafka_bootstrap):
+                states = await _wait_consumed(conn, devnet)
+                assert int(states[victim].status) == int(devnet.get_task(victim).status)  # Cancelled
+                await wait_for(
+                    lambda: conn.fetchval("SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"),
+                    timeout=60, what="outbox drained",
+                )  # fmt: skip
+            assert await conn.fetchval(
+                "SELECT count(*) FROM lifecycle_fired_timers WHERE task_id = $1", victim) == 0
+            timers = await read_topic(kafka_bootstrap, f"{topic_prefix}timers", timeout=10)
+            assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == victim] == []
+            assert [r.payload["kind"] for r in timers if r.payload.get("task_id") == control] == ["deadline_passed"]
         finally:
             await conn.close()

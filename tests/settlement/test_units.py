@@ -262,13 +262,19 @@ def test_unsigned_fields_do_not_change_the_digest() -> None:
 
 
 def test_high_s_and_bad_v_are_refused() -> None:
-    """A malleable twin (s -> n - s) and an unknown v do not recover."""
+    """A malleable twin (s -> n - s, v flipped 27 <-> 28) and an unknown v do not recover.
+
+    The twin is the real other encoding of the same signature (eth_account recovers the same
+    key from it), so only the high-s rule can refuse it.
+    """
     signed = sign_verdict(verdict(), KEY_A)
     raw = bytes.fromhex(signed.signature[2:])
     n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
     s = int.from_bytes(raw[32:64], "big")
-    twin = raw[:32] + (n - s).to_bytes(32, "big") + bytes([raw[64] ^ 1])
-    with pytest.raises(InvalidSignature):
+    twin = raw[:32] + (n - s).to_bytes(32, "big") + bytes([55 - raw[64]])
+    assert twin[64] in (27, 28)
+    assert Account._recover_hash(verdict_digest(signed.verdict), signature=twin) == signed.signer
+    with pytest.raises(InvalidSignature, match="not canonical"):
         recover_signer(signed.model_copy(update={"signature": "0x" + twin.hex()}))
     with pytest.raises(InvalidSignature):
         recover_signer(signed.model_copy(update={"signature": "0x" + (raw[:64] + bytes([29])).hex()}))

@@ -163,21 +163,24 @@ def test_identity_escapes_of_letters_are_reported() -> None:
     assert compile_js_regex(r"\d+\.\d\n").warnings == ()
 
 
-def test_huge_counts_compile_instantly() -> None:
-    started = time.perf_counter()
-    regex = compile_js_regex("a{4294967295}")
-    compile_js_regex("(?:a{1000}){1000}")
-    compile_js_regex("a{0,4294967295}b")
-    assert time.perf_counter() - started < 0.5
-    assert not regex.test("a" * 30_000)
+def test_huge_counts_are_capped_not_expanded() -> None:
+    """Counts beyond the input cap compile to a bounded quantifier, never to an expansion."""
+    huge = compile_js_regex("a{4294967295}")
+    nested = compile_js_regex("(?:a{1000}){1000}")
+    open_ended = compile_js_regex("a{0,4294967295}b")
+    for compiled in (huge, nested, open_ended):
+        assert len(compiled.python_source) < 100, compiled.python_source
+        assert "4294967295" not in compiled.python_source
+    assert not huge.test("a" * 30_000)  # more than the 20,000 characters ever read
+    assert open_ended.test("aaab")
 
 
 # ── ReDoS suite ───────────────────────────────────────────────────────────────
 # Patterns that pass the nested-quantifier check yet backtrack catastrophically (or
-# polynomially) on the inputs beside them. Each full check must end within 150 ms of
-# wall time, whatever the verdict.
-
-WALL_BOUND_SECONDS = 0.150
+# polynomially) on the inputs beside them. What bounds them is the matcher's timeout,
+# not luck: every check ends with an answer or with the timeout reason, and the guard
+# demonstrably fires when it is given less time than the match needs. (How fast a check
+# is belongs to bench/bench_autocheck.py, never to a test: CI machines are loaded.)
 
 SLIPPING_PAST = [
     (r"(a|aa)*$", "a" * 60 + "!"),
@@ -213,43 +216,47 @@ REFUSED_STATICALLY = [
 ]
 
 
-def _timed_check(pattern: str, subject: str) -> tuple[float, tuple[str, ...]]:
-    started = time.perf_counter()
-    verdict = auto_check({"output": subject}, {"regex_pattern": pattern})
-    return time.perf_counter() - started, verdict.reasons
+def _check(pattern: str, subject: str) -> tuple[str, ...]:
+    return auto_check({"output": subject}, {"regex_pattern": pattern}).reasons
 
 
 @pytest.mark.parametrize(("pattern", "subject"), SLIPPING_PAST)
 def test_redos_patterns_past_the_static_check_are_bounded(pattern: str, subject: str) -> None:
     compile_js_regex(pattern)  # not refused statically: the time bound is what stops it
-    elapsed, reasons = _timed_check(pattern, subject)
-    assert elapsed <= WALL_BOUND_SECONDS, f"{pattern!r} took {elapsed * 1000:.0f} ms"
-    assert reasons[0] in (
+    assert _check(pattern, subject)[0] in (
         REASON_REGEX_TIMEOUT,
         "regex_pattern: 0%",
         "All verification criteria met",
     )
 
 
+@pytest.mark.parametrize(("pattern", "subject"), SLIPPING_PAST)
+def test_the_guard_stops_redos_patterns_given_too_little_time(pattern: str, subject: str) -> None:
+    """With a budget far below what the backtracking needs, the guard answers "timeout"."""
+    regex = compile_js_regex(pattern)
+    # Repeat the subject's shape past the input cap: the match cannot end in 1 µs.
+    with pytest.raises(JsRegexTimeout, match="no result within 0 ms"):
+        regex.test(subject * 4, timeout=0.000_001)
+
+
 @pytest.mark.parametrize(("pattern", "subject"), REFUSED_STATICALLY)
 def test_redos_patterns_with_nested_quantifiers_never_run(pattern: str, subject: str) -> None:
-    elapsed, reasons = _timed_check(pattern, subject)
-    assert reasons == (REASON_REGEX_UNSAFE,)
-    assert elapsed <= WALL_BOUND_SECONDS
+    with pytest.raises(JsRegexUnsafeError):
+        compile_js_regex(pattern)
+    assert _check(pattern, subject) == (REASON_REGEX_UNSAFE,)
 
 
 def test_exponential_pattern_times_out_rather_than_answering() -> None:
-    elapsed, reasons = _timed_check(r"^(a|aa)+$", "a" * 80 + "!")
-    assert reasons == (REASON_REGEX_TIMEOUT,)
-    assert elapsed >= 0.09  # it did get its 100 ms
+    assert _check(r"^(a|aa)+$", "a" * 80 + "!") == (REASON_REGEX_TIMEOUT,)
 
 
 def test_timeout_raises_and_abandoned_work_stops() -> None:
     regex = compile_js_regex(r"^(a|aa)+$")
     with pytest.raises(JsRegexTimeout):
         regex.test("a" * 80 + "!")
-    # The worker's own CPU-time bound ends the abandoned match shortly after.
-    deadline = time.monotonic() + 2.0
+    # The worker's own CPU-time bound ends the abandoned match; on a loaded machine that
+    # CPU time takes longer to accrue, so the wait is generous (it is not a speed claim).
+    deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
         if not any(t.name == "regex-pattern" for t in threading.enumerate()):
             break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from escrowd.outbox import enqueue
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from relayer.api.app import create_app
-from relayer.api.auth import sign_request
+from relayer.api.auth import Deployment, sign_request
 from relayer.api.settings import ApiSettings
 from relayer.verification.consumer import Topics, VerificationHandler
 from relayer.verification.registry import VerifierRegistry
@@ -57,11 +58,27 @@ def who() -> dict[str, Who]:
     return out
 
 
+_TASK_PATH = re.compile(r"^/v1/tasks/([0-9]+)/(0x[0-9a-fA-F]{40})/")
+
+
+def deployment_of(path: str, body: Any, default: Deployment | None = None) -> Deployment:
+    """The deployment a request acts on, as the API reads it: the task path, else the terms
+    body, else the API's own (first) deployment."""
+    match = _TASK_PATH.match(path)
+    if match is not None and 0 < int(match.group(1)) < 2**256:
+        return Deployment(int(match.group(1)), match.group(2))
+    chain, escrow = (body.get("chainId"), body.get("escrow")) if isinstance(body, dict) else (None, None)
+    if isinstance(chain, int) and 0 < chain < 2**256 and isinstance(escrow, str) and re.fullmatch(r"0x[0-9a-fA-F]{40}", escrow):
+        return Deployment(chain, escrow)
+    return default or Deployment(CHAIN_ID, ESCROW)
+
+
 class Api:
     """An HTTP client of the real app (in process) that signs requests as one actor or another."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, default: Deployment | None = None) -> None:
         self.client = client
+        self.default = default
 
     async def call(
         self,
@@ -73,13 +90,17 @@ class Api:
         nonce: str | None = None,
         expires_in: int = 300,
         headers: dict[str, str] | None = None,
+        deployment: Deployment | None = None,
     ) -> Any:
         raw = b"" if body is None else json.dumps(body).encode()
         sent = {"content-type": "application/json"} if body is not None else {}
         if as_ is not None:
             sent.update(
-                sign_request(as_.key, method, path, raw, expires_at=int(time.time()) + expires_in, nonce=nonce)
-            )
+                sign_request(
+                    as_.key, method, path, raw, deployment=deployment or deployment_of(path, body, self.default),
+                    expires_at=int(time.time()) + expires_in, nonce=nonce,
+                )
+            )  # fmt: skip
         sent.update(headers or {})
         return await self.client.request(method, path, content=raw or None, headers=sent)
 
@@ -92,6 +113,7 @@ def api_settings(database_url: str, **overrides: Any) -> ApiSettings:
         "finalize_wait_seconds": 0.3,
         "plugin_packages": ["tests.verification.plugins"],
         "endpoint_hosts": ["127.0.0.1"],
+        "deployments": [{"chain_id": CHAIN_ID, "escrow": ESCROW}],
     }
     values.update(overrides)
     return ApiSettings(**values)
@@ -104,7 +126,8 @@ async def running_api(settings: ApiSettings) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=60) as client:
-            yield Api(client)
+            served = settings.served_deployments()
+            yield Api(client, served[0] if served else None)
 
 
 @pytest.fixture

@@ -178,7 +178,8 @@ class Pipeline:
 
 @contextlib.asynccontextmanager
 async def pipeline(
-    devnet: Devnet, database_url: str, bootstrap: str, prefix: str, *, registry: VerifierRegistry | None = None
+    devnet: Devnet, database_url: str, bootstrap: str, prefix: str, *, registry: VerifierRegistry | None = None,
+    trusted_api_signers: frozenset[str] = frozenset(), api_service_key: str | None = None,
 ) -> AsyncIterator[Pipeline]:
     """Start indexer, publisher, consumer, retry scheduler and API; stop them all afterwards."""
     topics = Topics(
@@ -199,7 +200,8 @@ async def pipeline(
     await producer.start()
     publisher = OutboxPublisher(database_url, producer, idle_poll_seconds=0.05)
     handler = VerificationHandler(
-        registry=registry, signing_key=lambda: SIGNER_KEY, topics=topics, retry_policy=RetryPolicy(0.3, 1.0)
+        registry=registry, signing_key=lambda: SIGNER_KEY, topics=topics, retry_policy=RetryPolicy(0.3, 1.0),
+        trusted_api_signers=trusted_api_signers,
     )
     consumer = IdempotentConsumer(
         name=f"{prefix}verification", topics=[topics.events, topics.requests], bootstrap=bootstrap,
@@ -219,6 +221,7 @@ async def pipeline(
     settings = api_settings(
         database_url, verification_requests_topic=topics.requests, evidence_wait_seconds=15, finalize_wait_seconds=20,
         marketplace_verifier_address=devnet.marketplace_verifier.address,
+        deployments=[{"chain_id": devnet.chain_id, "escrow": devnet.escrow_address}], api_service_key=api_service_key,
     )  # fmt: skip
     try:
         await verdicts.start()

@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
-from relayer.api.auth import sign_request
+from relayer.api.auth import Deployment, sign_request
 from schemas.task_terms import result_hash
 
 from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler
 
 DIGEST = "0x" + "ab" * 32
 TASK = 7
+HOME = Deployment(CHAIN_ID, ESCROW)
 
 
 def terms_body(poster: Who, **extra: Any) -> dict[str, Any]:
@@ -142,13 +143,13 @@ async def test_missing_bad_tampered_and_expired_signatures_are_refused(api: Api,
     import time
 
     raw = json.dumps(body).encode()
-    forged = sign_request(who["stranger"].key, "POST", "/v1/terms", raw, expires_at=int(time.time()) + 60)
+    forged = sign_request(who["stranger"].key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=int(time.time()) + 60)
     forged["X-Escrowd-Signer"] = who["poster"].address
     response = await api.call("POST", "/v1/terms", body, headers=forged)
     assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID"
     signed_for_other_body = sign_request(
         who["poster"].key, "POST", "/v1/terms", json.dumps(terms_body(who["poster"], private=True)).encode(),
-        expires_at=int(time.time()) + 60,
+        deployment=HOME, expires_at=int(time.time()) + 60,
     )  # fmt: skip
     response = await api.call("POST", "/v1/terms", body, headers=signed_for_other_body)
     assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID"
@@ -252,6 +253,11 @@ async def test_finalize_returns_the_verdict_once_judged(api: Api, chain: Indexed
 # ---------------------------------------------------------------------------- review and reports
 
 
+def review_body(passed: bool, reasons: list[str] | None = None, *, attempt: int = 1, evidence: str = "result one") -> dict[str, Any]:
+    """A review naming the attempt and the evidence hash (of the text `evidence`) it judges."""
+    return {"attempt": attempt, "evidenceHash": result_hash(evidence), "passed": passed, "reasons": reasons or []}
+
+
 def review_path(task_id: int = TASK) -> str:
     return f"/v1/tasks/{CHAIN_ID}/{ESCROW}/{task_id}/review"
 
@@ -259,20 +265,20 @@ def review_path(task_id: int = TASK) -> str:
 async def test_review_rules(api: Api, chain: IndexedChain, who: dict[str, Who]) -> None:
     """Only the poster, only manual tasks, only while submitted; one decision per attempt."""
     await setup_task(api, chain, who)  # manual by default
-    assert code(await api.call("POST", review_path(), {"passed": True}, as_=who["stranger"])) == "NOT_POSTER"
-    too_many = await api.call("POST", review_path(), {"passed": False, "reasons": ["r"] * 21}, as_=who["poster"])
+    assert code(await api.call("POST", review_path(), review_body(True), as_=who["stranger"])) == "NOT_POSTER"
+    too_many = await api.call("POST", review_path(), review_body(False, ["r"] * 21), as_=who["poster"])
     assert too_many.status_code == 422
-    first = await api.call("POST", review_path(), {"passed": False, "reasons": ["table missing"]}, as_=who["poster"])
+    first = await api.call("POST", review_path(), review_body(False, ["table missing"]), as_=who["poster"])
     assert first.status_code == 202 and first.json()["status"] == "accepted"
-    same = await api.call("POST", review_path(), {"passed": False, "reasons": ["table missing"]}, as_=who["poster"])
+    same = await api.call("POST", review_path(), review_body(False, ["table missing"]), as_=who["poster"])
     assert same.status_code == 200 and same.json()["status"] == "duplicate"
-    other = await api.call("POST", review_path(), {"passed": True}, as_=who["poster"])
+    other = await api.call("POST", review_path(), review_body(True), as_=who["poster"])
     assert other.status_code == 409 and code(other) == "ALREADY_REVIEWED"
 
     await setup_task(api, chain, who, task_id=8, **AUTO, salt="auto")
-    assert code(await api.call("POST", review_path(8), {"passed": True}, as_=who["poster"])) == "NOT_MANUAL_TASK"
+    assert code(await api.call("POST", review_path(8), review_body(True), as_=who["poster"])) == "NOT_MANUAL_TASK"
     await setup_task(api, chain, who, task_id=9, submit=None, salt="unsubmitted")
-    assert code(await api.call("POST", review_path(9), {"passed": True}, as_=who["poster"])) == "TASK_NOT_SUBMITTED"
+    assert code(await api.call("POST", review_path(9), review_body(True), as_=who["poster"])) == "TASK_NOT_SUBMITTED"
 
 
 async def test_verifier_report_rules(api: Api, chain: IndexedChain, who: dict[str, Who]) -> None:
@@ -296,7 +302,7 @@ async def test_verifier_report_rules(api: Api, chain: IndexedChain, who: dict[st
 async def _judge_by_review(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str, *, private: bool) -> None:
     await setup_task(api, chain, who, private=private, salt=f"private={private}")
     assert (await api.call("POST", finalize_path(), {"result": "result one"}, as_=who["agent"])).status_code == 202
-    assert (await api.call("POST", review_path(), {"passed": False, "reasons": ["brief quoted here"]}, as_=who["poster"])).status_code == 202
+    assert (await api.call("POST", review_path(), review_body(False, ["brief quoted here"]), as_=who["poster"])).status_code == 202
     await drain(database_url, make_handler())
 
 

@@ -20,7 +20,16 @@ from hypothesis import strategies as st
 from relayer.api.auth import sign_request
 from schemas.task_terms import result_hash
 
-from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, api_settings, running_api
+from .conftest import (
+    CHAIN_ID,
+    ESCROW,
+    Api,
+    IndexedChain,
+    Who,
+    api_settings,
+    deployment_of,
+    running_api,
+)
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -93,7 +102,7 @@ def valid_body(path_template: str, signer: Who | None, poster: Who) -> dict[str,
     if path_template.endswith("/finalize"):
         return {"result": "result"}
     if path_template.endswith("/review"):
-        return {"passed": False, "reasons": ["missing table"]}
+        return {"attempt": 1, "evidenceHash": result_hash("result"), "passed": False, "reasons": ["missing table"]}
     if path_template.endswith("/verifier-report"):
         return {"attempt": 1, "evidenceHash": result_hash("result"), "outcome": "error"}
     return None
@@ -135,7 +144,11 @@ def test_openapi_fuzz_finds_no_5xx(database_url: str, who: dict[str, Who]) -> No
             raw = b"" if body is None else json.dumps(body).encode()
             headers = {"content-type": "application/json"} if body is not None else {}
             if signer is not None:
-                headers.update(sign_request(signer.key, method, path, raw, expires_at=int(time.time()) + 120))
+                headers.update(
+                    sign_request(
+                        signer.key, method, path, raw, deployment=deployment_of(path, body), expires_at=int(time.time()) + 120
+                    )
+                )
                 if data.draw(st.integers(0, 9)) == 0:
                     headers["X-Escrowd-Signature"] = data.draw(st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=20))
             response = loop.run_until_complete(api.client.request(method, path, content=raw or None, headers=headers))

@@ -19,6 +19,7 @@ from escrowd.consumer import IdempotentConsumer
 from escrowd.devnet import Devnet
 from escrowd.kafka import cloudevent_headers, encode_headers, make_producer
 from relayer.verification.consumer import VerificationHandler
+from schemas.task_terms import result_hash
 from schemas.verdict import recover_signer
 
 from .pipeline import SIGNER_ADDRESS, SIGNER_KEY, Pipeline, pipeline, wait_for
@@ -170,15 +171,17 @@ async def test_manual_mode_review_reject_then_approve(run: Pipeline) -> None:
     stored = await run.finalize(task, agent, BAD[0])
     assert stored.status_code == 202 and stored.json()["status"] == "awaiting_review"
     path = f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/review"
-    rejected = await run.api.call("POST", path, {"passed": False, "reasons": ["Lyon is wrong"]}, as_=run.who(poster))
+    first_review = {"attempt": 1, "evidenceHash": result_hash(BAD[0]), "passed": False, "reasons": ["Lyon is wrong"]}
+    rejected = await run.api.call("POST", path, first_review, as_=run.who(poster))
     assert rejected.status_code == 202
     await run.verdicts.wait(1)
     first = run.verdicts.verdicts()[0]
-    assert (first.verdict.passed, first.verdict.score, first.verdict.mode, first.verdict.reasons) == (False, 0, "manual", ["Lyon is wrong"])
+    # A private task: the reasons stay off the verdicts topic (seed 000: they can quote the brief).
+    assert (first.verdict.passed, first.verdict.score, first.verdict.mode, first.verdict.reasons) == (False, 0, "manual", [])
     await run.settle(first)
     await run.submit(task, agent, GOOD)
     await run.indexed()
-    approved = await run.api.call("POST", path, {"passed": True}, as_=run.who(poster))
+    approved = await run.api.call("POST", path, {"attempt": 2, "evidenceHash": result_hash(GOOD), "passed": True}, as_=run.who(poster))
     assert approved.status_code == 202, approved.text
     await run.verdicts.wait(2)
     assert run.verdicts.verdicts()[1].verdict.passed is True

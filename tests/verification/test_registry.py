@@ -22,7 +22,7 @@ from relayer.verification.registry import (
 from relayer.verification.sandbox import SandboxSettings
 from schemas.task_terms import VerifierRef
 
-TASK: dict[str, Any] = {"taskId": 1, "reference": "42"}
+TASK: dict[str, Any] = {"taskId": 1, "prompt": "What is 6 x 7?", "reference": "42"}
 
 
 def ref(kind: str, name: str = "v1", **config: Any) -> VerifierRef:
@@ -143,11 +143,11 @@ async def endpoint() -> AsyncIterator[tuple[str, list[Any]]]:
 async def test_endpoint_posts_task_and_trajectory_and_reads_the_reward(
     registry: VerifierRegistry, endpoint: tuple[str, list[Any]]
 ) -> None:
-    """POST {task, trajectory} → {reward}."""
+    """POST exactly {"task": {"prompt", "reference"}, "trajectory"} → {reward}."""
     base, seen = endpoint
     outcome = await registry.verify(VerifierRef(kind="endpoint", ref=f"{base}/ok"), TASK, [{"content": "hi"}])
     assert outcome.reward == 0.83
-    assert seen == [{"task": TASK, "trajectory": [{"content": "hi"}]}]
+    assert seen == [{"task": {"prompt": "What is 6 x 7?", "reference": "42"}, "trajectory": [{"content": "hi"}]}]
     await registry.close()
 
 
@@ -197,8 +197,8 @@ def test_default_endpoint_timeout_is_60_seconds() -> None:
 # ---------------------------------------------------------------------------- rubrics and flattening
 
 
-async def test_rubric_scores_and_a_missing_rubric_raises(tmp_path: Any) -> None:
-    """Distinct keywords per item, weighted; a rubric that is gone cannot answer."""
+async def test_keyword_rubric_scores_and_a_missing_rubric_raises(tmp_path: Any) -> None:
+    """The built-in keyword counter (`keyword_rubric`): distinct keywords per item, weighted; gone → error."""
     store = RubricStore(tmp_path)
     store.add("alice/risks", Rubric(name="risks", items=[
         RubricItem(criterion="names risks", keywords=["latency", "outage", "fraud"], min_mentions=2, weight=3),
@@ -207,12 +207,23 @@ async def test_rubric_scores_and_a_missing_rubric_raises(tmp_path: Any) -> None:
     (tmp_path / "bob").mkdir()
     (tmp_path / "bob" / "style.json").write_text('{"name": "style", "items": [{"criterion": "c", "keywords": ["ok"]}]}')
     registry = VerifierRegistry(rubrics=store)
-    outcome = await registry.verify(VerifierRef(kind="rubric", ref="alice/risks"), {}, "Outage risk. Outage again.")
+    outcome = await registry.verify(VerifierRef(kind="keyword_rubric", ref="alice/risks"), {}, "Outage risk. Outage again.")
     assert outcome.reward == pytest.approx((0.5 * 3 + 0.5 * 1) / 4)
-    assert (await registry.verify(VerifierRef(kind="rubric", ref="bob/style"), {}, "all ok")).reward == 1.0
+    assert (await registry.verify(VerifierRef(kind="keyword_rubric", ref="bob/style"), {}, "all ok")).reward == 1.0
     with pytest.raises(VerificationError, match="rubric not found") as caught:
-        await registry.verify(VerifierRef(kind="rubric", ref="carol/gone"), {}, "x")
-    assert caught.value.verifier == "rubric:carol/gone"
+        await registry.verify(VerifierRef(kind="keyword_rubric", ref="carol/gone"), {}, "x")
+    assert caught.value.verifier == "keyword_rubric:carol/gone"
+
+
+async def test_rubric_without_a_judge_model_raises_never_scores() -> None:
+    """Seed 001's `rubric` is the judge model's; with none configured it raises, it never counts keywords."""
+    registry = VerifierRegistry()
+    with pytest.raises(VerificationError, match="no rubric judge") as caught:
+        await registry.verify(VerifierRef(kind="rubric", ref="alice/risks@2"), {}, "x")
+    assert caught.value.verifier == "rubric:alice/risks@2"
+    registry.check(VerifierRef(kind="rubric", ref="alice/risks"))
+    with pytest.raises(VerifierConfigError):
+        registry.check(VerifierRef(kind="rubric", ref="alice/risks@0"))
 
 
 def test_trajectory_flattening() -> None:
@@ -459,7 +470,7 @@ async def test_invalid_type_config_cannot_answer(registry: VerifierRegistry) -> 
         await registry.verify(bad, {}, "1")
     assert set(registry.kinds) == {
         "rubric", "plugin", "endpoint", "exact_match", "schema_validation", "numerical_range", "test_suite",
-        "execution_result", "optimization_score", "multi_verifier",
+        "execution_result", "optimization_score", "multi_verifier", "keyword_rubric",
     }  # fmt: skip
 
 

@@ -1,0 +1,34 @@
+"""Shared steps of the agents tests: directory entries, encryption keys of the test actors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eth_utils.crypto import keccak
+
+from relayer.agents.briefs import encryption_public_key
+from tests.verification.conftest import Api, Who
+
+
+def enc_secret(who: Who) -> bytes:
+    """A test actor's encryption key (separate from its wallet key)."""
+    return bytes(keccak(b"enc:" + who.address.encode()))
+
+
+def entry(who: Who, *, roles: tuple[str, ...] = ("verifier",), chains: tuple[int, ...] = (31337,), opt_in: bool = True, **extra: Any) -> dict[str, Any]:
+    """A registration body."""
+    body: dict[str, Any] = {
+        "roles": list(roles),
+        "chains": list(chains),
+        "verifyOthers": opt_in,
+        "capabilities": ["text"],
+        "encryptionPublicKey": encryption_public_key(enc_secret(who)),
+    }
+    body.update(extra)
+    return body
+
+
+async def register_executor(api: Api, who: Who, **kwargs: Any) -> Any:
+    response = await api.call("PUT", "/v1/executors/me", entry(who, **kwargs), as_=who)
+    assert response.status_code in (200, 201), response.text
+    return response.json()

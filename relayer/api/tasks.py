@@ -772,6 +772,28 @@ async def task_results(
 
 
 @router.get(
+    "/tasks/{chain_id}/{escrow}/{task_id}/proof",
+    responses=_ERRORS,
+    summary="Seed 002's signed proof of an attempt's verdict (the latest judged attempt by default)",
+)
+async def task_proof(
+    chain_id: ChainPath,
+    escrow: EscrowPath,
+    task_id: TaskPath,
+    request: Request,
+    attempt: Annotated[int | None, Query(ge=1, le=255)] = None,
+) -> dict[str, Any]:
+    """The signed proof JSON; check it offline with `escrowd verify proof FILE`."""
+    ctx = _ctx(request)
+    key = _key(chain_id, escrow, task_id)
+    async with ctx.pool.acquire() as conn:
+        proof = await store.signed_proof(conn, key, attempt)
+    if proof is None:
+        raise ApiProblem(404, "PROOF_NOT_FOUND", "no signed proof for this task (or attempt) yet")
+    return proof
+
+
+@router.get(
     "/agents/{address}/executions",
     response_model=ExecutionsPage,
     response_model_exclude_none=True,

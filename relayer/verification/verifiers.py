@@ -15,6 +15,7 @@ from relayer.verification.registry import (
     RubricStore,
     VerifierRegistry,
 )
+from relayer.verification.sandbox import DEFAULT_SETTINGS, SandboxSettings
 from relayer.verification.verifier_types import register_builtin_types
 
 
@@ -26,6 +27,7 @@ def default_registry(
     plugin_timeout: float = DEFAULT_PLUGIN_TIMEOUT,
     rubrics: RubricStore | None = None,
     rubric_judge: RubricJudgeFn | None = None,
+    sandbox_settings: SandboxSettings = DEFAULT_SETTINGS,
 ) -> VerifierRegistry:
     """A registry that resolves rubrics, plugins, endpoints and every seed 002 type."""
     return VerifierRegistry(
@@ -35,5 +37,6 @@ def default_registry(
         plugin_timeout=plugin_timeout,
         rubrics=rubrics,
         rubric_judge=rubric_judge,
+        sandbox_settings=sandbox_settings,
         types=(register_builtin_types,),
     )

@@ -140,6 +140,8 @@ COMPOSE_SCHEMA: dict[str, Any] = {
                 "profiles": _STRINGS,
                 "stop_grace_period": {"type": "string", "pattern": _DURATION},
                 "user": {"type": "string"},
+                "security_opt": _STRINGS,
+                "networks": _STRINGS,
             },
             "additionalProperties": False,
         }

@@ -352,4 +352,5 @@ async def test_openapi_is_published(api: Api) -> None:
         "/v1/terms", "/v1/terms/{task_hash}", "/v1/tasks/{chain_id}/{escrow}/{task_id}/finalize",
         "/v1/tasks/{chain_id}/{escrow}/{task_id}/review", "/v1/tasks/{chain_id}/{escrow}/{task_id}/verifier-report",
         "/v1/tasks/{chain_id}/{escrow}/{task_id}/results", "/v1/agents/{address}/executions",
+        "/v1/tasks/{chain_id}/{escrow}/{task_id}/proof",
     } <= set(paths)  # fmt: skip

@@ -14,10 +14,12 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relayer.api.auth import sign_request
+from relayer.verification.proof import VERIFIER_VERSION, Proof, sign_proof
 from schemas.task_terms import result_hash
 
 from .conftest import (
@@ -120,7 +122,7 @@ def test_openapi_fuzz_finds_no_5xx(database_url: str, who: dict[str, Who]) -> No
         spec = loop.run_until_complete(api.call("GET", "/openapi.json")).json()
         components = spec.get("components", {}).get("schemas", {})
         ops = operations(spec)
-        assert len(ops) == 7
+        assert len(ops) == 8
         seen: set[tuple[str, int]] = set()
         actors = [who["poster"], who["agent"], who["verifier"], who["stranger"]]
 
@@ -178,3 +180,21 @@ async def _seed(api: Api, database_url: str, who: dict[str, Who]) -> None:
         await chain.created(task_id, who["poster"].address, response.json()["taskHash"])
         await chain.accepted(task_id, who["agent"].address)
         await chain.submitted(task_id, who["agent"].address, 1, result_hash("result"))
+    # A signed proof for task 7 (on an attempt the chain does not hold, so no other route's
+    # behaviour changes): GET .../proof reaches the stored proof, not only the 404.
+    proof = Proof(
+        chain_id=CHAIN_ID, escrow=ESCROW, task_id=7, attempt=3, agent=who["agent"].address,
+        evidence_hash="0x" + "ee" * 32, criteria_hash="0x" + "00" * 32, passed=True, score=100,
+        verifier_id="auto-check", verifier_version=VERIFIER_VERSION,
+    )  # fmt: skip
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO verification_results (chain_id, escrow_address, task_id, attempt, evidence_hash, mode, source,"
+            " passed, score, result, signed_proof) VALUES ($1, $2, 7, 3, $3, 'auto', 'auto', true, 100, $4::jsonb, $5::jsonb)",
+            CHAIN_ID, ESCROW, "0x" + "ee" * 32,
+            json.dumps({"passed": True, "score": 100, "reasons": ["All verification criteria met"]}),
+            json.dumps(sign_proof(proof, "0x" + "11" * 32).to_json_dict()),
+        )  # fmt: skip
+    finally:
+        await conn.close()

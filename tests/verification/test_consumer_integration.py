@@ -384,3 +384,58 @@ async def test_a_retracted_submission_is_not_judged(run: Pipeline, flaky_endpoin
     assert endpoint["calls"] == calls  # nothing left to judge: the verifier is not even asked
     assert await run.result_row(task, 1) is None and run.verdicts.records == []
 
+
+
+async def test_a_test_suite_verdict_comes_with_a_signed_proof_anyone_can_check(run: Pipeline, tmp_path: Any) -> None:
+    """Code judged in the sandbox: the whole seed-002 proof is stored, served by GET .../proof, and
+    `escrowd verify proof` accepts it for this escrow and refuses it for another escrow."""
+    import subprocess
+    import sys
+
+    from relayer.verification import results_store as store
+
+    d = run.devnet
+    agent = d.agents[0]
+    suite = {
+        "kind": "test_suite", "ref": "TEST_SUITE://V1",
+        "config": {"publicTests": [{"args": [1, 2], "expected": 3}], "hiddenTests": [{"args": [20, 22], "expected": 42}],
+                   "timeLimitMs": 2000, "memoryMb": 128},
+    }  # fmt: skip
+    task = await run.post(d.posters[0], {"verificationMode": "auto", "verifier": suite})
+    await run.chain(d.accept_task, task, sender=agent)
+    solution = "import heapq\ndef solve(a, b):\n    return a + b\n"
+    evidence = await run.submit(task, agent, solution)
+    response = await run.finalize(task, agent, solution)
+    assert response.status_code == 200, response.text
+    row = await run.wait_result(task, 1, timeout=90)
+    assert row["passed"] is True
+    served = await run.api.call("GET", f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/proof")
+    assert served.status_code == 200, served.text
+    proof = served.json()
+    assert proof["signer"] == SIGNER_ADDRESS
+    assert {k: proof["proof"][k] for k in ("taskId", "attempt", "passed", "score", "publicTests", "hiddenTests", "resourceLimits")} == {
+        "taskId": task, "attempt": 1, "passed": True, "score": 100,
+        "publicTests": "1/1", "hiddenTests": "1/1", "resourceLimits": "PASS",
+    }  # fmt: skip
+    assert proof["proof"]["agent"] == agent.address and proof["proof"]["evidenceHash"] == evidence.lower()
+    assert proof["proof"]["verifierId"] == "test_suite:TEST_SUITE://V1"
+    task_hash = await run.conn.fetchval(
+        "SELECT args->>'taskHash' FROM escrow_events WHERE task_id = $1 AND event_name = 'TaskCreated'", task
+    )
+    terms = await store.load_terms_json(run.conn, task_hash)
+    assert terms is not None
+    (tmp_path / "proof.json").write_text(json.dumps(proof))
+    (tmp_path / "terms.json").write_text(json.dumps(terms))
+    base = [sys.executable, "-m", "escrowd.cli", "verify", "proof", str(tmp_path / "proof.json"),
+            "--signer", SIGNER_ADDRESS, "--chain-id", str(d.chain_id), "--evidence-hash", evidence,
+            "--terms", str(tmp_path / "terms.json")]  # fmt: skip
+    ok = await asyncio.to_thread(
+        subprocess.run, [*base, "--escrow", d.escrow_address], capture_output=True, text=True, timeout=120
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    other = await asyncio.to_thread(
+        subprocess.run, [*base, "--escrow", "0x" + "ee" * 20], capture_output=True, text=True, timeout=120
+    )
+    assert other.returncode == 1 and "escrow" in json.loads(other.stdout)["problems"][0]
+    missing = await run.api.call("GET", f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/proof?attempt=2")
+    assert missing.status_code == 404

@@ -19,6 +19,7 @@ from relayer.verification.registry import (
     VerifierRegistry,
     flatten_trajectory,
 )
+from relayer.verification.sandbox import SandboxSettings
 from relayer.verification.verifiers import default_registry
 from schemas.task_terms import VerifierRef
 
@@ -305,9 +306,14 @@ async def test_test_suite_passes_all_public_and_hidden_cases(registry: VerifierR
     """Seed 002's pipeline end to end, with its proof fields."""
     outcome = await registry.verify(suite(), {}, f"```python\n{SOLUTION}```")
     assert outcome.reward == 1.0
+    measured = outcome.detail.pop("measured")
     assert outcome.detail == {
         "status": "PASS", "publicTests": "2/2", "hiddenTests": "2/2", "resourceLimits": "PASS", "stage": "PASS",
+        "limits": {"timeLimitMs": 2000, "memoryMb": 128},
     }  # fmt: skip
+    # Measured, not inferred: CPU time and peak memory of the runs, run twice, hash seed fixed.
+    assert measured["runs"] == 2 and measured["hashSeed"] == 0
+    assert 0 <= measured["cpuMs"] <= 2000 and 0 < measured["peakMemoryMb"] <= 128
 
 
 async def test_test_suite_stops_at_the_failing_stage(registry: VerifierRegistry) -> None:
@@ -324,24 +330,36 @@ async def test_test_suite_stops_at_the_failing_stage(registry: VerifierRegistry)
 
 
 async def test_test_suite_time_limit(registry: VerifierRegistry) -> None:
-    """An endless loop is stopped at the time limit: a FAIL at RESOURCE LIMITS, promptly."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    """An endless loop is stopped at the CPU time limit: a FAIL at RESOURCE LIMITS, with the CPU time measured."""
     outcome = await registry.verify(suite(timeLimitMs=300), {}, "def solve(a, b):\n    while True:\n        pass\n")
     assert outcome.reward == 0.0
     assert outcome.detail["stage"] == "RESOURCE LIMITS" and outcome.detail["resourceLimits"] == "FAIL"
-    assert loop.time() - started < 3.0
+    assert "CPU time" in outcome.reasons[0]
+    assert outcome.detail["measured"]["cpuMs"] > 300
+
+
+async def test_time_limit_is_cpu_time_and_sleeping_is_bounded_separately(registry: VerifierRegistry) -> None:
+    """timeLimitMs is CPU time: sleep(1.2) within 1000 ms passes; sleeping past the blocked allowance fails."""
+    napper = "import time\ndef solve(a, b):\n    time.sleep(1.2)\n    return a + b\n"
+    one = {"publicTests": [{"args": [1, 2], "expected": 3}], "hiddenTests": [], "timeLimitMs": 1000}
+    outcome = await registry.verify(suite(**one), {}, napper)
+    assert outcome.reward == 1.0, outcome.reasons
+    assert outcome.detail["measured"]["cpuMs"] < 1000
+    sleeper = "import time\ndef solve(a, b):\n    time.sleep(3600)\n    return a + b\n"
+    outcome = await registry.verify(suite(**one), {}, sleeper)
+    assert outcome.reward == 0.0 and outcome.detail["stage"] == "RESOURCE LIMITS"
+    assert "blocked" in outcome.reasons[0]
 
 
 async def test_test_suite_memory_limit(registry: VerifierRegistry) -> None:
     """Allocating past memoryMb fails at RESOURCE LIMITS (the address-space limit holds)."""
     greedy = "def solve(a, b):\n    block = bytearray(512 * 1024 * 1024)\n    return a + b\n"
-    outcome = await registry.verify(suite(memoryMb=64), {}, greedy)
+    outcome = await registry.verify(suite(memoryMb=64, timeLimitMs=60_000), {}, greedy)
     assert outcome.reward == 0.0
     assert outcome.detail["stage"] == "RESOURCE LIMITS"
     assert "memory" in outcome.reasons[0]
     # The same code within a larger limit passes: the failure was the limit, not the code.
-    roomy = await registry.verify(suite(memoryMb=1024), {}, greedy)
+    roomy = await registry.verify(suite(memoryMb=1024, timeLimitMs=60_000), {}, greedy)
     assert roomy.reward == 1.0
 
 
@@ -363,15 +381,64 @@ async def test_test_suite_runs_isolated(registry: VerifierRegistry, monkeypatch:
     assert outcome.reward == 1.0, outcome.detail
 
 
-async def test_execution_result(registry: VerifierRegistry) -> None:
-    """The measured number must meet the threshold in its direction."""
-    code = "def solve(n):\n    return sum(range(n)) // 1000\n"
-    more = VerifierRef(kind="execution_result", ref="gas", config={"args": [10_000], "threshold": 40, "metric": "gasSaved"})
-    outcome = await registry.verify(more, {}, code)
-    assert outcome.reward == 1.0 and outcome.detail["gasSaved"] == 49995
-    less = VerifierRef(kind="execution_result", ref="gas", config={"args": [10_000], "threshold": 40, "direction": "min"})
-    assert (await registry.verify(less, {}, code)).reward == 0.0
-    assert (await registry.verify(more, {}, "def solve(n):\n    return 'lots'\n")).reward == 0.0
+async def test_execution_result_measures_instead_of_trusting(registry: VerifierRegistry) -> None:
+    """The number comes from the harness: a pass rate, the measured CPU, or the task's own scorer."""
+    cases = [{"args": [10], "expected": 45}, {"args": [4], "expected": 6}]
+    rate = VerifierRef(
+        kind="execution_result", ref="rate", config={"cases": cases, "measure": "pass_rate", "threshold": 1.0}
+    )
+    assert (await registry.verify(rate, {}, "def solve(n):\n    return sum(range(n))\n")).reward == 1.0
+    boast = await registry.verify(rate, {}, "def solve(n):\n    return 10**9\n")
+    assert boast.reward == 0.0 and boast.detail["result"] == 0.0
+    scorer = "def score(args_list, outputs):\n    return sum(1000 - len(str(o)) for o in outputs)\n"
+    scored = VerifierRef(
+        kind="execution_result", ref="gas",
+        config={"cases": cases, "measure": "score", "scorer": scorer, "threshold": 1990, "metric": "gasSaved"},
+    )  # fmt: skip
+    outcome = await registry.verify(scored, {}, "def solve(n):\n    return sum(range(n))\n")
+    assert outcome.reward == 1.0 and outcome.detail["gasSaved"] == 1997
+    assert (await registry.verify(scored, {}, "def solve(n):\n    return 10**9\n")).reward == 0.0
+    # A configuration that would trust the submission's own number is refused.
+    with pytest.raises(VerifierConfigError, match="measure"):
+        registry.check(VerifierRef(kind="execution_result", ref="gas", config={"args": [1], "threshold": 40}))
+
+
+async def test_forged_result_lines_without_solve_fail(registry: VerifierRegistry) -> None:
+    """Code with no `solve` that writes the runner's result lines to every descriptor it finds fails.
+
+    It can reach only the worker's value pipe (never the result channel), so the most it can
+    do is claim values in order: the public answers it knows, never the hidden ones.
+    """
+    forger = (
+        "import os\n"
+        "lines = b'{\"event\": \"loaded\"}\\n' + b''.join(\n"
+        "    b'{\"event\": \"case\", \"i\": %d, \"ok\": true, \"value\": %d}\\n' % (i, v)\n"
+        "    for i, v in enumerate([3, 4, 15, 0])) + b'{\"event\": \"done\"}\\n'\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        "        os.write(fd, lines)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(lines.decode())\n"
+    )
+    outcome = await registry.verify(suite(), {}, forger)
+    assert outcome.reward == 0.0
+    assert outcome.detail["stage"] in ("ISOLATE", "HIDDEN TESTS") and outcome.detail["hiddenTests"] != "2/2"
+
+
+async def test_sandbox_unavailable_is_could_not_answer() -> None:
+    """A sandbox that cannot start is the verifier's fault: VerificationError, never a zero."""
+    broken = default_registry(sandbox_settings=SandboxSettings(bwrap="/bin/false"))
+    with pytest.raises(VerificationError, match="did not start"):
+        await broken.verify(suite(), {}, SOLUTION)
+
+
+async def test_nondeterministic_code_cannot_be_judged(registry: VerifierRegistry) -> None:
+    """Two runs that disagree are "could not judge", not a verdict."""
+    coin = "import os\ndef solve(a, b):\n    return a + b + os.urandom(1)[0] % 2\n"
+    many = [{"args": [i, i], "expected": 2 * i} for i in range(20)]
+    with pytest.raises(VerificationError, match="disagree"):
+        await registry.verify(suite(publicTests=many), {}, coin)
 
 
 async def test_optimization_score(registry: VerifierRegistry) -> None:
@@ -418,3 +485,31 @@ async def test_invalid_type_config_cannot_answer(registry: VerifierRegistry) -> 
         "rubric", "plugin", "endpoint", "exact_match", "schema_validation", "numerical_range", "test_suite",
         "execution_result", "optimization_score", "multi_verifier", "keyword_rubric",
     }  # fmt: skip
+
+
+def test_seccomp_program_is_built_for_x86_64_only() -> None:
+    """A whole number of 8-byte BPF instructions ending in ALLOW then EPERM; no filter elsewhere."""
+    from relayer.verification.sandbox import DENIED_SYSCALLS_X86_64, seccomp_program
+
+    program = seccomp_program("x86_64")
+    assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 2)
+    assert program[-16:-8] == bytes.fromhex("060000000000ff7f") and program[-8:] == bytes.fromhex("0600000001000500")
+    assert seccomp_program("aarch64") is None
+
+
+async def test_memory_spread_over_processes_counts_in_total(registry: VerifierRegistry) -> None:
+    """Children that each stay under the address-space limit but together exceed memoryMb fail at RESOURCE LIMITS."""
+    family = (
+        "import os, time\n"
+        "def solve(a, b):\n"
+        "    for _ in range(6):\n"
+        "        if os.fork() == 0:\n"
+        "            block = bytearray(40 * 1024 * 1024)\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "    time.sleep(30)\n"
+        "    return a + b\n"
+    )
+    outcome = await registry.verify(suite(memoryMb=128, timeLimitMs=20_000), {}, family)
+    assert outcome.reward == 0.0 and outcome.detail["stage"] == "RESOURCE LIMITS"
+    assert "memory" in outcome.reasons[0] and outcome.detail["measured"]["peakMemoryMb"] > 128

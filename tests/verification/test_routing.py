@@ -180,6 +180,15 @@ def test_auto_never_judges_a_wrong_hash_an_old_attempt_or_twice() -> None:
     assert not [e for e in effects if isinstance(e, RecordResult | Judge)]
 
 
+def test_what_the_verifier_found_reaches_the_recorded_verdict() -> None:
+    """publicTests, hiddenTests and resourceLimits travel from the judgement to the signed record."""
+    found = {"publicTests": "12/12", "hiddenTests": "30/31", "resourceLimits": "PASS"}
+    s = state(created(), accepted(), submitted(1, H1))
+    _, effects = run(s, RequestObserved(request("finalize", 1, H1)), judge=lambda _: Judged(passing(), "test_suite:V1", found))
+    record = next(e for e in effects if isinstance(e, RecordResult))
+    assert record.proof_fields == found and record.verifier_kind == "test_suite:V1"
+
+
 def test_a_duplicate_message_changes_nothing() -> None:
     """The same request or event again: no new effect that changes the state."""
     finalize = request("finalize", 1, H1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from schemas.jsonbounds import cap_recursion_limit
+
 app = typer.Typer(
     name="escrowd",
     help="Agent-work escrow backend: indexer, consumers, settlement relayer and API.",
@@ -51,8 +53,29 @@ def _register() -> None:
 _register()
 
 
+def settle_recursion_limit() -> int:
+    """Import the libraries that raise Python's recursion limit, then put it back; return it.
+
+    py_ecc (imported by the signing stack) sets the limit to 100,000 when it is first
+    imported, which lets C-level recursion overflow the stack (SIGSEGV) before Python's
+    guard fires. Importing it here, before any service, makes its later imports no-ops.
+    """
+    import importlib
+
+    for module_name in _LIMIT_RAISERS:
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            continue
+    return cap_recursion_limit()
+
+
+_LIMIT_RAISERS = ("py_ecc",)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (every service process starts here)."""
+    settle_recursion_limit()
     app()
 
 

@@ -13,12 +13,26 @@ effects (and any outbox rows) with the given connection. For each batch fetched:
 A crash anywhere replays from the last committed offset; the inbox turns the replay into
 no-ops. A retryable failure (the database went away) aborts the batch, rewinds the
 partitions to the batch start and tries again with backoff.
+
+Poison pills: a message that kills the process (a segfault, the OOM killer) rather than
+raising would kill it again at every restart, and the partitions behind it would never
+move. So before its handler runs, each message is marked in flight in `consumer_in_flight`
+(one row per consumer and partition, written on a second connection that commits at once);
+the mark is cleared when the handler returns or raises. A process that starts and finds a
+mark left by another run knows that run died inside that message's handler: when the
+message comes round again it is dead-lettered with that reason instead of handled.
+
+Every message is bounded before its handler sees it: a payload above `max_message_bytes`,
+a missing or malformed `ce_id` are dead-lettered; `json()` parses with
+`schemas.jsonbounds` (size and nesting bounded before parsing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +47,7 @@ from prometheus_client import Counter, Gauge
 from escrowd.db import connect, is_connection_error
 from escrowd.kafka import cloudevent_headers, decode_headers
 from escrowd.outbox import OutboxMessage, enqueue
-from schemas import jsoncodec
+from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +62,9 @@ CONSUMER_LAG = Gauge(
     "escrowd_consumer_lag_messages", "Messages behind the partition end", ["consumer", "topic", "partition"]
 )
 RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a transient failure", ["consumer"])
+
+MAX_MESSAGE_ID_CHARS = 512
+"""Longest `ce_id` accepted: it is a key of the inbox."""
 
 
 # Conflicts between concurrent transactions: the batch is retried from its first message.
@@ -85,11 +102,11 @@ class InboundMessage:
         return self.headers.get("ce_type")
 
     def json(self) -> Any:
-        """The payload parsed as JSON, or a PermanentError naming why it is not JSON."""
+        """The payload parsed as bounded JSON, or a PermanentError naming why it is refused."""
         try:
-            return jsoncodec.loads(self.value)
-        except ValueError as exc:
-            raise PermanentError(f"payload is not JSON: {exc}") from None
+            return jsonbounds.loads(self.value)
+        except jsonbounds.JsonRefused as exc:
+            raise PermanentError(f"payload refused ({exc.code}): {exc}") from None
 
 
 Handler = Callable[[asyncpg.Connection, InboundMessage], Awaitable[None]]
@@ -125,6 +142,7 @@ class IdempotentConsumer:
         session_timeout_ms: int = 10000,
         on_idle: IdleHook | None = None,
         idle_interval: float = 1.0,
+        max_message_bytes: int = jsonbounds.DEFAULT_MAX_BYTES,
     ) -> None:
         self.name = name
         self._topics = list(topics)
@@ -136,8 +154,13 @@ class IdempotentConsumer:
         self._session_timeout_ms = session_timeout_ms
         self._on_idle = on_idle
         self._idle_interval = idle_interval
+        self._max_message_bytes = max_message_bytes
         self._stopping = asyncio.Event()
         self.processed = 0
+        # Identifies this process's marks: a mark of another run means that run died in a handler.
+        self._run_id = f"{os.getpid()}:{secrets.token_hex(8)}"
+        self._marks: asyncpg.Connection | None = None
+        self._suspects: dict[tuple[str, int], int] | None = None
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -166,6 +189,7 @@ class IdempotentConsumer:
             try:
                 await consumer.start()
                 conn = await connect(self._database_url)
+                await self._open_marks()
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
             except Exception as exc:
@@ -175,11 +199,58 @@ class IdempotentConsumer:
                 bound.warning("consumer_retry", error=repr(exc))
                 await asyncio.sleep(0.5)
             finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
+                for c in (conn, self._marks):
+                    if c is not None:
+                        with contextlib.suppress(Exception):
+                            await c.close(timeout=2)
+                self._marks = None
                 with contextlib.suppress(Exception):
                     await consumer.stop()
+
+    async def _open_marks(self) -> None:
+        """The connection in-flight marks are written on; at the first start, the marks left by dead runs."""
+        marks = await connect(self._database_url)
+        # A mark must survive our process, not the database server: no need to wait for the disk.
+        await marks.execute("SET synchronous_commit = off")
+        if self._suspects is None:
+            rows = await marks.fetch(
+                'SELECT topic, partition, "offset" FROM consumer_in_flight'
+                ' WHERE consumer = $1 AND "offset" IS NOT NULL AND run_id <> $2',
+                self.name,
+                self._run_id,
+            )
+            self._suspects = {(r["topic"], r["partition"]): r["offset"] for r in rows}
+            if self._suspects:
+                log.warning("consumer_found_poison_marks", consumer=self.name, count=len(self._suspects))
+        self._marks = marks
+
+    async def _mark(self, message: InboundMessage | None) -> None:
+        """Record `message` as in its handler (None: nothing is); committed at once."""
+        if self._marks is None:
+            return
+        if message is None:
+            await self._marks.execute(
+                'UPDATE consumer_in_flight SET "offset" = NULL WHERE consumer = $1 AND run_id = $2 AND "offset" IS NOT NULL',
+                self.name,
+                self._run_id,
+            )
+            return
+        await self._marks.execute(
+            'INSERT INTO consumer_in_flight (consumer, topic, partition, "offset", run_id, started_at)'
+            " VALUES ($1, $2, $3, $4, $5, now())"
+            ' ON CONFLICT (consumer, topic, partition) DO UPDATE SET "offset" = EXCLUDED."offset",'
+            " run_id = EXCLUDED.run_id, started_at = EXCLUDED.started_at",
+            self.name,
+            message.topic,
+            message.partition,
+            message.offset,
+            self._run_id,
+        )
+
+    def _died_in(self, message: InboundMessage) -> bool:
+        """Did an earlier run of this consumer die inside this message's handler?"""
+        suspects = self._suspects
+        return bool(suspects) and suspects is not None and suspects.get((message.topic, message.partition)) == message.offset
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0
@@ -219,6 +290,20 @@ class IdempotentConsumer:
         if not message_id:
             await self._dead_letter(conn, message, "missing ce_id header")
             return "dead_lettered"
+        if len(message_id) > MAX_MESSAGE_ID_CHARS:
+            await self._dead_letter(conn, message, f"ce_id longer than {MAX_MESSAGE_ID_CHARS} characters")
+            return "dead_lettered"
+        if len(message.value) > self._max_message_bytes:
+            reason = f"payload of {len(message.value)} bytes; at most {self._max_message_bytes}"
+            await self._dead_letter(conn, message, reason)
+            return "dead_lettered"
+        if self._died_in(message):
+            assert self._suspects is not None
+            del self._suspects[(message.topic, message.partition)]
+            reason = "poison: the consumer process died while handling this message; not handled again"
+            log.error("message_killed_consumer", consumer=self.name, message_id=message_id, offset=message.offset)
+            await self._dead_letter(conn, message, reason)
+            return "dead_lettered"
         inserted = await conn.fetchval(
             "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
             " ON CONFLICT DO NOTHING RETURNING 1",
@@ -228,21 +313,31 @@ class IdempotentConsumer:
         if inserted is None:
             MESSAGES.labels(self.name, "duplicate").inc()
             return "duplicate"
+        await self._mark(message)
         try:
             async with conn.transaction():
                 await self._handler(conn, message)
         except (RetryableError, *_TRANSIENT_SQL):
+            await self._clear_mark()
             raise
-        except Exception as exc:
-            if is_connection_error(exc):
+        except BaseException as exc:
+            # Raised, not died: this message did not kill the process.
+            await self._clear_mark()
+            if not isinstance(exc, Exception) or is_connection_error(exc):
                 raise
             reason = _reason(exc)
             log.warning("message_dead_lettered", consumer=self.name, message_id=message_id, reason=reason)
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
+        await self._clear_mark()
         MESSAGES.labels(self.name, "processed").inc()
         self.processed += 1
         return "processed"
+
+    async def _clear_mark(self) -> None:
+        # Best effort: a mark left behind by a failed clear only matters if this run dies.
+        with contextlib.suppress(Exception):
+            await self._mark(None)
 
     async def _dead_letter(self, conn: asyncpg.Connection, message: InboundMessage, reason: str) -> None:
         MESSAGES.labels(self.name, "dead_lettered").inc()
@@ -280,12 +375,17 @@ class IdempotentConsumer:
 
 
 def _reason(exc: BaseException) -> str:
+    # NUL cannot be stored in PostgreSQL text: a reason quoting the payload must not hold one.
+    return _reason_text(exc).replace("\x00", "\ufffd")[:500]
+
+
+def _reason_text(exc: BaseException) -> str:
     if isinstance(exc, pydantic.ValidationError):
         errors = exc.errors()
         if not errors:
             return "invalid payload"
         where = ".".join(str(p) for p in errors[0]["loc"])
-        return f"invalid payload: {where}: {errors[0]['msg']}"[:500]
+        return f"invalid payload: {where}: {errors[0]['msg']}"
     if isinstance(exc, PermanentError):
-        return str(exc)[:500]
-    return f"{type(exc).__name__}: {exc}"[:500]
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -193,7 +193,7 @@ class VerifierRef(BaseModel):
     the task. A reward of at least `passReward` passes.
     """
 
-    model_config = _CAMEL
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid", strict=True)
 
     kind: VerifierKind
     ref: Annotated[str, StringConstraints(min_length=1, max_length=500)]
@@ -273,7 +273,7 @@ class RegisterTermsRequest(BaseModel):
     refusal code instead of a generic validation error.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
     chain_id: int = Field(alias="chainId", gt=0, le=2**63 - 1)
     escrow: Address
@@ -326,7 +326,7 @@ class PublicTerms(BaseModel):
 class FinalizeRequest(BaseModel):
     """Body of `POST .../finalize`: the result whose hash the agent submitted on chain."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     result: Any = Field(description="Any JSON value; a string `output` field is what the auto-check reads")
 
@@ -376,7 +376,7 @@ class FinalizeResponse(BaseModel):
 class ReviewRequest(BaseModel):
     """Body of `POST .../review`: the poster's decision on the current attempt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     passed: bool
     reasons: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON_CHARS)]] = Field(
@@ -391,7 +391,7 @@ class VerifierReportRequest(BaseModel):
     chain; an `error` report counts one failed try (after 5 the attempt is never judged).
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
     attempt: int = Field(ge=1, le=3)
     evidence_hash: Hash32 = Field(alias="evidenceHash")

@@ -66,6 +66,10 @@ RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a tra
 MAX_MESSAGE_ID_CHARS = 512
 """Longest `ce_id` accepted: it is a key of the inbox."""
 
+DLQ_PAYLOAD_MAX_BYTES = 900 * 1024
+"""Largest payload copied onto the dead-letter topic: a producer refuses requests above 1 MiB,
+and one unsendable row would hold up the whole outbox. Larger payloads stay in `dead_letters`."""
+
 
 # Conflicts between concurrent transactions: the batch is retried from its first message.
 _TRANSIENT_SQL = (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)
@@ -368,9 +372,15 @@ class IdempotentConsumer:
             "dlq_partition": str(message.partition),
             "dlq_offset": str(message.offset),
         }
+        payload, key = message.value, message.key
+        if len(payload) > DLQ_PAYLOAD_MAX_BYTES:
+            headers["dlq_payload_omitted"] = f"{len(payload)} bytes, kept in dead_letters"
+            payload = b""
+        if key is not None and len(key) > 1024:
+            key = None  # a key only picks the partition; a huge one would make the row unsendable
         await enqueue(
             conn,
-            [OutboxMessage(message_id=dlq_id, topic=self._dlq_topic, key=message.key, payload=message.value, headers=headers)],
+            [OutboxMessage(message_id=dlq_id, topic=self._dlq_topic, key=key, payload=payload, headers=headers)],
         )
 
 

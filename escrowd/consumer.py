@@ -110,7 +110,7 @@ class InboundMessage:
         try:
             return jsonbounds.loads(self.value)
         except jsonbounds.JsonRefused as exc:
-            raise PermanentError(f"payload refused ({exc.code}): {exc}") from None
+            raise PermanentError(f"payload is not JSON ({exc.code}): {exc}") from None
 
 
 Handler = Callable[[asyncpg.Connection, InboundMessage], Awaitable[None]]

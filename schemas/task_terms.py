@@ -33,7 +33,14 @@ from typing import Annotated, Any, Literal
 
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from schemas.criteria import VerificationCriteria
 from schemas.task_state import Address, Hash32
@@ -266,6 +273,21 @@ class ApiError(BaseModel):
     error: ApiErrorDetail
 
 
+def _integral(data: Any, *names: str) -> Any:
+    """JSON has one number type: `24.0` in these fields is the integer 24 (strings, bools stay refused).
+
+    Request bodies are strict (no `"31337"` for a number, no `"yes"` for true); this is the
+    one conversion JSON itself implies.
+    """
+    if not isinstance(data, dict):
+        return data
+    fixed = {n: int(v) for n in names if isinstance(v := data.get(n), float) and v.is_integer()}
+    return {**data, **fixed} if fixed else data
+
+MAX_CHAIN_ID = 2**53 - 1
+"""Largest chain id a request may name (what wallets and JavaScript clients can hold exactly)."""
+
+
 class RegisterTermsRequest(BaseModel):
     """Body of `POST /v1/terms`: the terms as the poster writes them.
 
@@ -275,7 +297,7 @@ class RegisterTermsRequest(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
-    chain_id: int = Field(alias="chainId", gt=0, le=2**63 - 1)
+    chain_id: int = Field(alias="chainId", gt=0, le=MAX_CHAIN_ID)
     escrow: Address
     poster: Address
     instructions_digest: Hash32 = Field(alias="instructionsDigest")
@@ -287,6 +309,11 @@ class RegisterTermsRequest(BaseModel):
     verifier: VerifierRef | None = None
     private: bool = False
     salt: Annotated[str, StringConstraints(max_length=66)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, data: Any) -> Any:
+        return _integral(data, "chainId", "chain_id")
 
 
 class RegisterTermsResponse(BaseModel):
@@ -402,6 +429,11 @@ class VerifierReportRequest(BaseModel):
         default_factory=list, max_length=MAX_VERIFIER_REASONS
     )
     error: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, data: Any) -> Any:
+        return _integral(data, "attempt", "score")
 
 
 class RequestAccepted(BaseModel):

@@ -20,7 +20,8 @@ move. So before its handler runs, each message is marked in flight in `consumer_
 (one row per consumer and partition, written on a second connection that commits at once);
 the mark is cleared when the handler returns or raises. A process that starts and finds a
 mark left by another run knows that run died inside that message's handler: when the
-message comes round again it is dead-lettered with that reason instead of handled.
+message comes round again it is dead-lettered with that reason instead of handled (after
+`poison_after_deaths` such deaths, 1 by default: a poison message kills one process only).
 
 Every message is bounded before its handler sees it: a payload above `max_message_bytes`,
 a missing or malformed `ce_id` are dead-lettered; `json()` parses with
@@ -147,6 +148,7 @@ class IdempotentConsumer:
         on_idle: IdleHook | None = None,
         idle_interval: float = 1.0,
         max_message_bytes: int = jsonbounds.DEFAULT_MAX_BYTES,
+        poison_after_deaths: int = 1,
     ) -> None:
         self.name = name
         self._topics = list(topics)
@@ -159,12 +161,14 @@ class IdempotentConsumer:
         self._on_idle = on_idle
         self._idle_interval = idle_interval
         self._max_message_bytes = max_message_bytes
+        self._poison_after_deaths = max(1, poison_after_deaths)
         self._stopping = asyncio.Event()
         self.processed = 0
         # Identifies this process's marks: a mark of another run means that run died in a handler.
         self._run_id = f"{os.getpid()}:{secrets.token_hex(8)}"
         self._marks: asyncpg.Connection | None = None
-        self._suspects: dict[tuple[str, int], int] | None = None
+        # (topic, partition) -> (offset, deaths recorded before) of marks left by dead runs.
+        self._suspects: dict[tuple[str, int], tuple[int, int]] | None = None
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -218,18 +222,21 @@ class IdempotentConsumer:
         await marks.execute("SET synchronous_commit = off")
         if self._suspects is None:
             rows = await marks.fetch(
-                'SELECT topic, partition, "offset" FROM consumer_in_flight'
+                'SELECT topic, partition, "offset", deaths FROM consumer_in_flight'
                 ' WHERE consumer = $1 AND "offset" IS NOT NULL AND run_id <> $2',
                 self.name,
                 self._run_id,
             )
-            self._suspects = {(r["topic"], r["partition"]): r["offset"] for r in rows}
+            self._suspects = {(r["topic"], r["partition"]): (r["offset"], r["deaths"]) for r in rows}
             if self._suspects:
                 log.warning("consumer_found_poison_marks", consumer=self.name, count=len(self._suspects))
         self._marks = marks
 
-    async def _mark(self, message: InboundMessage | None) -> None:
-        """Record `message` as in its handler (None: nothing is); committed at once."""
+    async def _mark(self, message: InboundMessage | None, deaths: int = 0) -> None:
+        """Record `message` as in its handler (None: nothing is); committed at once.
+
+        `deaths`: how many runs already died in this message's handler.
+        """
         if self._marks is None:
             return
         if message is None:
@@ -240,21 +247,27 @@ class IdempotentConsumer:
             )
             return
         await self._marks.execute(
-            'INSERT INTO consumer_in_flight (consumer, topic, partition, "offset", run_id, started_at)'
-            " VALUES ($1, $2, $3, $4, $5, now())"
+            'INSERT INTO consumer_in_flight (consumer, topic, partition, "offset", run_id, deaths, started_at)'
+            " VALUES ($1, $2, $3, $4, $5, $6, now())"
             ' ON CONFLICT (consumer, topic, partition) DO UPDATE SET "offset" = EXCLUDED."offset",'
-            " run_id = EXCLUDED.run_id, started_at = EXCLUDED.started_at",
+            " run_id = EXCLUDED.run_id, deaths = EXCLUDED.deaths, started_at = EXCLUDED.started_at",
             self.name,
             message.topic,
             message.partition,
             message.offset,
             self._run_id,
+            deaths,
         )
 
-    def _died_in(self, message: InboundMessage) -> bool:
-        """Did an earlier run of this consumer die inside this message's handler?"""
-        suspects = self._suspects
-        return bool(suspects) and suspects is not None and suspects.get((message.topic, message.partition)) == message.offset
+    def _deaths_in(self, message: InboundMessage) -> int:
+        """How many earlier runs of this consumer died inside this message's handler (0: none)."""
+        if not self._suspects:
+            return 0
+        suspect = self._suspects.get((message.topic, message.partition))
+        if suspect is None or suspect[0] != message.offset:
+            return 0
+        del self._suspects[(message.topic, message.partition)]
+        return suspect[1] + 1
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0
@@ -301,13 +314,14 @@ class IdempotentConsumer:
             reason = f"payload of {len(message.value)} bytes; at most {self._max_message_bytes}"
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
-        if self._died_in(message):
-            assert self._suspects is not None
-            del self._suspects[(message.topic, message.partition)]
-            reason = "poison: the consumer process died while handling this message; not handled again"
+        deaths = self._deaths_in(message)
+        if deaths >= self._poison_after_deaths:
+            reason = f"poison: the consumer process died while handling this message ({deaths}x); not handled again"
             log.error("message_killed_consumer", consumer=self.name, message_id=message_id, offset=message.offset)
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
+        if deaths:
+            log.warning("message_retried_after_death", consumer=self.name, message_id=message_id, deaths=deaths)
         inserted = await conn.fetchval(
             "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
             " ON CONFLICT DO NOTHING RETURNING 1",
@@ -317,7 +331,7 @@ class IdempotentConsumer:
         if inserted is None:
             MESSAGES.labels(self.name, "duplicate").inc()
             return "duplicate"
-        await self._mark(message)
+        await self._mark(message, deaths)
         try:
             async with conn.transaction():
                 await self._handler(conn, message)

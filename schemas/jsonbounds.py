@@ -40,7 +40,9 @@ SAFE_RECURSION_LIMIT: Final = 1000
 
 _KEEP_QUOTES_AND_BRACKETS = bytes(b for b in range(256) if b not in b'"[]{}')
 _DELTA: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-_LONG_NUMBER = re.compile(rb"\d{19,}")
+# Digits as "0", everything else as " ": a run of 19 zeros is then a plain substring search.
+_DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
+_LONG_RUN = b"0" * 19
 # Escapes that may decode to a NUL or a surrogate; only texts holding one need a full check.
 _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
@@ -120,7 +122,7 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_bytes: int | None =
     depth = nesting_depth(raw, stop_above=max_depth)
     if depth > max_depth:
         raise JsonRefused("JSON_TOO_DEEP", f"the JSON text nests deeper than {max_depth} levels")
-    if _LONG_NUMBER.search(raw):
+    if _LONG_RUN in raw.translate(_DIGITS_ONLY):
         try:
             text = raw.decode("utf-8")  # strict: no encoded surrogates, no invalid bytes
             value = json.loads(text, parse_constant=_refuse_constant)

@@ -1,7 +1,8 @@
 -- Poison-pill marks: the message each consumer run is handling right now, per partition.
 -- Written (and cleared) on a connection of its own that commits at once, so a mark outlives
 -- a process that dies inside a handler; the next run dead-letters that message instead of
--- handling it again. `offset` is NULL when no handler of the partition is running.
+-- handling it again (or after `deaths` reaches the consumer's `poison_after_deaths`).
+-- `offset` is NULL when no handler of the partition is running.
 
 CREATE TABLE consumer_in_flight (
     consumer    text        NOT NULL,
@@ -9,6 +10,7 @@ CREATE TABLE consumer_in_flight (
     partition   integer     NOT NULL,
     "offset"    bigint,
     run_id      text        NOT NULL,
+    deaths      integer     NOT NULL DEFAULT 0,  -- runs that already died in this offset's handler
     started_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, topic, partition)
 );

@@ -29,10 +29,12 @@ from escrowd.kafka import (
 from tests.support.indexer_harness import wait_for
 
 
-def _start(database_url: str, bootstrap: str, topic: str, group: str, log: Path) -> subprocess.Popen[bytes]:
+def _start(
+    database_url: str, bootstrap: str, topic: str, group: str, log: Path, deaths: int = 1
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.support.crashing_consumer", database_url, bootstrap, topic, group],
+            [sys.executable, "-m", "tests.support.crashing_consumer", database_url, bootstrap, topic, group, str(deaths)],
             env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -85,7 +87,7 @@ async def test_a_message_that_kills_the_process_kills_it_once(
         assert process.poll() is None, log.read_text()
         dead = await conn.fetchrow("SELECT partition, \"offset\", message_id, reason FROM dead_letters WHERE consumer = $1", group)
         assert (dead["partition"], dead["offset"], dead["message_id"]) == (0, 1, "pill")
-        assert "died while handling" in dead["reason"]
+        assert "died while handling this message (1x)" in dead["reason"]
         assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", f"{topic}.dlq") == 1
 
         # Consumption goes on, on both partitions, with no second dead letter.
@@ -138,6 +140,48 @@ async def test_a_raising_handler_leaves_no_mark(database_url: str, kafka_bootstr
         assert process.poll() is None, log.read_text()
     finally:
         if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        await producer.stop()
+        await conn.close()
+
+
+async def test_a_consumer_that_allows_two_deaths_retries_once(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """With `poison_after_deaths=2` the pill is handled once more after the first death, then dead-lettered."""
+    topic = f"{topic_prefix}poison2"
+    group = f"{topic_prefix}poison2-group"
+    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1), TopicSpec(f"{topic}.dlq", 1)])
+    conn = await connect(database_url)
+    await conn.execute("CREATE TABLE poison_seen (value text NOT NULL)")
+    producer = make_producer(kafka_bootstrap)
+    await producer.start()
+    log = Path(tempfile.mkdtemp()) / "consumer.log"
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        for ce_id, payload in (("pill", {"crash": True}), ("after", {"value": "after"})):
+            headers = cloudevent_headers(id=ce_id, source="test", type="test.v1", subject=None, time=None)
+            await producer.send_and_wait(topic, orjson.dumps(payload), partition=0, headers=encode_headers(headers))
+        for _ in range(2):  # dies in the pill's handler twice
+            process = _start(database_url, kafka_bootstrap, topic, group, log, deaths=2)
+            deadline = time.monotonic() + 120
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert process.returncode == -signal.SIGSEGV, log.read_text()
+        process = _start(database_url, kafka_bootstrap, topic, group, log, deaths=2)
+
+        async def done() -> bool:
+            seen = await conn.fetchval("SELECT count(*) FROM poison_seen")
+            dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE consumer = $1", group)
+            return bool(seen == 1 and dead == 1)
+
+        await wait_for(done, timeout=120, what="third run dead-letters the pill")
+        reason = await conn.fetchval("SELECT reason FROM dead_letters WHERE consumer = $1", group)
+        assert "died while handling this message (2x)" in reason
+        assert process.poll() is None
+    finally:
+        if process is not None and process.poll() is None:
             process.send_signal(signal.SIGKILL)
             process.wait()
         await producer.stop()

@@ -255,14 +255,18 @@ def test_observation_3_inputs_are_precise_4xx(api: ServiceProcess) -> None:
         ("/v1/terms", terms_body(chainId="31337"), "chainId"),
         ("/v1/terms", terms_body(private="yes"), "private"),
         ("/v1/terms", terms_body(private=1), "private"),
-        ("/v1/terms", terms_body(chainId=31337.0), "chainId"),
+        ("/v1/terms", terms_body(chainId=31337.5), "chainId"),
+        ("/v1/terms", terms_body(chainId=True), "chainId"),
         (f"{TASK}/review", {"passed": "yes"}, "passed"),
         (f"{TASK}/review", {"passed": 1}, "passed"),
         (f"{TASK}/verifier-report", {"attempt": "1", "evidenceHash": "0x" + "00" * 32, "outcome": "error"}, "attempt"),
     ],
 )
 def test_types_are_strict(api: ServiceProcess, path: str, body: dict[str, Any], field: str) -> None:
-    """No string → number, no truthy strings or numbers → bool: 422 naming the field (before any signature check)."""
+    """No string → number, no truthy strings or numbers → bool: 422 naming the field (before any signature check).
+
+    (`31337.0` is the integer 31337: JSON has one number type.)
+    """
     response = post(api, path, json.dumps(body).encode())
     assert response.status_code == 422, response.text
     assert code_of(response) == "INVALID_REQUEST"
@@ -336,3 +340,10 @@ def test_hostile_corpus_gets_4xx_and_the_process_stays_responsive(
     assert 400 <= response.status_code < 500, (name, response.status_code, response.text[:300])
     assert code_of(response)
     assert_alive(api)
+
+
+def test_an_integral_float_is_an_integer(api: ServiceProcess) -> None:
+    """`"chainId": 31337.0` passes validation (the unsigned request then stops at the signature)."""
+    response = post(api, "/v1/terms", json.dumps(terms_body(chainId=31337.0)).encode())
+    assert response.status_code == 401
+    assert code_of(response) == "AUTH_REQUIRED"

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from escrowd.db import connect
@@ -142,6 +143,57 @@ async def test_hostile_requests_are_dead_lettered_and_the_process_survives_resta
             assert process.alive(), log.read_text()
         assert await conn.fetchval("SELECT count(*) FROM dead_letters WHERE consumer = $1", group) == len(HOSTILE)
         assert "Segmentation" not in log.read_text()
+    finally:
+        await producer.stop()
+        await conn.close()
+
+
+@pytest.mark.parametrize("service", ["lifecycle", "reputation"])
+async def test_event_consumers_dead_letter_the_hostile_corpus(
+    service: str, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """`escrowd consume lifecycle|reputation`: the corpus on the events topic is dead-lettered; a real event is applied."""
+    events = f"{topic_prefix}events"
+    names = {
+        "events_topic": events, "tasks_topic": f"{topic_prefix}tasks", "timers_topic": f"{topic_prefix}timers",
+        "reputation_topic": f"{topic_prefix}reputation", "dead_letter_topic": f"{topic_prefix}dlq",
+    }  # fmt: skip
+    await ensure_topics(kafka_bootstrap, [TopicSpec(events, 4)] + [TopicSpec(t, 1) for t in list(names.values())[1:]])
+    env = {
+        "ESCROWD_DATABASE_URL": database_url,
+        "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        **{f"ESCROWD_{k.upper()}": v for k, v in names.items()},
+    }
+    conn = await connect(database_url)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=8 * 1024 * 1024)
+    await producer.start()
+    log = Path(tempfile.mkdtemp()) / f"{service}.log"
+    ids = [f"hostile-{name}" for name, _ in HOSTILE]
+    try:
+        for index, (name, payload) in enumerate(HOSTILE):
+            headers = cloudevent_headers(
+                id=f"hostile-{name}", source="attacker", type="io.escrowd.escrow.TaskCreated.v1", subject="1", time=None
+            )
+            await producer.send_and_wait(events, payload, partition=index % 2, headers=encode_headers(headers))
+        good = _task_created(events, 201)
+        await producer.send_and_wait(events, good[2], key=good[1], partition=3, headers=good[3])
+
+        async def all_dead() -> bool:
+            count = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE message_id = ANY($1::text[])", ids)
+            return bool(count == len(HOSTILE))
+
+        async def good_applied() -> bool:
+            return bool(await conn.fetchval("SELECT 1 FROM consumer_inbox WHERE message_id = $1", good[0]))
+
+        with consumer_process(["consume", service], env, log) as process:
+            await wait_for(all_dead, timeout=180, what=f"{service}: every hostile event dead-lettered")
+            await wait_for(good_applied, timeout=60, what=f"{service}: the real event applied")
+            assert process.alive(), log.read_text()
+            reasons = dict(await conn.fetch("SELECT message_id, reason FROM dead_letters"))
+            assert "JSON_TOO_DEEP" in reasons["hostile-deep-long-int"]
+            assert "JSON_INVALID" in reasons["hostile-lone-surrogate"]
+            assert all(reasons.values())
+        assert await conn.fetchval("SELECT count(*) FROM dead_letters WHERE message_id = ANY($1::text[])", ids) == len(HOSTILE)
     finally:
         await producer.stop()
         await conn.close()

@@ -141,6 +141,12 @@ def test_every_entry_point_starts_with_a_safe_recursion_limit() -> None:
     assert int(settled.stdout) == SAFE_RECURSION_LIMIT
 
 
+def test_the_api_process_serves_with_the_safe_limit(api: ServiceProcess) -> None:
+    """The real `escrowd api serve` reports the limit in force once everything is imported."""
+    starting = [json.loads(line) for line in api.log().splitlines() if '"api_starting"' in line]
+    assert starting and starting[0]["recursion_limit"] == SAFE_RECURSION_LIMIT
+
+
 # ---------------------------------------------------------------------------- observation 4
 
 

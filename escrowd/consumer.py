@@ -17,8 +17,8 @@ partitions to the batch start and tries again with backoff.
 Poison pills: a message that kills the process (a segfault, the OOM killer) rather than
 raising would kill it again at every restart, and the partitions behind it would never
 move. So before its handler runs, each message is marked in flight in `consumer_in_flight`
-(one row per consumer and partition, written on a second connection that commits at once);
-the mark is cleared when the handler returns or raises. A process that starts and finds a
+(an insert on a second connection that commits at once); the next mark, the end of the
+batch or a raised exception supersedes it. A process that starts and finds a
 mark left by another run knows that run died inside that message's handler: when the
 message comes round again it is dead-lettered with that reason instead of handled (after
 `poison_after_deaths` such deaths, 1 by default: a poison message kills one process only).
@@ -167,8 +167,8 @@ class IdempotentConsumer:
         # Identifies this process's marks: a mark of another run means that run died in a handler.
         self._run_id = f"{os.getpid()}:{secrets.token_hex(8)}"
         self._marks: asyncpg.Connection | None = None
-        # (topic, partition) -> (offset, deaths recorded before) of marks left by dead runs.
-        self._suspects: dict[tuple[str, int], tuple[int, int]] | None = None
+        # (topic, partition) -> (offset, deaths recorded before, run) of marks left by dead runs.
+        self._suspects: dict[tuple[str, int], tuple[int, int, str]] | None = None
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -221,53 +221,75 @@ class IdempotentConsumer:
         # A mark must survive our process, not the database server: no need to wait for the disk.
         await marks.execute("SET synchronous_commit = off")
         if self._suspects is None:
-            rows = await marks.fetch(
-                'SELECT topic, partition, "offset", deaths FROM consumer_in_flight'
-                ' WHERE consumer = $1 AND "offset" IS NOT NULL AND run_id <> $2',
+            latest = await marks.fetch(
+                'SELECT DISTINCT ON (run_id) run_id, seq, topic, partition, "offset", deaths'
+                " FROM consumer_in_flight WHERE consumer = $1 AND run_id <> $2 ORDER BY run_id, seq DESC",
                 self.name,
                 self._run_id,
             )
-            self._suspects = {(r["topic"], r["partition"]): (r["offset"], r["deaths"]) for r in rows}
+            self._suspects = {}
+            for row in latest:
+                if row["offset"] is None:  # that run was between handlers: nothing to suspect
+                    await marks.execute(
+                        "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2 AND seq <= $3",
+                        self.name,
+                        row["run_id"],
+                        row["seq"],
+                    )
+                else:
+                    self._suspects[(row["topic"], row["partition"])] = (row["offset"], row["deaths"], row["run_id"])
             if self._suspects:
                 log.warning("consumer_found_poison_marks", consumer=self.name, count=len(self._suspects))
         self._marks = marks
 
-    async def _mark(self, message: InboundMessage | None, deaths: int = 0) -> None:
-        """Record `message` as in its handler (None: nothing is); committed at once.
+    async def _mark(self, message: InboundMessage, deaths: int = 0) -> None:
+        """Record `message` as in its handler, committed at once (one insert: no row is updated).
 
-        `deaths`: how many runs already died in this message's handler.
+        `deaths`: how many runs already died in this message's handler. The newest row of a
+        run says what it was doing; an older one is superseded.
         """
         if self._marks is None:
             return
-        if message is None:
-            await self._marks.execute(
-                'UPDATE consumer_in_flight SET "offset" = NULL WHERE consumer = $1 AND run_id = $2 AND "offset" IS NOT NULL',
-                self.name,
-                self._run_id,
-            )
-            return
         await self._marks.execute(
-            'INSERT INTO consumer_in_flight (consumer, topic, partition, "offset", run_id, deaths, started_at)'
-            " VALUES ($1, $2, $3, $4, $5, $6, now())"
-            ' ON CONFLICT (consumer, topic, partition) DO UPDATE SET "offset" = EXCLUDED."offset",'
-            " run_id = EXCLUDED.run_id, deaths = EXCLUDED.deaths, started_at = EXCLUDED.started_at",
+            'INSERT INTO consumer_in_flight (consumer, run_id, topic, partition, "offset", deaths)'
+            " VALUES ($1, $2, $3, $4, $5, $6)",
             self.name,
+            self._run_id,
             message.topic,
             message.partition,
             message.offset,
-            self._run_id,
             deaths,
         )
 
-    def _deaths_in(self, message: InboundMessage) -> int:
-        """How many earlier runs of this consumer died inside this message's handler (0: none)."""
+    async def _clear_mark(self) -> None:
+        """Record that no handler of this run is running, and drop the run's older marks."""
+        if self._marks is None:
+            return
+        # Best effort: a mark left behind by a failed clear only matters if this run dies.
+        with contextlib.suppress(Exception):
+            await self._marks.execute(
+                "WITH now_idle AS (INSERT INTO consumer_in_flight (consumer, run_id) VALUES ($1, $2) RETURNING seq)"
+                " DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2"
+                " AND seq < (SELECT seq FROM now_idle)",
+                self.name,
+                self._run_id,
+            )
+
+    async def _forget_run(self, run_id: str) -> None:
+        if self._marks is not None:
+            await self._marks.execute(
+                "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2", self.name, run_id
+            )
+
+    def _deaths_in(self, message: InboundMessage) -> tuple[int, str | None]:
+        """How many earlier runs died inside this message's handler (0: none), and the last one."""
         if not self._suspects:
-            return 0
+            return 0, None
         suspect = self._suspects.get((message.topic, message.partition))
         if suspect is None or suspect[0] != message.offset:
-            return 0
+            return 0, None
         del self._suspects[(message.topic, message.partition)]
-        return suspect[1] + 1
+        return suspect[1] + 1, suspect[2]
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0
@@ -300,6 +322,7 @@ class IdempotentConsumer:
             for records in batches.values():
                 for record in records:
                     await self.handle_one(conn, _from_record(record))
+            await self._clear_mark()  # before the commit: a death from here on accuses no message
 
     async def handle_one(self, conn: asyncpg.Connection, message: InboundMessage) -> str:
         """Apply one message inside the caller's transaction; return the outcome."""
@@ -314,13 +337,14 @@ class IdempotentConsumer:
             reason = f"payload of {len(message.value)} bytes; at most {self._max_message_bytes}"
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
-        deaths = self._deaths_in(message)
-        if deaths >= self._poison_after_deaths:
+        deaths, dead_run = self._deaths_in(message)
+        if dead_run is not None and deaths >= self._poison_after_deaths:
             reason = f"poison: the consumer process died while handling this message ({deaths}x); not handled again"
             log.error("message_killed_consumer", consumer=self.name, message_id=message_id, offset=message.offset)
             await self._dead_letter(conn, message, reason)
+            await self._forget_run(dead_run)
             return "dead_lettered"
-        if deaths:
+        if dead_run is not None:
             log.warning("message_retried_after_death", consumer=self.name, message_id=message_id, deaths=deaths)
         inserted = await conn.fetchval(
             "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
@@ -332,6 +356,8 @@ class IdempotentConsumer:
             MESSAGES.labels(self.name, "duplicate").inc()
             return "duplicate"
         await self._mark(message, deaths)
+        if dead_run is not None:
+            await self._forget_run(dead_run)  # our own mark now carries the count
         try:
             async with conn.transaction():
                 await self._handler(conn, message)
@@ -347,15 +373,11 @@ class IdempotentConsumer:
             log.warning("message_dead_lettered", consumer=self.name, message_id=message_id, reason=reason)
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
-        await self._clear_mark()
+        # No clear here: the next mark, or the clear at the end of the batch, supersedes this one.
         MESSAGES.labels(self.name, "processed").inc()
         self.processed += 1
         return "processed"
 
-    async def _clear_mark(self) -> None:
-        # Best effort: a mark left behind by a failed clear only matters if this run dies.
-        with contextlib.suppress(Exception):
-            await self._mark(None)
 
     async def _dead_letter(self, conn: asyncpg.Connection, message: InboundMessage, reason: str) -> None:
         MESSAGES.labels(self.name, "dead_lettered").inc()

@@ -20,6 +20,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from schemas.jsonbounds import cap_recursion_limit
+
 # name: (module, attribute, one-line help shown by `escrowd --help` without importing it)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "index": ("indexer.cli", "app", "Index escrow events into PostgreSQL and Kafka."),
@@ -125,6 +127,8 @@ def _debug(args: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: exit 0, 1 (failure), 2 (start-up or usage error), 130/143."""
+    # Before any service module: py_ecc raises the recursion limit when first imported.
+    settle_recursion_limit()
     args = sys.argv[1:] if argv is None else list(argv)
     debug = _debug(args)
     try:
@@ -154,6 +158,26 @@ def _report(exc: BaseException) -> int:
     detail = f": {lines[0]}" if lines else ""
     typer.echo(f"escrowd: {type(exc).__name__}{detail} (run with --debug for the traceback)", err=True)
     return 1
+
+
+def settle_recursion_limit() -> int:
+    """Import the libraries that raise Python's recursion limit, then put it back; return it.
+
+    py_ecc (imported by the signing stack) sets the limit to 100,000 when it is first
+    imported, which lets C-level recursion overflow the stack (SIGSEGV) before Python's
+    guard fires. Importing it here, before any service, makes its later imports no-ops.
+    """
+    import importlib
+
+    for module_name in _LIMIT_RAISERS:
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            continue
+    return cap_recursion_limit()
+
+
+_LIMIT_RAISERS = ("py_ecc",)
 
 
 if __name__ == "__main__":

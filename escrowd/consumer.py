@@ -13,12 +13,27 @@ effects (and any outbox rows) with the given connection. For each batch fetched:
 A crash anywhere replays from the last committed offset; the inbox turns the replay into
 no-ops. A retryable failure (the database went away) aborts the batch, rewinds the
 partitions to the batch start and tries again with backoff.
+
+Poison pills: a message that kills the process (a segfault, the OOM killer) rather than
+raising would kill it again at every restart, and the partitions behind it would never
+move. So before its handler runs, each message is marked in flight in `consumer_in_flight`
+(an insert on a second connection that commits at once); the next mark, the end of the
+batch or a raised exception supersedes it. A process that starts and finds a
+mark left by another run knows that run died inside that message's handler: when the
+message comes round again it is dead-lettered with that reason instead of handled (after
+`poison_after_deaths` such deaths, 1 by default: a poison message kills one process only).
+
+Every message is bounded before its handler sees it: a payload above `max_message_bytes`,
+a missing or malformed `ce_id` are dead-lettered; `json()` parses with
+`schemas.jsonbounds` (size and nesting bounded before parsing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +49,7 @@ from escrowd import health
 from escrowd.db import connect, is_connection_error
 from escrowd.kafka import cloudevent_headers, decode_headers
 from escrowd.outbox import OutboxMessage, enqueue
-from schemas import jsoncodec
+from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +64,13 @@ CONSUMER_LAG = Gauge(
     "escrowd_consumer_lag_messages", "Messages behind the partition end", ["consumer", "topic", "partition"]
 )
 RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a transient failure", ["consumer"])
+
+MAX_MESSAGE_ID_CHARS = 512
+"""Longest `ce_id` accepted: it is a key of the inbox."""
+
+DLQ_PAYLOAD_MAX_BYTES = 900 * 1024
+"""Largest payload copied onto the dead-letter topic: a producer refuses requests above 1 MiB,
+and one unsendable row would hold up the whole outbox. Larger payloads stay in `dead_letters`."""
 
 
 # Conflicts between concurrent transactions: the batch is retried from its first message.
@@ -86,11 +108,11 @@ class InboundMessage:
         return self.headers.get("ce_type")
 
     def json(self) -> Any:
-        """The payload parsed as JSON, or a PermanentError naming why it is not JSON."""
+        """The payload parsed as bounded JSON, or a PermanentError naming why it is refused."""
         try:
-            return jsoncodec.loads(self.value)
-        except ValueError as exc:
-            raise PermanentError(f"payload is not JSON: {exc}") from None
+            return jsonbounds.loads(self.value)
+        except jsonbounds.JsonRefused as exc:
+            raise PermanentError(f"payload is not JSON ({exc.code}): {exc}") from None
 
 
 Handler = Callable[[asyncpg.Connection, InboundMessage], Awaitable[None]]
@@ -126,6 +148,8 @@ class IdempotentConsumer:
         session_timeout_ms: int = 10000,
         on_idle: IdleHook | None = None,
         idle_interval: float = 1.0,
+        max_message_bytes: int = jsonbounds.DEFAULT_MAX_BYTES,
+        poison_after_deaths: int = 1,
     ) -> None:
         self.name = name
         self._topics = list(topics)
@@ -137,6 +161,8 @@ class IdempotentConsumer:
         self._session_timeout_ms = session_timeout_ms
         self._on_idle = on_idle
         self._idle_interval = idle_interval
+        self._max_message_bytes = max_message_bytes
+        self._poison_after_deaths = max(1, poison_after_deaths)
         self._stopping = asyncio.Event()
         self.processed = 0
         # Every series exists from the start, at 0: error panels and rate() alerts read 0,
@@ -144,6 +170,11 @@ class IdempotentConsumer:
         for outcome in ("processed", "duplicate", "dead_lettered"):
             MESSAGES.labels(name, outcome)
         RETRIES.labels(name)
+        # Identifies this process's marks: a mark of another run means that run died in a handler.
+        self._run_id = f"{os.getpid()}:{secrets.token_hex(8)}"
+        self._marks: asyncpg.Connection | None = None
+        # (topic, partition) -> (offset, deaths recorded before, run) of marks left by dead runs.
+        self._suspects: dict[tuple[str, int], tuple[int, int, str]] | None = None
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -172,6 +203,7 @@ class IdempotentConsumer:
             try:
                 await consumer.start()
                 conn = await connect(self._database_url)
+                await self._open_marks()
                 health.mark(self.name, True)
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
@@ -183,13 +215,91 @@ class IdempotentConsumer:
                 bound.warning("consumer_retry", error=repr(exc))
                 await asyncio.sleep(0.5)
             finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
+                for c in (conn, self._marks):
+                    if c is not None:
+                        with contextlib.suppress(Exception):
+                            await c.close(timeout=2)
+                self._marks = None
                 with contextlib.suppress(Exception):
                     await consumer.stop()
         health.mark(self.name, False)
         bound.info("consumer_stopped", processed=self.processed)
+
+    async def _open_marks(self) -> None:
+        """The connection in-flight marks are written on; at the first start, the marks left by dead runs."""
+        marks = await connect(self._database_url)
+        # A mark must survive our process, not the database server: no need to wait for the disk.
+        await marks.execute("SET synchronous_commit = off")
+        if self._suspects is None:
+            latest = await marks.fetch(
+                'SELECT DISTINCT ON (run_id) run_id, seq, topic, partition, "offset", deaths'
+                " FROM consumer_in_flight WHERE consumer = $1 AND run_id <> $2 ORDER BY run_id, seq DESC",
+                self.name,
+                self._run_id,
+            )
+            self._suspects = {}
+            for row in latest:
+                if row["offset"] is None:  # that run was between handlers: nothing to suspect
+                    await marks.execute(
+                        "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2 AND seq <= $3",
+                        self.name,
+                        row["run_id"],
+                        row["seq"],
+                    )
+                else:
+                    self._suspects[(row["topic"], row["partition"])] = (row["offset"], row["deaths"], row["run_id"])
+            if self._suspects:
+                log.warning("consumer_found_poison_marks", consumer=self.name, count=len(self._suspects))
+        self._marks = marks
+
+    async def _mark(self, message: InboundMessage, deaths: int = 0) -> None:
+        """Record `message` as in its handler, committed at once (one insert: no row is updated).
+
+        `deaths`: how many runs already died in this message's handler. The newest row of a
+        run says what it was doing; an older one is superseded.
+        """
+        if self._marks is None:
+            return
+        await self._marks.execute(
+            'INSERT INTO consumer_in_flight (consumer, run_id, topic, partition, "offset", deaths)'
+            " VALUES ($1, $2, $3, $4, $5, $6)",
+            self.name,
+            self._run_id,
+            message.topic,
+            message.partition,
+            message.offset,
+            deaths,
+        )
+
+    async def _clear_mark(self) -> None:
+        """Record that no handler of this run is running, and drop the run's older marks."""
+        if self._marks is None:
+            return
+        # Best effort: a mark left behind by a failed clear only matters if this run dies.
+        with contextlib.suppress(Exception):
+            await self._marks.execute(
+                "WITH now_idle AS (INSERT INTO consumer_in_flight (consumer, run_id) VALUES ($1, $2) RETURNING seq)"
+                " DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2"
+                " AND seq < (SELECT seq FROM now_idle)",
+                self.name,
+                self._run_id,
+            )
+
+    async def _forget_run(self, run_id: str) -> None:
+        if self._marks is not None:
+            await self._marks.execute(
+                "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2", self.name, run_id
+            )
+
+    def _deaths_in(self, message: InboundMessage) -> tuple[int, str | None]:
+        """How many earlier runs died inside this message's handler (0: none), and the last one."""
+        if not self._suspects:
+            return 0, None
+        suspect = self._suspects.get((message.topic, message.partition))
+        if suspect is None or suspect[0] != message.offset:
+            return 0, None
+        del self._suspects[(message.topic, message.partition)]
+        return suspect[1] + 1, suspect[2]
 
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0
@@ -222,6 +332,7 @@ class IdempotentConsumer:
             for records in batches.values():
                 for record in records:
                     await self.handle_one(conn, _from_record(record))
+            await self._clear_mark()  # before the commit: a death from here on accuses no message
 
     async def handle_one(self, conn: asyncpg.Connection, message: InboundMessage) -> str:
         """Apply one message inside the caller's transaction; return the outcome."""
@@ -229,6 +340,22 @@ class IdempotentConsumer:
         if not message_id:
             await self._dead_letter(conn, message, "missing ce_id header")
             return "dead_lettered"
+        if len(message_id) > MAX_MESSAGE_ID_CHARS:
+            await self._dead_letter(conn, message, f"ce_id longer than {MAX_MESSAGE_ID_CHARS} characters")
+            return "dead_lettered"
+        if len(message.value) > self._max_message_bytes:
+            reason = f"payload of {len(message.value)} bytes; at most {self._max_message_bytes}"
+            await self._dead_letter(conn, message, reason)
+            return "dead_lettered"
+        deaths, dead_run = self._deaths_in(message)
+        if dead_run is not None and deaths >= self._poison_after_deaths:
+            reason = f"poison: the consumer process died while handling this message ({deaths}x); not handled again"
+            log.error("message_killed_consumer", consumer=self.name, message_id=message_id, offset=message.offset)
+            await self._dead_letter(conn, message, reason)
+            await self._forget_run(dead_run)
+            return "dead_lettered"
+        if dead_run is not None:
+            log.warning("message_retried_after_death", consumer=self.name, message_id=message_id, deaths=deaths)
         inserted = await conn.fetchval(
             "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
             " ON CONFLICT DO NOTHING RETURNING 1",
@@ -238,21 +365,29 @@ class IdempotentConsumer:
         if inserted is None:
             MESSAGES.labels(self.name, "duplicate").inc()
             return "duplicate"
+        await self._mark(message, deaths)
+        if dead_run is not None:
+            await self._forget_run(dead_run)  # our own mark now carries the count
         try:
             async with conn.transaction():
                 await self._handler(conn, message)
         except (RetryableError, *_TRANSIENT_SQL):
+            await self._clear_mark()
             raise
-        except Exception as exc:
-            if is_connection_error(exc):
+        except BaseException as exc:
+            # Raised, not died: this message did not kill the process.
+            await self._clear_mark()
+            if not isinstance(exc, Exception) or is_connection_error(exc):
                 raise
             reason = _reason(exc)
             log.warning("message_dead_lettered", consumer=self.name, message_id=message_id, reason=reason)
             await self._dead_letter(conn, message, reason)
             return "dead_lettered"
+        # No clear here: the next mark, or the clear at the end of the batch, supersedes this one.
         MESSAGES.labels(self.name, "processed").inc()
         self.processed += 1
         return "processed"
+
 
     async def _dead_letter(self, conn: asyncpg.Connection, message: InboundMessage, reason: str) -> None:
         MESSAGES.labels(self.name, "dead_lettered").inc()
@@ -283,19 +418,30 @@ class IdempotentConsumer:
             "dlq_partition": str(message.partition),
             "dlq_offset": str(message.offset),
         }
+        payload, key = message.value, message.key
+        if len(payload) > DLQ_PAYLOAD_MAX_BYTES:
+            headers["dlq_payload_omitted"] = f"{len(payload)} bytes, kept in dead_letters"
+            payload = b""
+        if key is not None and len(key) > 1024:
+            key = None  # a key only picks the partition; a huge one would make the row unsendable
         await enqueue(
             conn,
-            [OutboxMessage(message_id=dlq_id, topic=self._dlq_topic, key=message.key, payload=message.value, headers=headers)],
+            [OutboxMessage(message_id=dlq_id, topic=self._dlq_topic, key=key, payload=payload, headers=headers)],
         )
 
 
 def _reason(exc: BaseException) -> str:
+    # NUL cannot be stored in PostgreSQL text: a reason quoting the payload must not hold one.
+    return _reason_text(exc).replace("\x00", "\ufffd")[:500]
+
+
+def _reason_text(exc: BaseException) -> str:
     if isinstance(exc, pydantic.ValidationError):
         errors = exc.errors()
         if not errors:
             return "invalid payload"
         where = ".".join(str(p) for p in errors[0]["loc"])
-        return f"invalid payload: {where}: {errors[0]['msg']}"[:500]
+        return f"invalid payload: {where}: {errors[0]['msg']}"
     if isinstance(exc, PermanentError):
-        return str(exc)[:500]
-    return f"{type(exc).__name__}: {exc}"[:500]
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -19,6 +19,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from schemas.cloudevents import (
     CE_SPECVERSION,
     CONTENT_TYPE,
+    MAX_HEADER_CHARS,
     TopicSpec,
     cloudevent_headers,
     decode_headers,
@@ -29,6 +30,7 @@ from schemas.cloudevents import (
 __all__ = [
     "CE_SPECVERSION",
     "CONTENT_TYPE",
+    "MAX_HEADER_CHARS",
     "TopicSpec",
     "cloudevent_headers",
     "decode_headers",

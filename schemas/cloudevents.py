@@ -52,6 +52,19 @@ def encode_headers(headers: dict[str, str]) -> list[tuple[str, bytes]]:
     return [(k, v.encode()) for k, v in headers.items()]
 
 
-def decode_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
-    """Str mapping from a Kafka header list; undecodable values are replaced, not fatal."""
-    return {k: v.decode("utf-8", "replace") for k, v in (headers or ())}
+MAX_HEADER_CHARS = 4096
+"""Longest header name or value kept; longer ones are cut (a `ce_id` that long is refused anyway)."""
+
+
+def decode_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """Str mapping from a Kafka header list; never raises, whatever the bytes.
+
+    Undecodable bytes become U+FFFD, and so does NUL (PostgreSQL text cannot hold it); a
+    null value is the empty string; values are cut at `MAX_HEADER_CHARS`.
+    """
+    decoded: dict[str, str] = {}
+    for key, value in headers or ():
+        name = str(key).replace("\x00", "\ufffd")[:MAX_HEADER_CHARS]
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else ""
+        decoded[name] = text.replace("\x00", "\ufffd")[:MAX_HEADER_CHARS]
+    return decoded

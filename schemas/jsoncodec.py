@@ -1,19 +1,19 @@
 """JSON encoding that is fast and exact for uint256 values.
 
 orjson is fast but refuses integers beyond 64 bits on output and turns them into floats on
-input; token amounts and hashes-as-numbers can exceed that. The fast path is orjson; texts
-with a run of 19+ digits, and values it refuses, go through the standard library.
+input; token amounts and hashes-as-numbers can exceed that. The fast path is orjson; values
+it refuses go through the standard library. Parsing is `schemas.jsonbounds.loads`: nesting
+bounded before any parser runs, texts with a run of 19+ digits parsed exactly.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(rb"\d{19,}")
+from schemas import jsonbounds
 
 
 def dumps(value: Any) -> bytes:
@@ -29,9 +29,10 @@ def dumps_str(value: Any) -> str:
     return dumps(value).decode()
 
 
-def loads(data: bytes | str) -> Any:
-    """Parse JSON, keeping big integers exact."""
-    raw = data.encode() if isinstance(data, str) else data
-    if _LONG_NUMBER.search(raw):
-        return json.loads(raw)
-    return orjson.loads(raw)
+def loads(data: bytes | str, *, max_bytes: int | None = None) -> Any:
+    """Parse JSON, keeping big integers exact, nesting bounded (`jsonbounds.loads`).
+
+    No size bound unless `max_bytes` is given: texts from outside pass one (or go through
+    `jsonbounds.loads` and its default); our own database rows need none.
+    """
+    return jsonbounds.loads(data, max_bytes=max_bytes)

@@ -33,7 +33,14 @@ from typing import Annotated, Any, Literal
 
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from schemas.criteria import VerificationCriteria
 from schemas.request_auth import RequesterProof, ServiceProof
@@ -195,7 +202,7 @@ class VerifierRef(BaseModel):
     the task. A reward of at least `passReward` passes.
     """
 
-    model_config = _CAMEL
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid", strict=True)
 
     kind: VerifierKind
     ref: Annotated[str, StringConstraints(min_length=1, max_length=500)]
@@ -268,6 +275,21 @@ class ApiError(BaseModel):
     error: ApiErrorDetail
 
 
+def _integral(data: Any, *names: str) -> Any:
+    """JSON has one number type: `24.0` in these fields is the integer 24 (strings, bools stay refused).
+
+    Request bodies are strict (no `"31337"` for a number, no `"yes"` for true); this is the
+    one conversion JSON itself implies.
+    """
+    if not isinstance(data, dict):
+        return data
+    fixed = {n: int(v) for n in names if isinstance(v := data.get(n), float) and v.is_integer()}
+    return {**data, **fixed} if fixed else data
+
+MAX_CHAIN_ID = 2**53 - 1
+"""Largest chain id a request may name (what wallets and JavaScript clients can hold exactly)."""
+
+
 class RegisterTermsRequest(BaseModel):
     """Body of `POST /v1/terms`: the terms as the poster writes them.
 
@@ -275,9 +297,9 @@ class RegisterTermsRequest(BaseModel):
     refusal code instead of a generic validation error.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
-    chain_id: int = Field(alias="chainId", gt=0, le=2**63 - 1)
+    chain_id: int = Field(alias="chainId", gt=0, le=MAX_CHAIN_ID)
     escrow: Address
     poster: Address
     instructions_digest: Hash32 = Field(alias="instructionsDigest")
@@ -289,6 +311,11 @@ class RegisterTermsRequest(BaseModel):
     verifier: VerifierRef | None = None
     private: bool = False
     salt: Annotated[str, StringConstraints(max_length=66)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, data: Any) -> Any:
+        return _integral(data, "chainId", "chain_id")
 
 
 class RegisterTermsResponse(BaseModel):
@@ -328,7 +355,7 @@ class PublicTerms(BaseModel):
 class FinalizeRequest(BaseModel):
     """Body of `POST .../finalize`: the result whose hash the agent submitted on chain."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     result: Any = Field(description="Any JSON value; a string `output` field is what the auto-check reads")
 
@@ -383,7 +410,7 @@ class ReviewRequest(BaseModel):
     applied to an attempt its poster did not see.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
     attempt: int = Field(ge=1, le=3)
     evidence_hash: Hash32 = Field(alias="evidenceHash")
@@ -391,6 +418,11 @@ class ReviewRequest(BaseModel):
     reasons: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON_CHARS)]] = Field(
         default_factory=list, max_length=MAX_REVIEW_REASONS
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_fields(cls, data: Any) -> Any:
+        return _integral(data, "attempt")
 
 
 class VerifierReportRequest(BaseModel):
@@ -400,7 +432,7 @@ class VerifierReportRequest(BaseModel):
     chain; an `error` report counts one failed try (after 5 the attempt is never judged).
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
 
     attempt: int = Field(ge=1, le=3)
     evidence_hash: Hash32 = Field(alias="evidenceHash")
@@ -411,6 +443,11 @@ class VerifierReportRequest(BaseModel):
         default_factory=list, max_length=MAX_VERIFIER_REASONS
     )
     error: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, data: Any) -> Any:
+        return _integral(data, "attempt", "score")
 
 
 class RequestAccepted(BaseModel):

@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from escrowd.logging import register_secret
+from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
 
@@ -147,7 +148,7 @@ def parse_envelope(body: bytes, *, max_bytes: int) -> str:
     if len(body) > max_bytes:
         raise ModelError(f"reply larger than {max_bytes} bytes")
     try:
-        data = json.loads(body)
+        data = jsonbounds.loads(body, max_bytes=None)  # bounded nesting; size checked above
     except (ValueError, UnicodeDecodeError):
         raise ModelError("reply is not JSON") from None
     if not isinstance(data, dict):
@@ -182,8 +183,8 @@ def parse_answer(content: str, answer: type[AnswerT]) -> AnswerT:
     if not text.startswith("{") or not text.endswith("}"):
         raise ModelError("the answer is not exactly one JSON object")
     try:
-        # json.loads refuses trailing data; NaN / Infinity are refused as well.
-        data = json.loads(text, parse_constant=_no_constants)
+        # Refuses trailing data, NaN / Infinity and nesting past the bound.
+        data = jsonbounds.loads(text, max_bytes=None)
     except ValueError:
         raise ModelError("the answer is not valid JSON") from None
     if not isinstance(data, dict):

@@ -19,11 +19,13 @@ from typing import Any
 import structlog
 from eth_account import Account
 from fastapi import APIRouter, FastAPI
+from pydantic import BaseModel
 
 from escrowd.db import create_pool, migrate_url
 from escrowd.logging import register_secret
 from relayer.api.auth import forget_expired_nonces
-from relayer.api.errors import install_error_handlers
+from relayer.api.bodies import BodyGuard
+from relayer.api.errors import GUARD_RESPONSES, install_error_handlers
 from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
 from relayer.probes import router as probes_router
@@ -146,13 +148,29 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
         allowed_plugin_packages=settings.plugin_packages, allowed_endpoint_hosts=settings.endpoint_hosts
     )
     install_error_handlers(app)
+    # Outermost of the user middleware: no body reaches a parser unbounded.
+    app.add_middleware(BodyGuard, max_body_bytes=settings.api_max_body_bytes)
     app.include_router(probes_router)
-    app.include_router(tasks_router)
+    app.include_router(tasks_router, responses=GUARD_RESPONSES)
     metrics = _optional_router("relayer.settlement.routes", "metrics_router")
     if metrics is not None:
         app.include_router(metrics)
     for module_name, attr in OPTIONAL_ROUTERS:
         router = _optional_router(module_name, attr)
         if router is not None:
-            app.include_router(router)
+            app.include_router(router, responses={**GUARD_RESPONSES, **_EXTRA_RESPONSES.get(module_name, {})})
     return app
+
+
+class BridgeUnavailable(BaseModel):
+    """`/health/bridge` when no report can be produced (not configured, or the check failed)."""
+
+    status: str
+    error: str
+
+
+_EXTRA_RESPONSES: dict[str, dict[int | str, dict[str, Any]]] = {
+    "relayer.settlement.routes": {
+        503: {"model": BridgeUnavailable, "description": "No report: not configured, or the check failed"}
+    },
+}

@@ -18,6 +18,7 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
 ) -> None:
     """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
+    import structlog
     import uvicorn
 
     from escrowd.config_file import load
@@ -25,6 +26,7 @@ def serve(
     from escrowd.logging import configure_logging
     from relayer.api.app import create_app
     from relayer.api.settings import ApiSettings
+    from schemas.jsonbounds import cap_recursion_limit
 
     configure_logging(json=log_json)
     try:
@@ -32,8 +34,12 @@ def serve(
     except Exception as exc:
         typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
+    application = create_app(settings)
+    # Every import is done: a library that raised the recursion limit on the way is undone.
+    limit = cap_recursion_limit()
+    structlog.get_logger(__name__).info("api_starting", recursion_limit=limit)
     uvicorn.run(
-        create_app(settings),
+        application,
         host=host or settings.api_host,
         port=port if port is not None else settings.api_port,
         log_config=None,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.task_terms import ApiError
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +39,17 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"[:500]
 
 
+GUARD_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ApiError, "description": text}
+    for status, text in (
+        (400, "The body is not bounded JSON (`JSON_TOO_DEEP`, `JSON_INVALID`) or breaks a rule"),
+        (413, "The body is larger than the limit (`BODY_TOO_LARGE`)"),
+        (415, "The body is not application/json"),
+        (422, "The request does not fit the schema (`INVALID_REQUEST`)"),
+    )
+}
+"""Answers every route can give, whatever it does: documented on each operation."""
+
 _STATUS_CODES = {
     400: "BAD_REQUEST",
     401: "UNAUTHORIZED",
@@ -61,7 +76,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        # Headers such as 405's `Allow` are part of the answer.
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -66,6 +66,11 @@ class ApiSettings(BaseSettings):
     endpoint_hosts: list[str] = Field(
         default_factory=list, description="Hosts endpoint verifiers may be on (checked at registration)"
     )
+    api_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted; larger ones get 413 before they are read",
+    )
     executions_limit: int = Field(default=200, ge=1, le=10_000, description="Most executions one list returns")
     db_pool_size: int = Field(default=8, ge=1, description="Database connections of the API")
     bridge_relayer_address: str | None = Field(

@@ -19,6 +19,7 @@ from relayer.lifecycle import clock, roles
 from relayer.lifecycle.machine import allowed_actions_view
 from relayer.reputation.rules import initial
 from schemas.task_state import AllowedActions, Reputation, TaskState
+from schemas.task_terms import ApiError
 
 router = APIRouter(prefix="/v1", tags=["lifecycle"])
 
@@ -34,14 +35,19 @@ class TaskStateView(BaseModel):
 @router.get(
     "/tasks/{chain_id}/{escrow}/{task_id}/state",
     response_model=TaskStateView,
+    responses={404: {"model": ApiError, "description": "The task is not indexed (yet)"}},
     summary="Task state and what can whom do now (chain time)",
 )
 async def task_state(
-    chain_id: Annotated[int, Path(gt=0)],
+    # Bounded like the columns they are compared with (bigint, numeric(78)): no 500 on 2**64.
+    chain_id: Annotated[int, Path(gt=0, le=2**63 - 1)],
     escrow: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
-    task_id: Annotated[int, Path(ge=1)],
+    task_id: Annotated[int, Path(ge=1, le=2**256 - 1)],
     request: Request,
-    at: Annotated[int | None, Query(ge=0, description="Chain time to answer for (default: the time of the newest confirmed block, the clock task state and timers use)")] = None,
+    at: Annotated[
+        int | None,
+        Query(ge=0, le=2**63 - 1, description="Chain time to answer for (default: the time of the newest confirmed block, the clock task state and timers use)"),
+    ] = None,
 ) -> TaskStateView:
     async with request.app.state.pool.acquire() as conn:
         escrow_roles = await roles.load(conn, chain_id, escrow)

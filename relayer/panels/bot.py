@@ -35,6 +35,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relayer.api.auth import Deployment, sign_request
+from schemas import jsonbounds
 from schemas import panels as msg
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,7 @@ def load_scorer(spec: str, *, timeout: float = 60.0, api_key: str | None = None)
             reply = await _post_json(base.rstrip("/") + "/chat/completions", body, timeout, api_key)
             try:
                 text = reply["choices"][0]["message"]["content"]
-                return _pair(json.loads(text[text.index("{"): text.rindex("}") + 1]))
+                return _pair(jsonbounds.loads(text[text.index("{"): text.rindex("}") + 1], max_bytes=None))
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise CannotJudge(f"unusable chat answer ({type(exc).__name__})") from None
 
@@ -132,7 +133,7 @@ async def _post_json(url: str, body: Any, seconds: float, api_key: str | None) -
         raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
         if response.status != 200 or len(raw) > MAX_RESPONSE_BYTES:
             raise CannotJudge(f"scorer answered HTTP {response.status}")
-        return json.loads(raw)
+        return jsonbounds.loads(raw, max_bytes=None)
 
 
 class VerifierBot:

@@ -157,7 +157,11 @@ class VerdictHandler:
 
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         try:
-            signed = SignedVerdict.model_validate_json(message.value)
+            signed = SignedVerdict.model_validate(message.json())  # bounded JSON first
+        except PermanentError:
+            metrics.VERDICTS_RECEIVED.labels("rejected").inc()
+            metrics.VERDICT_REJECTIONS.labels("malformed").inc()
+            raise
         except pydantic.ValidationError as exc:
             metrics.VERDICTS_RECEIVED.labels("rejected").inc()
             metrics.VERDICT_REJECTIONS.labels("malformed").inc()

@@ -31,6 +31,7 @@ from tenacity import (
 )
 
 from relayer.settlement import metrics
+from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
 
@@ -304,7 +305,9 @@ async def new_heads(ws_url: str, *, heartbeat: float = 10.0) -> AsyncIterator[He
                 if message.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                     break
                 continue
-            data = message.json()
+            data = jsonbounds.loads(message.data)  # an RPC node is outside too
+            if not isinstance(data, dict):
+                continue
             if data.get("method") == "eth_subscription":
                 yield Head.from_json(data["params"]["result"])
             elif "error" in data:

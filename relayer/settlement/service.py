@@ -137,6 +137,10 @@ class Relayer:
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
                 max_records=s.relayer_consumer_max_records,
+                # Verdicts are signed and only stored here; the relayer is killed at random
+                # instants by design (kill -9 tests, crash points): a death in a handler is
+                # far likelier to be one of those than a poison verdict, so it takes two.
+                poison_after_deaths=2,
             )
             log.info(
                 "relayer_starting",

@@ -34,10 +34,12 @@ import typer
 from relayer.verification.auto_check import auto_check
 from relayer.verification.criteria_validation import MODES, validate_criteria
 from relayer.verification.registry import VerificationError, VerifierOutcome
-from relayer.verification.structured import json_nesting_exceeds
+from schemas import jsonbounds
 
 EXIT_USAGE = 2
 EXIT_COULD_NOT_ANSWER = 3
+MAX_FILE_BYTES = 8 * 1024 * 1024
+"""Largest criteria or result file read (the API takes results up to 512 KiB)."""
 
 app = typer.Typer(
     help="Auto-check a result against verification criteria, or validate criteria.",
@@ -51,22 +53,20 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _refuse_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def _read_json(path: Path, what: str) -> object:
     try:
         raw = path.read_bytes()
     except OSError as error:
         _fail(f"cannot read {what} file {str(path)!r}: {error.strerror or error}")
     try:
-        text = raw.decode("utf-8")
-        if json_nesting_exceeds(text):
+        return jsonbounds.loads(raw, max_bytes=MAX_FILE_BYTES)
+    except jsonbounds.JsonRefused as error:
+        if error.code == "JSON_TOO_DEEP":
             _fail(f"{what} file {str(path)!r} is nested too deeply to read")
-        return json.loads(text, parse_constant=_refuse_constant)
-    except RecursionError:
-        _fail(f"{what} file {str(path)!r} is nested too deeply to read")
+        if error.code == "JSON_TOO_LARGE":
+            _fail(f"{what} file {str(path)!r} is larger than {MAX_FILE_BYTES} bytes")
+        first_line = str(error).splitlines()[0].removeprefix("not JSON: ")
+        _fail(f"{what} file {str(path)!r} is not JSON: {first_line}")
     except (UnicodeDecodeError, ValueError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         _fail(f"{what} file {str(path)!r} is not JSON: {first_line}")

@@ -42,6 +42,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from relayer.verification.sandbox import DEFAULT_SETTINGS, SandboxSettings
+from schemas import jsonbounds
 from schemas.task_terms import VerifierRef
 
 log = structlog.get_logger(__name__)
@@ -414,7 +415,7 @@ class _EndpointVerifier:
         if len(body) > _MAX_ENDPOINT_RESPONSE:
             raise VerificationError(self.name, "response too large")
         try:
-            data = json.loads(body)
+            data = jsonbounds.loads(body, max_bytes=_MAX_ENDPOINT_RESPONSE)
         except ValueError:
             raise VerificationError(self.name, "response is not JSON") from None
         if not isinstance(data, dict) or "reward" not in data:

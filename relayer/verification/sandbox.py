@@ -564,10 +564,12 @@ def interpret(
     wall_ms: int,
 ) -> SandboxRun:
     """The run's outcome from the harness's report; SandboxUnavailable when the harness did not report."""
+    from schemas import jsonbounds  # the report comes out of the sandbox: bounded parsing
+
     events: list[dict[str, Any]] = []
     for line in report.decode("utf-8", "replace").splitlines():
         with contextlib.suppress(ValueError):
-            item = json.loads(line)
+            item = jsonbounds.loads(line)
             if isinstance(item, dict):
                 events.append(item)
     if not events or events[0].get("event") != "started":

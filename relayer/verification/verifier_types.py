@@ -18,7 +18,6 @@ same answer.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -45,6 +44,7 @@ from relayer.verification.sandbox import (
     run_cases,
     strip_code_fences,
 )
+from schemas import jsonbounds
 from schemas.task_terms import VerifierRef
 
 MAX_NESTING = 3
@@ -81,7 +81,8 @@ def output_json(trajectory: Any) -> Any:
     if not isinstance(trajectory, str):
         return trajectory
     try:
-        return json.loads(strip_code_fences(trajectory))
+        # Bounded: the text is the agent's, and may nest 100,000 levels inside one flat string.
+        return jsonbounds.loads(strip_code_fences(trajectory), max_bytes=None)
     except ValueError:
         return _Missing
 

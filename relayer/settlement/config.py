@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextvars
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -69,8 +69,17 @@ class RelayerSettings(BaseSettings):
     chains: list[ChainSettings] = Field(min_length=1, description="Chains to send to")
     verdicts_topic: str = Field(default=VERDICTS, description="Topic of signed verdicts")
     dlq_topic: str = Field(default=DEAD_LETTERS, description="Dead-letter topic")
-    relayer_consumer_group: str = Field(default="settlement-relayer", description="Kafka consumer group")
-    relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+    relayer_consumer_group: str = Field(
+        default="settlement-relayer", description="Consumer name: inbox, offsets and (in group mode) Kafka group"
+    )
+    relayer_consumer_assignment: Literal["direct", "group"] = Field(
+        default="direct",
+        description=(
+            "direct: one leader (advisory lock) assigns itself every partition and keeps its offsets in"
+            " PostgreSQL with the verdicts (no group join on restart); group: a Kafka consumer group"
+        ),
+    )
+    relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Group mode only")
     relayer_consumer_max_records: int = Field(
         default=500, ge=1, description="Verdicts per consumer transaction at most"
     )

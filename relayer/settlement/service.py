@@ -135,6 +135,7 @@ class Relayer:
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
                 max_records=s.relayer_consumer_max_records,
+                assignment=s.relayer_consumer_assignment,
             )
             log.info(
                 "relayer_starting",

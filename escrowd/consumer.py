@@ -242,9 +242,9 @@ class IdempotentConsumer:
         last_assign = asyncio.get_running_loop().time()
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            if self._direct and loop.time() - last_assign >= 5.0:
+            if self._direct and (not consumer.assignment() or loop.time() - last_assign >= 5.0):
                 last_assign = loop.time()
-                await self._assign(consumer, conn)  # partitions added to the topic
+                await self._assign(consumer, conn)  # the topic appeared, or partitions were added
             if self._direct and not consumer.assignment():
                 await asyncio.sleep(0.2)  # the topic has no partitions yet
                 continue

@@ -100,7 +100,7 @@ class RelayerSettings(BaseSettings):
     relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
 
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
-    relayer_batch_size: int = Field(default=128, ge=1, description="Verdicts signed per round")
+    relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
     relayer_preflight_simulation: bool = Field(
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"

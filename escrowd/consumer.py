@@ -26,6 +26,13 @@ message comes round again it is dead-lettered with that reason instead of handle
 Every message is bounded before its handler sees it: a payload above `max_message_bytes`,
 a missing or malformed `ce_id` are dead-lettered; `json()` parses with
 `schemas.jsonbounds` (size and nesting bounded before parsing).
+
+`assignment="direct"` is for a consumer that is a single leader anyway (the settlement
+relayer): instead of joining a consumer group it takes a PostgreSQL advisory lock named
+after the consumer (a second process waits on it as a standby), assigns itself every
+partition of its topics, and keeps its offsets in `consumer_offsets`, written in the same
+transaction as the batch's effects. A restart after `kill -9` resumes at once from the last
+commit: no group join, no session timeout to wait out.
 """
 
 from __future__ import annotations
@@ -150,7 +157,10 @@ class IdempotentConsumer:
         idle_interval: float = 1.0,
         max_message_bytes: int = jsonbounds.DEFAULT_MAX_BYTES,
         poison_after_deaths: int = 1,
+        assignment: str = "group",
     ) -> None:
+        if assignment not in ("group", "direct"):
+            raise ValueError(f"assignment must be 'group' or 'direct', not {assignment!r}")
         self.name = name
         self._topics = list(topics)
         self._bootstrap = bootstrap
@@ -163,6 +173,7 @@ class IdempotentConsumer:
         self._idle_interval = idle_interval
         self._max_message_bytes = max_message_bytes
         self._poison_after_deaths = max(1, poison_after_deaths)
+        self._direct = assignment == "direct"
         self._stopping = asyncio.Event()
         self.processed = 0
         # Every series exists from the start, at 0: error panels and rate() alerts read 0,
@@ -181,6 +192,16 @@ class IdempotentConsumer:
         self._stopping.set()
 
     def _make_consumer(self) -> AIOKafkaConsumer:
+        if self._direct:
+            # No group: partitions are assigned by `_assign`, offsets live in PostgreSQL.
+            return AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                group_id=None,
+                client_id=self.name,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                metadata_max_age_ms=5000,
+            )
         return AIOKafkaConsumer(
             *self._topics,
             bootstrap_servers=self._bootstrap,
@@ -201,9 +222,12 @@ class IdempotentConsumer:
             consumer = self._make_consumer()
             conn: asyncpg.Connection | None = None
             try:
-                await consumer.start()
                 conn = await connect(self._database_url)
                 await self._open_marks()
+                await consumer.start()
+                if self._direct:
+                    await self._lead(conn)
+                    await self._assign(consumer, conn)
                 health.mark(self.name, True)
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
@@ -301,10 +325,49 @@ class IdempotentConsumer:
         del self._suspects[(message.topic, message.partition)]
         return suspect[1] + 1, suspect[2]
 
+    async def _lead(self, conn: asyncpg.Connection) -> None:
+        # Held for the life of this connection: a crashed leader's lock goes with its socket.
+        key = ("escrowd.consumer", self.name)
+        if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))", *key):
+            log.warning("consumer_standby", consumer=self.name, reason="another process holds this consumer")
+            await conn.execute("SELECT pg_advisory_lock(hashtext($1), hashtext($2))", *key)
+
+    async def _assign(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> bool:
+        """Assign every partition of the topics, each at its stored offset; True if it changed."""
+        await consumer.topics()  # fresh metadata
+        wanted = {
+            TopicPartition(topic, p) for topic in self._topics for p in consumer.partitions_for_topic(topic) or ()
+        }
+        if not wanted or wanted == consumer.assignment():
+            return False
+        stored = {
+            (r["topic"], r["partition"]): r["next_offset"]
+            for r in await conn.fetch(
+                "SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = ANY($2)",
+                self.name,
+                self._topics,
+            )
+        }
+        consumer.assign(sorted(wanted))
+        for tp in wanted:
+            offset = stored.get((tp.topic, tp.partition))
+            if offset is not None:
+                consumer.seek(tp, offset)
+        # Partitions without a stored offset start at the beginning (auto_offset_reset): a
+        # replay the inbox turns into no-ops.
+        return True
+
     async def _loop(self, consumer: AIOKafkaConsumer, conn: asyncpg.Connection) -> None:
         last_idle = 0.0
+        last_assign = asyncio.get_running_loop().time()
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
+            if self._direct and (not consumer.assignment() or loop.time() - last_assign >= 5.0):
+                last_assign = loop.time()
+                await self._assign(consumer, conn)  # the topic appeared, or partitions were added
+            if self._direct and not consumer.assignment():
+                await asyncio.sleep(0.2)  # the topic has no partitions yet
+                continue
             batches = await consumer.getmany(timeout_ms=200, max_records=self._max_records)
             if not batches:
                 assignment = frozenset(consumer.assignment())
@@ -314,7 +377,8 @@ class IdempotentConsumer:
                         await self._on_idle(conn, assignment)
                 continue
             await self._process(conn, batches)
-            await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
+            if not self._direct:
+                await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
             for tp in batches:
                 highwater = consumer.highwater(tp)
                 if highwater is not None:
@@ -332,6 +396,15 @@ class IdempotentConsumer:
             for records in batches.values():
                 for record in records:
                     await self.handle_one(conn, _from_record(record))
+            if self._direct:
+                # The offsets commit with the effects: exactly the messages applied are skipped
+                # on restart (the inbox still guards a replay across a change of mode).
+                await conn.executemany(
+                    "INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
+                    " ON CONFLICT (consumer, topic, partition)"
+                    " DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+                    [(self.name, tp.topic, tp.partition, records[-1].offset + 1) for tp, records in batches.items()],
+                )
             await self._clear_mark()  # before the commit: a death from here on accuses no message
 
     async def handle_one(self, conn: asyncpg.Connection, message: InboundMessage) -> str:

@@ -21,10 +21,10 @@ import asyncpg
 import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import Counter, Gauge, Histogram
 
 from escrowd.db import is_connection_error
-from escrowd.kafka import encode_headers
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -153,6 +153,10 @@ class OutboxPublisher:
         self._batches_per_cycle = batches_per_cycle
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        # The producers of this project use the default partitioner: keyed rows land where a
+        # plain `send` would put them, so a key's order holds across every writer.
+        self._partitioner = DefaultPartitioner()
+        self._header_values: dict[str, bytes] = {}
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -235,16 +239,43 @@ class OutboxPublisher:
                 await conn.execute("SELECT pg_advisory_unlock_shared($1)", SENDING_LOCK)
         return total
 
+    def _headers(self, raw: str) -> list[tuple[str, bytes]]:
+        # Most header values (spec version, source, type, content type) repeat from row to
+        # row: each distinct value is encoded once (the cache is cleared when it grows).
+        cache = self._header_values
+        if len(cache) > 4096:
+            cache.clear()
+        out = []
+        for name, value in orjson.loads(raw).items():
+            encoded = cache.get(value)
+            if encoded is None:
+                encoded = cache[value] = value.encode()
+            out.append((name, encoded))
+        return out
+
     async def _send(self, rows: list[asyncpg.Record]) -> asyncio.Future[Any]:
-        futures = [
-            await self._producer.send(
-                row["topic"],
-                value=row["payload"],
-                key=row["key"],
-                headers=encode_headers(orjson.loads(row["headers"])),
-            )
-            for row in rows
-        ]
+        """Queue `rows` as one record batch per partition (in `seq` order within each)."""
+        producer = self._producer
+        partitions: dict[str, list[int]] = {}
+        by_partition: dict[tuple[str, int], list[asyncpg.Record]] = {}
+        for row in rows:
+            topic = row["topic"]
+            known = partitions.get(topic)
+            if known is None:
+                known = partitions[topic] = sorted(await producer.partitions_for(topic))
+            partition = self._partitioner(row["key"], known, known)
+            by_partition.setdefault((topic, partition), []).append(row)
+        futures: list[asyncio.Future[Any]] = []
+        for (topic, partition), part in by_partition.items():
+            batch = producer.create_batch()
+            for row in part:
+                headers = self._headers(row["headers"])
+                if batch.append(key=row["key"], value=row["payload"], timestamp=None, headers=headers) is None:
+                    futures.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = producer.create_batch()
+                    if batch.append(key=row["key"], value=row["payload"], timestamp=None, headers=headers) is None:
+                        raise ValueError(f"outbox row {row['seq']} is larger than the producer's batch size")
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
         return asyncio.gather(*futures)
 
     async def _complete(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,11 @@ from indexer.store import Cursor, IndexerStore
 from schemas.abi import escrow_abi
 
 log = structlog.get_logger(__name__)
+
+RangeFetch = tuple[list[dict[str, Any]], list[BlockRef | None], float]
+"""One range's logs, the headers of its first and last block, and the fetch time."""
+WindowFetch = tuple[list[dict[str, Any]], list[dict[str, Any] | None], float]
+"""One head window's logs, the header of every block in it, and the fetch time."""
 
 
 class ConfigMismatch(RuntimeError):
@@ -69,10 +75,14 @@ class ChainIndexer:
         self.store = IndexerStore(chain.chain_id, topic, keep_blocks=chain.keep_blocks)
         self.decoder = EscrowLogDecoder(escrow_abi())
         self.sizer = RangeSizer(size=chain.initial_range, max_size=chain.max_range)
-        self.head_window = chain.head_window
+        # Head windows start at one block and grow (or shrink) with their log count.
+        self.head_sizer = RangeSizer(size=1, max_size=chain.head_window)
         self.cursor: Cursor | None = None
         self.head: BlockRef | None = None
         self._wake = asyncio.Event()
+        self._ahead: deque[tuple[int, int, asyncio.Task[RangeFetch]]] = deque()
+        self._ahead_head: deque[tuple[int, int, asyncio.Task[WindowFetch]]] = deque()
+        self._storing: asyncio.Task[None] | None = None
         self._bound = log.bind(chain_id=chain.chain_id)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -112,6 +122,8 @@ class ChainIndexer:
                     await asyncio.sleep(backoff)
                     backoff = min(5.0, backoff * 2)
         finally:
+            self._drop_ahead(self._ahead)
+            self._drop_ahead(self._ahead_head)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
@@ -163,7 +175,16 @@ class ChainIndexer:
     # -- one pass ---------------------------------------------------------------------
 
     async def sync_once(self, conn: asyncpg.Connection, stop: asyncio.Event | None = None) -> None:
-        """Index from the cursor up to the current head (repairing reorgs on the way)."""
+        """Index from the cursor up to the current head (repairing reorgs on the way).
+
+        Returns with everything it indexed committed (the last write is awaited).
+        """
+        try:
+            await self._sync(conn, stop)
+        finally:
+            await self._settle()
+
+    async def _sync(self, conn: asyncpg.Connection, stop: asyncio.Event | None) -> None:
         latest = await self.rpc.call("eth_getBlockByNumber", ["latest", False])
         head = BlockRef.from_header(latest)
         self.head = head
@@ -188,6 +209,9 @@ class ChainIndexer:
                 progressed = await self._step_head(conn, head.number)
             if not progressed:
                 break
+        if stop is not None and stop.is_set():
+            self._drop_ahead(self._ahead)
+            self._drop_ahead(self._ahead_head)
         self._update_lag()
 
     def _update_lag(self) -> None:
@@ -215,16 +239,32 @@ class ChainIndexer:
     async def _store(
         self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
     ) -> None:
+        """Write a piece in the background: the next window is checked and decoded while
+        PostgreSQL ingests and commits this one. One write in flight at a time, in order;
+        `self.cursor` runs ahead of the committed cursor by at most that write (a failure
+        surfaces at the next `_settle` and the run loop restarts from the stored cursor)."""
+        await self._settle()
+        self._storing = asyncio.create_task(self._write(conn, events, blocks, tip))
+        self.cursor = Cursor(tip.number, tip.hash)
+
+    async def _settle(self) -> None:
+        """Wait for the write in flight (raising its failure)."""
+        task, self._storing = self._storing, None
+        if task is not None:
+            await task
+
+    async def _write(
+        self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
+    ) -> None:
         await self.store.append(
             conn, events=events, blocks=blocks, tip=tip, confirmations=self.chain.confirmations, head=self.head
         )
-        self.cursor = Cursor(tip.number, tip.hash)
-        for event in events:
-            metrics.EVENTS.labels(self.chain_label, event.event).inc()
+        for name, count in Counter(e.event for e in events).items():
+            metrics.EVENTS.labels(self.chain_label, name).inc(count)
         if self.head is not None:
             metrics.LAG_SECONDS.labels(self.chain_label).set(max(0, self.head.timestamp - tip.timestamp))
 
-    async def _fetch_range(self, start: int, end: int) -> tuple[list[dict[str, Any]], list[BlockRef | None], float]:
+    async def _fetch_range(self, start: int, end: int) -> RangeFetch:
         started = time.perf_counter()
         numbers = [start] if start == end else [start, end]
         replies = await self.rpc.batch(
@@ -239,84 +279,139 @@ class ChainIndexer:
         headers = [BlockRef.from_header(h) if h is not None else None for h in replies[1:]]
         return replies[0], headers, time.perf_counter() - started
 
-    async def _step_ranges(self, conn: asyncpg.Connection, end: int) -> bool:
-        """Backfill below the finality depth; returns False when no progress was possible."""
-        assert self.cursor is not None
-        ranges = plan_ranges(self.cursor.number + 1, end, self.sizer.size, self.chain.ranges_in_flight)
-        metrics.RANGE_SIZE.labels(self.chain_label).set(self.sizer.size)
-        results = await asyncio.gather(*(self._fetch_range(a, b) for a, b in ranges), return_exceptions=True)
-        progressed = False
-        for (start, end_), result in zip(ranges, results, strict=True):
-            if isinstance(result, RpcRangeTooLarge):
-                self.sizer = self.sizer.shrink()
-                self._bound.info("range_shrunk", size=self.sizer.size, start=start, end=end_)
-                return True
-            if isinstance(result, BaseException):
-                raise result
-            started = time.perf_counter()
-            logs, headers, seconds = result
-            if any(h is None for h in headers):
-                return progressed
-            refs = [h for h in headers if h is not None]
-            logs_by_block = _hashes_by_block(logs, {start, end_})
-            outcome = check_window(self.cursor.hash or None, refs, logs_by_block)
-            if isinstance(outcome, Reorged):
-                await self.repair(conn)
-                return True
-            if isinstance(outcome, Inconsistent):
-                self._bound.info("window_inconsistent", reason=outcome.reason)
-                return progressed
-            timestamps = {r.number: r.timestamp for r in refs}
-            # Logs without `blockTimestamp` (many providers omit it): the time comes from the
-            # headers of their blocks, which must be the blocks the logs claim.
-            missing = sorted(
-                {int(raw["blockNumber"], 16) for raw in logs if raw.get("blockTimestamp") is None}
-                - timestamps.keys()
-            )
-            if missing:
-                found = [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]
-                checked = check_window(None, found, _hashes_by_block(logs, set(missing)))
-                if len(found) != len(missing) or isinstance(checked, Inconsistent):
-                    self._bound.info("window_inconsistent", reason="headers of logs without timestamps")
-                    return progressed
-                timestamps.update((ref.number, ref.timestamp) for ref in found)
-            events = self._decode(logs, timestamps)
-            for chunk, tip in _chunks(events, refs[-1], {}, self.chain.max_events_per_commit):
-                await self._store(conn, chunk, [tip], tip)
-            metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
-            self.sizer = self.sizer.observe(logs=len(logs), seconds=seconds)
-            progressed = True
-        return progressed
+    @staticmethod
+    def _drop_ahead(ahead: deque[tuple[int, int, asyncio.Task[Any]]]) -> None:
+        """Forget what was fetched ahead (the cursor moved elsewhere, or a fetch failed)."""
+        while ahead:
+            _, _, task = ahead.popleft()
+            if task.done():
+                if not task.cancelled():
+                    task.exception()  # retrieved: a stale failure is not worth a warning
+            else:
+                task.cancel()
 
-    async def _step_head(self, conn: asyncpg.Connection, head_number: int) -> bool:
-        """Near the head: every header of the window, checked, with its logs."""
+    async def _step_ranges(self, conn: asyncpg.Connection, end: int) -> bool:
+        """Backfill one range below the finality depth; False when no progress was possible.
+
+        A pipeline, not a loop: up to `ranges_in_flight` consecutive ranges after the cursor
+        are fetched (or being fetched) while the first one is checked, decoded and stored,
+        so the node works on the next ranges while PostgreSQL commits this one.
+        """
         assert self.cursor is not None
-        started = time.perf_counter()
-        start = self.cursor.number + 1
-        end = min(head_number, self.cursor.number + self.head_window)
-        numbers = list(range(start, end + 1))
-        try:
-            replies = await self.rpc.batch(
-                [
-                    (
-                        "eth_getLogs",
-                        [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
-                    ),
-                    *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
-                ]
-            )
-        except RpcRangeTooLarge:
-            self.head_window = max(1, self.head_window // 2)
-            return True
-        if any(h is None for h in replies[1:]):
+        first = self.cursor.number + 1
+        self._drop_ahead(self._ahead_head)
+        if self._ahead and self._ahead[0][0] != first:
+            self._drop_ahead(self._ahead)
+        metrics.RANGE_SIZE.labels(self.chain_label).set(self.sizer.size)
+        after = self._ahead[-1][1] + 1 if self._ahead else first
+        room = self.chain.ranges_in_flight - len(self._ahead)
+        for a, b in plan_ranges(after, end, self.sizer.size, room):
+            self._ahead.append((a, b, asyncio.create_task(self._fetch_range(a, b))))
+        if not self._ahead:
             return False
-        refs = [BlockRef.from_header(h) for h in replies[1:]]
-        logs: list[dict[str, Any]] = replies[0]
-        outcome = check_window(self.cursor.hash or None, refs, _hashes_by_block(logs, None))
+        start, end_, task = self._ahead.popleft()
+        try:
+            logs, headers, seconds = await task
+        except RpcRangeTooLarge:
+            self._drop_ahead(self._ahead)
+            self.sizer = self.sizer.shrink()
+            self._bound.info("range_shrunk", size=self.sizer.size, start=start, end=end_)
+            return True
+        except BaseException:
+            self._drop_ahead(self._ahead)
+            raise
+        started = time.perf_counter()
+        if any(h is None for h in headers):
+            self._drop_ahead(self._ahead)
+            return False
+        refs = [h for h in headers if h is not None]
+        logs_by_block = _hashes_by_block(logs, {start, end_})
+        outcome = check_window(self.cursor.hash or None, refs, logs_by_block)
         if isinstance(outcome, Reorged):
+            self._drop_ahead(self._ahead)
             await self.repair(conn)
             return True
         if isinstance(outcome, Inconsistent):
+            self._drop_ahead(self._ahead)
+            self._bound.info("window_inconsistent", reason=outcome.reason)
+            return False
+        timestamps = {r.number: r.timestamp for r in refs}
+        # Logs without `blockTimestamp` (many providers omit it): the time comes from the
+        # headers of their blocks, which must be the blocks the logs claim.
+        missing = sorted(
+            {int(raw["blockNumber"], 16) for raw in logs if raw.get("blockTimestamp") is None} - timestamps.keys()
+        )
+        if missing:
+            found = [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]
+            checked = check_window(None, found, _hashes_by_block(logs, set(missing)))
+            if len(found) != len(missing) or isinstance(checked, Inconsistent):
+                self._drop_ahead(self._ahead)
+                self._bound.info("window_inconsistent", reason="headers of logs without timestamps")
+                return False
+            timestamps.update((ref.number, ref.timestamp) for ref in found)
+        events = self._decode(logs, timestamps)
+        for chunk, tip in _chunks(events, refs[-1], {}, self.chain.max_events_per_commit):
+            await self._store(conn, chunk, [tip], tip)
+        metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
+        self.sizer = self.sizer.observe(logs=len(logs), seconds=seconds)
+        return True
+
+    async def _fetch_window(self, start: int, end: int) -> WindowFetch:
+        started = time.perf_counter()
+        numbers = list(range(start, end + 1))
+        replies = await self.rpc.batch(
+            [
+                (
+                    "eth_getLogs",
+                    [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
+                ),
+                *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
+            ]
+        )
+        return replies[0], replies[1:], time.perf_counter() - started
+
+    async def _step_head(self, conn: asyncpg.Connection, head_number: int) -> bool:
+        """Near the head: every header of a window, checked, with its logs.
+
+        Windows are sized by their log count (starting at one block, so the first commit
+        comes quickly even on dense blocks) and, like ranges, fetched up to
+        `ranges_in_flight` ahead while the current one is stored.
+        """
+        assert self.cursor is not None
+        self._drop_ahead(self._ahead)
+        first = self.cursor.number + 1
+        ahead = self._ahead_head
+        if ahead and ahead[0][0] != first:
+            self._drop_ahead(ahead)
+        after = ahead[-1][1] + 1 if ahead else first
+        while len(ahead) < self.chain.ranges_in_flight and after <= head_number:
+            end = min(head_number, after + self.head_sizer.size - 1)
+            ahead.append((after, end, asyncio.create_task(self._fetch_window(after, end))))
+            after = end + 1
+        if not ahead:
+            return False
+        _, _, task = ahead.popleft()
+        try:
+            logs, headers, seconds = await task
+        except RpcRangeTooLarge:
+            self._drop_ahead(ahead)
+            self.head_sizer = self.head_sizer.shrink()
+            return True
+        except BaseException:
+            self._drop_ahead(ahead)
+            raise
+        started = time.perf_counter()
+        if any(h is None for h in headers):
+            self._drop_ahead(ahead)
+            return False
+        refs = [BlockRef.from_header(h) for h in headers if h is not None]
+        outcome = check_window(self.cursor.hash or None, refs, _hashes_by_block(logs, None))
+        if isinstance(outcome, Reorged):
+            self._drop_ahead(ahead)
+            await self.repair(conn)
+            return True
+        if isinstance(outcome, Inconsistent):
+            self._drop_ahead(ahead)
             self._bound.info("window_inconsistent", reason=outcome.reason)
             return False
         events = self._decode(logs, {r.number: r.timestamp for r in refs})
@@ -325,14 +420,15 @@ class ChainIndexer:
         for chunk, tip in _chunks(events, refs[-1], by_number, self.chain.max_events_per_commit):
             await self._store(conn, chunk, [r for r in refs if stored_up_to < r.number <= tip.number], tip)
             stored_up_to = tip.number
-        metrics.BATCH_SECONDS.labels(self.chain_label).observe(time.perf_counter() - started)
-        self.head_window = min(self.chain.head_window, self.head_window * 2)
+        metrics.BATCH_SECONDS.labels(self.chain_label).observe(seconds + time.perf_counter() - started)
+        self.head_sizer = self.head_sizer.observe(logs=len(logs), seconds=seconds)
         return True
 
     # -- reorgs -----------------------------------------------------------------------
 
     async def repair(self, conn: asyncpg.Connection) -> None:
         """Walk back to the common ancestor, roll back past it, queue retractions."""
+        await self._settle()
         assert self.cursor is not None
         tip = self.cursor.number
         stored = await self.store.stored_hashes(conn, tip, self.chain.keep_blocks)

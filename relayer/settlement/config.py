@@ -12,7 +12,7 @@ fields the relayer does not use are ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -60,8 +60,17 @@ class RelayerSettings(BaseSettings):
     chains: list[ChainSettings] = Field(min_length=1, description="Chains to send to")
     verdicts_topic: str = Field(default=VERDICTS, description="Topic of signed verdicts")
     dlq_topic: str = Field(default=DEAD_LETTERS, description="Dead-letter topic")
-    relayer_consumer_group: str = Field(default="settlement-relayer", description="Kafka consumer group")
-    relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+    relayer_consumer_group: str = Field(
+        default="settlement-relayer", description="Consumer name: inbox, offsets and (in group mode) Kafka group"
+    )
+    relayer_consumer_assignment: Literal["direct", "group"] = Field(
+        default="direct",
+        description=(
+            "direct: one leader (advisory lock) assigns itself every partition and keeps its offsets in"
+            " PostgreSQL with the verdicts (no group join on restart); group: a Kafka consumer group"
+        ),
+    )
+    relayer_kafka_session_timeout_ms: int = Field(default=10_000, ge=1000, description="Group mode only")
     relayer_consumer_max_records: int = Field(
         default=500, ge=1, description="Verdicts per consumer transaction at most"
     )
@@ -82,7 +91,7 @@ class RelayerSettings(BaseSettings):
     relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
 
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
-    relayer_batch_size: int = Field(default=128, ge=1, description="Verdicts signed per round")
+    relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
     relayer_preflight_simulation: bool = Field(
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"

@@ -141,6 +141,7 @@ class Relayer:
                 # instants by design (kill -9 tests, crash points): a death in a handler is
                 # far likelier to be one of those than a poison verdict, so it takes two.
                 poison_after_deaths=2,
+                assignment=s.relayer_consumer_assignment,
             )
             log.info(
                 "relayer_starting",

@@ -39,7 +39,7 @@ lint: bootstrap
 	$(BIN)/ruff format --check . || true
 
 typecheck: bootstrap
-	$(BIN)/mypy indexer relayer schemas escrowd
+	$(BIN)/mypy indexer relayer schemas runtime escrowd
 
 compile: $(STAMP_NPM)
 	node scripts/compile_contracts.js

@@ -15,7 +15,7 @@ to stderr). In one run it:
    time from `evm_mine` returning to the block's last event being read from Kafka.
 
 Services: `DATABASE_URL` / `KAFKA_BOOTSTRAP` when set, else the embedded PostgreSQL and a
-Tansu broker from `escrowd.services`. Targets: (b) ≥ 0.5 × (a); head p50 ≤ 20 ms, p99 ≤ 100 ms.
+Tansu broker from `runtime.services`. Targets: (b) ≥ 0.5 × (a); head p50 ≤ 20 ms, p99 ≤ 100 ms.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from escrowd.db import connect, migrate_url
 from escrowd.devnet import Devnet, deploy_devnet
 from escrowd.harness import (
     IndexerProcess,
@@ -52,11 +51,12 @@ from escrowd.harness import (
     rpc_batch,
     write_config,
 )
-from escrowd.kafka import TopicSpec, ensure_topics
-from escrowd.logging import configure_logging
-from escrowd.services.anvil import AnvilProcess, anvil_binary
-from escrowd.services.kafka import KafkaService, start_kafka
-from escrowd.services.postgres import PostgresService, start_postgres
+from runtime.db import connect, migrate_url
+from runtime.kafka import TopicSpec, ensure_topics
+from runtime.logging import configure_logging
+from runtime.services.anvil import AnvilProcess, anvil_binary
+from runtime.services.kafka import KafkaService, start_kafka
+from runtime.services.postgres import PostgresService, start_postgres
 
 ETL_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python")
 

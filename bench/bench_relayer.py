@@ -46,16 +46,16 @@ import aiohttp
 import asyncpg
 
 from escrowd.devnet import Devnet, deploy_devnet, text_hash
-from escrowd.logging import configure_logging
-from escrowd.services.anvil import AnvilProcess
-from escrowd.services.kafka import start_kafka
-from escrowd.services.ports import free_port
-from escrowd.services.postgres import start_postgres
 from relayer.settlement.config import ChainSettings, RelayerSettings
 from relayer.settlement.fees import Fees
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.service import Relayer
 from relayer.settlement.txs import complete_verification_data, sign_eip1559
+from runtime.logging import configure_logging
+from runtime.services.anvil import AnvilProcess
+from runtime.services.kafka import start_kafka
+from runtime.services.ports import free_port
+from runtime.services.postgres import start_postgres
 from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key, verdict_payload
 
 POLL = 0.02  # both measurements poll for completion at the same rate
@@ -196,7 +196,7 @@ async def index(devnet: Devnet, database_url: str) -> None:
 
 
 async def publish(producer: Any, topic: str, verdicts: list[Any]) -> None:
-    from escrowd.kafka import encode_headers
+    from runtime.kafka import encode_headers
 
     futures = [
         await producer.send(
@@ -418,7 +418,7 @@ async def restart_to_work(
 
 
 async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) -> dict[str, Any]:
-    from escrowd.db import migrate_url
+    from runtime.db import migrate_url
 
     anvil = AnvilProcess()
     try:

@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _report(exc: BaseException) -> int:
-    from escrowd.errors import describe, redact_url
-    from escrowd.logging import redact
+    from runtime.errors import describe, redact_url
+    from runtime.logging import redact
 
     described = describe(exc)
     if described is not None:

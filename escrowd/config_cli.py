@@ -24,13 +24,13 @@ def check(
     """
     import yaml
 
-    from escrowd.config_file import load as load_config
-    from escrowd.errors import describe
     from indexer.config import load_settings
     from relayer.api.settings import ApiSettings
     from relayer.consumers_cli import ConsumerSettings
     from relayer.settlement.config import RelayerSettings
     from relayer.verification.service import VerificationSettings
+    from runtime.config_file import load as load_config
+    from runtime.errors import describe
 
     # Syntax first: a YAML error is reported once, not once per section.
     text = config.read_text(encoding="utf-8")

@@ -6,7 +6,7 @@ import asyncio
 
 import typer
 
-from escrowd.db import migrate_url
+from runtime.db import migrate_url
 
 app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 

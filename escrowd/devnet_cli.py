@@ -11,7 +11,7 @@ from types import FrameType
 import typer
 
 from escrowd.devnet import deploy_devnet
-from escrowd.services.anvil import AnvilProcess
+from runtime.services.anvil import AnvilProcess
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

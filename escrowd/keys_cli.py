@@ -45,8 +45,8 @@ def init(
     """Write encrypted keystores and their passwords for the relayer and the verifier."""
     from eth_account import Account
 
-    from escrowd.logging import register_secret
     from relayer.settlement.keys import SecretKey, load_keystore, write_keystore
+    from runtime.logging import register_secret
 
     out.mkdir(parents=True, exist_ok=True)
     addresses: dict[str, str] = {}

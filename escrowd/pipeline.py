@@ -17,12 +17,12 @@ import structlog
 from prometheus_client import start_http_server
 
 from escrowd import pipeline_parts
-from escrowd.db import connect, migrate_url
-from escrowd.kafka import ensure_topics, make_producer
-from escrowd.outbox import OutboxPublisher
 from escrowd.pipeline_config import Component, PipelineConfig
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
+from runtime.db import connect, migrate_url
+from runtime.kafka import ensure_topics, make_producer
+from runtime.outbox import OutboxPublisher
 from schemas.topics import ESCROW_EVENTS, all_topics
 
 __all__ = ["Component", "Pipeline", "PipelineConfig"]

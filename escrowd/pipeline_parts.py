@@ -226,7 +226,7 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
     parts = [Component(panel.name, panel.run, panel.stop), Component(admit.name, admit.run, admit.stop)]
 
     async def send_rulings() -> None:
-        from escrowd.db import create_pool
+        from runtime.db import create_pool
 
         rpc = EthRpc([dn.rpc_url], chain_id=dn.chain_id)
         pool = await create_pool(config.database_url, max_size=2)

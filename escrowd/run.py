@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from escrowd.errors import redact_url
 from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
-from escrowd.logging import configure_logging
-from escrowd.services.ports import free_port
+from runtime.errors import redact_url
+from runtime.logging import configure_logging
+from runtime.services.ports import free_port
 from schemas.task_state import TaskStatus
 
 log = structlog.get_logger(__name__)

@@ -10,9 +10,9 @@ import contextlib
 from dataclasses import dataclass
 
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.services.anvil import AnvilProcess
-from escrowd.services.kafka import KafkaService, start_kafka
-from escrowd.services.postgres import PostgresService, start_postgres
+from runtime.services.anvil import AnvilProcess
+from runtime.services.kafka import KafkaService, start_kafka
+from runtime.services.postgres import PostgresService, start_postgres
 
 
 @dataclass

@@ -8,12 +8,12 @@ import signal
 
 import structlog
 
-from escrowd.db import migrate_url
-from escrowd.health import mark, start_server
-from escrowd.kafka import ensure_topics, make_producer, start_producer
-from escrowd.outbox import OutboxPublisher
 from indexer.config import IndexerSettings
 from indexer.service import ChainIndexer
+from runtime.db import migrate_url
+from runtime.health import mark, start_server
+from runtime.kafka import ensure_topics, make_producer, start_producer
+from runtime.outbox import OutboxPublisher
 from schemas.topics import all_topics
 
 log = structlog.get_logger(__name__)
@@ -29,7 +29,7 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
     await migrate_url(settings.database_url)
     topics = list(all_topics(settings.topic_partitions))
     if settings.events_topic not in {t.name for t in topics}:
-        from escrowd.kafka import TopicSpec
+        from runtime.kafka import TopicSpec
 
         topics.append(TopicSpec(settings.events_topic, settings.topic_partitions))
     await ensure_topics(settings.kafka_bootstrap, topics)

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from escrowd.errors import safe_message
-from escrowd.logging import configure_logging
+from runtime.errors import safe_message
+from runtime.logging import configure_logging
 
 app = typer.Typer(help="Index escrow events into PostgreSQL and Kafka.", no_args_is_help=True)
 
@@ -50,11 +50,11 @@ def publish(
     import contextlib
     import signal
 
-    from escrowd.config_file import config_path, read_config, section
-    from escrowd.db import migrate_url
-    from escrowd.errors import StartupError
-    from escrowd.kafka import make_producer, start_producer
-    from escrowd.outbox import OutboxPublisher
+    from runtime.config_file import config_path, read_config, section
+    from runtime.db import migrate_url
+    from runtime.errors import StartupError
+    from runtime.kafka import make_producer, start_producer
+    from runtime.outbox import OutboxPublisher
 
     # The same file as `index run` (shared keys, then the `indexer:` section); the options
     # and their ESCROWD_* variables win over it.

@@ -12,7 +12,7 @@ from eth_utils.address import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from escrowd.config_file import load as config_file_load
+from runtime.config_file import load as config_file_load
 from schemas.topics import ESCROW_EVENTS
 
 
@@ -96,5 +96,5 @@ class IndexerSettings(BaseSettings):
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:
     """Settings: explicit overrides, then `ESCROWD_*`, then the file's `indexer:` section and
-    shared top-level keys (`escrowd.config_file`), then defaults."""
+    shared top-level keys (`runtime.config_file`), then defaults."""
     return config_file_load(IndexerSettings, "indexer", config_file, **overrides)

@@ -31,7 +31,6 @@ import asyncpg
 import orjson
 import structlog
 
-from escrowd.db import connect, is_connection_error
 from indexer import metrics
 from indexer.config import ChainConfig
 from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
@@ -39,6 +38,7 @@ from indexer.ranges import RangeSizer, plan_ranges
 from indexer.reorg import BlockRef, Inconsistent, Reorged, check_window, common_ancestor
 from indexer.rpc import RpcClient, RpcError, RpcRangeTooLarge
 from indexer.store import Cursor, IndexerStore
+from runtime.db import connect, is_connection_error
 from schemas.abi import escrow_abi
 
 log = structlog.get_logger(__name__)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from escrowd.kafka import cloudevent_headers, iso_time
-from escrowd.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, SENDING_LOCK, OutboxMessage
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
+from runtime.kafka import cloudevent_headers, iso_time
+from runtime.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, SENDING_LOCK, OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_type, incarnation_id, message_key, retraction_id
 

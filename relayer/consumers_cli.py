@@ -12,8 +12,8 @@ import typer
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from escrowd.errors import safe_message
 from relayer.verification.consumer_cli import app as verification_app
+from runtime.errors import safe_message
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
 app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, panels.", no_args_is_help=True)
@@ -45,14 +45,14 @@ class ConsumerSettings(BaseSettings):
 
 
 async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
-    from escrowd.consumer import IdempotentConsumer
-    from escrowd.db import migrate_url
-    from escrowd.kafka import make_producer, start_producer
-    from escrowd.outbox import OutboxPublisher
+    from runtime.consumer import IdempotentConsumer
+    from runtime.db import migrate_url
+    from runtime.kafka import make_producer, start_producer
+    from runtime.outbox import OutboxPublisher
 
     assert isinstance(consumer, IdempotentConsumer)
     if metrics_port is not None:
-        from escrowd.health import start_server
+        from runtime.health import start_server
 
         start_server(metrics_port)
     await migrate_url(database_url)
@@ -74,7 +74,7 @@ async def _run_until_signal(consumer: object, database_url: str, bootstrap: str,
 
 
 def _settings(config: Path | None) -> ConsumerSettings:
-    from escrowd.config_file import load
+    from runtime.config_file import load
 
     try:
         return load(ConsumerSettings, "consumers", config)
@@ -89,8 +89,8 @@ def lifecycle(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The lifecycle consumer: task state, timers, what can whom do now."""
-    from escrowd.logging import configure_logging
     from relayer.lifecycle.consumer import build_consumer
+    from runtime.logging import configure_logging
 
     settings = _settings(config)
     configure_logging(json=log_json)
@@ -111,9 +111,9 @@ def reputation(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The reputation consumer: per-agent score, dispute count, matching score."""
-    from escrowd.logging import configure_logging
     from relayer.reputation.consumer import build_consumer
     from relayer.reputation.rules import ReputationRules
+    from runtime.logging import configure_logging
 
     settings = _settings(config)
     configure_logging(json=log_json)
@@ -135,9 +135,9 @@ def panels(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
-    from escrowd.logging import configure_logging
     from relayer.panels.service import PanelConfig, build_consumer
     from relayer.panels.settings import PanelSettings
+    from runtime.logging import configure_logging
 
     try:
         settings = PanelSettings()

@@ -1,7 +1,7 @@
 """`GET /healthz` and `GET /readyz` for the FastAPI processes (the API and the relayer's port).
 
 `/healthz`: the process answers HTTP. `/readyz`: the database answers (when the app holds a
-pool) and every part registered in `escrowd.health` (the relayer's verdict consumer) is
+pool) and every part registered in `runtime.health` (the relayer's verdict consumer) is
 ready; 503 naming what is not, otherwise.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from escrowd import health
+from runtime import health
 
 router = APIRouter(tags=["probes"])
 

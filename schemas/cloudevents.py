@@ -1,7 +1,7 @@
 """CloudEvents 1.0 binary-mode headers and topic shapes: the wire contract, no I/O.
 
 Every producer and consumer builds and reads Kafka headers through these helpers; the Kafka
-client code that sends them lives in `escrowd.kafka`.
+client code that sends them lives in `runtime.kafka`.
 """
 
 from __future__ import annotations

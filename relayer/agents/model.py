@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from escrowd.logging import register_secret
+from runtime.logging import register_secret
 from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)

@@ -39,12 +39,12 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from web3 import Web3
 
-from escrowd.logging import register_secret
 from relayer.agents import briefs
 from relayer.agents.judging import VerifierAnswer, verifier_messages
 from relayer.agents.model import ModelClient, ModelError, ModelSettings
 from relayer.api.auth import Deployment, sign_request
 from relayer.settlement.txs import complete_verification_data, is_judged_data
+from runtime.logging import register_secret
 
 log = structlog.get_logger(__name__)
 
@@ -288,7 +288,7 @@ def verifier_agent(
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
     import typer
 
-    from escrowd.logging import configure_logging
+    from runtime.logging import configure_logging
 
     configure_logging(json=log_json)
     try:

@@ -21,8 +21,6 @@ from eth_account import Account
 from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel
 
-from escrowd.db import create_pool, migrate_url
-from escrowd.logging import register_secret
 from relayer.api.auth import forget_expired_nonces
 from relayer.api.bodies import BodyGuard
 from relayer.api.errors import GUARD_RESPONSES, install_error_handlers
@@ -30,6 +28,8 @@ from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
 from relayer.probes import router as probes_router
 from relayer.verification.verifiers import default_registry
+from runtime.db import create_pool, migrate_url
+from runtime.logging import register_secret
 
 log = structlog.get_logger(__name__)
 
@@ -100,8 +100,8 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
         producer = None
         publisher = None
         if settings.kafka_bootstrap and settings.api_run_publisher:
-            from escrowd.kafka import make_producer
-            from escrowd.outbox import OutboxPublisher
+            from runtime.kafka import make_producer
+            from runtime.outbox import OutboxPublisher
 
             producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-api")
             await producer.start()

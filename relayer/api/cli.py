@@ -21,11 +21,11 @@ def serve(
     import structlog
     import uvicorn
 
-    from escrowd.config_file import load
-    from escrowd.errors import safe_message
-    from escrowd.logging import configure_logging
     from relayer.api.app import create_app
     from relayer.api.settings import ApiSettings
+    from runtime.config_file import load
+    from runtime.errors import safe_message
+    from runtime.logging import configure_logging
     from schemas.jsonbounds import cap_recursion_limit
 
     configure_logging(json=log_json)

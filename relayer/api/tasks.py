@@ -25,7 +25,6 @@ from eth_utils.address import is_address, to_checksum_address
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from escrowd.outbox import enqueue
 from relayer.agents.checks import check_named_verifier
 from relayer.api.auth import Caller, Deployment, has_auth, spend_nonce, verify_signature
 from relayer.api.errors import ApiProblem
@@ -43,6 +42,7 @@ from relayer.verification.routing import (
     fold_chain,
     terms_problem,
 )
+from runtime.outbox import enqueue
 from schemas.task_state import MAX_SUBMISSIONS
 from schemas.task_terms import (
     MAX_RESULT_BYTES,

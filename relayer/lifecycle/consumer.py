@@ -24,10 +24,10 @@ import asyncpg
 import structlog
 from aiokafka import TopicPartition
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage, PermanentError
-from escrowd.kafka import cloudevent_headers, iso_time
-from escrowd.outbox import OutboxMessage, enqueue
 from relayer.lifecycle import clock, machine, roles
+from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
+from runtime.kafka import cloudevent_headers, iso_time
+from runtime.outbox import OutboxMessage, enqueue
 from schemas import jsoncodec
 from schemas.events import EscrowEventMessage, message_key
 from schemas.task_state import (

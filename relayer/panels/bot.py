@@ -235,7 +235,7 @@ def verifier_bot(
     """Reference panel verifier: register, poll assignments, score, attest."""
     import signal
 
-    from escrowd.logging import configure_logging
+    from runtime.logging import configure_logging
 
     try:
         settings = BotSettings()

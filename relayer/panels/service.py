@@ -22,10 +22,10 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Histogram
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
-from escrowd.kafka import cloudevent_headers
-from escrowd.outbox import OutboxMessage, enqueue
 from relayer.panels import rules
+from runtime.consumer import IdempotentConsumer, InboundMessage
+from runtime.kafka import cloudevent_headers
+from runtime.outbox import OutboxMessage, enqueue
 from schemas import jsoncodec
 from schemas import panels as msg
 from schemas.events import EscrowEventMessage

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncpg
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
-from escrowd.kafka import cloudevent_headers
-from escrowd.outbox import OutboxMessage, enqueue
 from relayer.reputation.rules import DEFAULT_RULES, ReputationRules, fold
+from runtime.consumer import IdempotentConsumer, InboundMessage
+from runtime.kafka import cloudevent_headers
+from runtime.outbox import OutboxMessage, enqueue
 from schemas import jsoncodec
 from schemas.events import EscrowEventMessage
 from schemas.task_state import Reputation, RoundOutcome

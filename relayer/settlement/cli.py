@@ -25,11 +25,11 @@ def run(
     """Run the relayer until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
-    from escrowd.errors import safe_message
-    from escrowd.logging import configure_logging
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.keys import KeyLoadError
     from relayer.settlement.service import run_relayer
+    from runtime.errors import safe_message
+    from runtime.logging import configure_logging
 
     try:
         settings = RelayerSettings.load(config)
@@ -60,9 +60,9 @@ def rulings() -> None:
     """Send signed panel rulings as resolveDispute from the arbiter key, until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
-    from escrowd.logging import configure_logging
     from relayer.settlement.keys import KeyLoadError
     from relayer.settlement.rulings import RulingRelaySettings, run_ruling_relay
+    from runtime.logging import configure_logging
 
     try:
         settings = RulingRelaySettings()

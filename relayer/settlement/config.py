@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from escrowd.config_file import load as config_file_load
 from relayer.settlement.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
+from runtime.config_file import load as config_file_load
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
 
@@ -155,7 +155,7 @@ class RelayerSettings(BaseSettings):
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> RelayerSettings:
-        """Read the settings (`escrowd.config_file`): keyword arguments, then `ESCROWD_*`,
+        """Read the settings (`runtime.config_file`): keyword arguments, then `ESCROWD_*`,
         then the file's `relayer:` section and shared top-level keys; `config_file`
         defaults to `$ESCROWD_CONFIG` when set."""
         return config_file_load(cls, "relayer", config_file, **overrides)

@@ -26,9 +26,9 @@ import asyncpg
 import pydantic
 import structlog
 
-from escrowd.consumer import InboundMessage, PermanentError
 from relayer.settlement import metrics, store
 from relayer.settlement.store import IndexedTask
+from runtime.consumer import InboundMessage, PermanentError
 from schemas.verdict import (
     InvalidSignature,
     SignedVerdict,

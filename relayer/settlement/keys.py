@@ -7,7 +7,7 @@ Sources, in order of preference:
    or from a file (a mounted secret);
 2. a raw 0x hex key from the environment: for the devnet, whose keys are public anyway.
 
-The key and the password are registered with `escrowd.logging.register_secret` the moment
+The key and the password are registered with `runtime.logging.register_secret` the moment
 they are read, so a log line that somehow carries them prints `[REDACTED]`. Errors say what
 failed and where, never with the value.
 """
@@ -23,7 +23,7 @@ from coincurve import PrivateKey
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
 
-from escrowd.logging import register_secret
+from runtime.logging import register_secret
 
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 

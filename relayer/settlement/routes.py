@@ -14,8 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from escrowd.logging import redact
 from relayer.settlement.health import BridgeHealth
+from runtime.logging import redact
 
 router = APIRouter(tags=["health"])
 

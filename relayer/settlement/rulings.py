@@ -40,12 +40,12 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage, PermanentError
-from escrowd.db import create_pool
 from relayer.settlement.fees import FeePolicy, price
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc, RpcCallError, RpcError
 from relayer.settlement.txs import _word, decode_revert, selector, sign_eip1559
+from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
+from runtime.db import create_pool
 from schemas import panels as msg
 from schemas.topics import DEAD_LETTERS, PANEL_RULINGS
 from schemas.verdict import InvalidSignature
@@ -331,9 +331,9 @@ class RulingRelaySettings(BaseSettings):
 
 async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -> None:
     """Admit rulings from Kafka and send them until `stop` is set."""
-    from escrowd.db import migrate_url
-    from escrowd.kafka import make_producer
-    from escrowd.outbox import OutboxPublisher
+    from runtime.db import migrate_url
+    from runtime.kafka import make_producer
+    from runtime.outbox import OutboxPublisher
 
     await migrate_url(settings.database_url)
     key = SecretKey.from_hex(settings.ruling_arbiter_key.get_secret_value())

@@ -22,10 +22,6 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect, create_pool, is_connection_error, migrate_url
-from escrowd.kafka import TopicSpec, ensure_topics
-from escrowd.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
 from relayer.probes import router as probes_router
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
@@ -36,6 +32,10 @@ from relayer.settlement.keys import SecretKey, load_key
 from relayer.settlement.routes import metrics_router, router
 from relayer.settlement.rpc import EthRpc
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
+from runtime.consumer import IdempotentConsumer
+from runtime.db import connect, create_pool, is_connection_error, migrate_url
+from runtime.kafka import TopicSpec, ensure_topics
+from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
 
 log = structlog.get_logger(__name__)
 

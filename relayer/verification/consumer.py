@@ -34,9 +34,6 @@ from eth_utils.crypto import keccak
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from escrowd.consumer import InboundMessage, PermanentError, RetryableError
-from escrowd.kafka import cloudevent_headers
-from escrowd.outbox import OutboxMessage, enqueue
 from relayer.verification import results_store as store
 from relayer.verification.auto_check import auto_check
 from relayer.verification.proof import (
@@ -70,6 +67,9 @@ from relayer.verification.routing import (
     conclude,
     decide,
 )
+from runtime.consumer import InboundMessage, PermanentError, RetryableError
+from runtime.kafka import cloudevent_headers
+from runtime.outbox import OutboxMessage, enqueue
 from schemas import jsoncodec, topics
 from schemas.events import EscrowEventMessage
 from schemas.task_terms import (

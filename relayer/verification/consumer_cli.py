@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from escrowd.config_file import load
-from escrowd.errors import safe_message
+from runtime.config_file import load
+from runtime.errors import safe_message
 
 app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
 
@@ -21,12 +21,12 @@ def run(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """Run the verification consumer, the retry scheduler and an outbox publisher until Ctrl-C."""
-    from escrowd.logging import configure_logging
     from relayer.verification.service import (
         SigningKeyError,
         VerificationSettings,
         run_verification_consumer,
     )
+    from runtime.logging import configure_logging
 
     configure_logging(json=log_json)
     try:

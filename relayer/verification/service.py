@@ -24,11 +24,6 @@ from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect, migrate_url
-from escrowd.kafka import TopicSpec, ensure_topics, make_producer
-from escrowd.logging import register_secret
-from escrowd.outbox import OutboxPublisher, enqueue
 from relayer.verification import results_store as store
 from relayer.verification.consumer import (
     CONSUMER_NAME,
@@ -40,6 +35,11 @@ from relayer.verification.registry import RubricStore, VerifierRegistry
 from relayer.verification.routing import RetryPolicy
 from relayer.verification.sandbox import SandboxSettings
 from relayer.verification.verifiers import default_registry
+from runtime.consumer import IdempotentConsumer
+from runtime.db import connect, migrate_url
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
+from runtime.logging import register_secret
+from runtime.outbox import OutboxPublisher, enqueue
 from schemas import topics
 from schemas.task_terms import RetryDue
 
@@ -241,7 +241,7 @@ async def run_verification_consumer(settings: VerificationSettings) -> None:
     """Run the verification service until cancelled (see the module docstring)."""
     key = load_signing_key(settings)
     if settings.metrics_port is not None:
-        from escrowd.health import start_server
+        from runtime.health import start_server
 
         start_server(settings.metrics_port)
     await migrate_url(settings.database_url)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from escrowd.db import connect
 from relayer.agents.briefs import (
     BriefError,
     b64,
@@ -16,6 +15,7 @@ from relayer.agents.briefs import (
     unwrap_key,
     wrap_key,
 )
+from runtime.db import connect
 from schemas.task_terms import result_hash
 from tests.verification.conftest import Api, IndexedChain, Who, drain, make_handler
 from tests.verification.test_api import TASK, code, finalize_path, register

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from escrowd.db import connect
+from runtime.db import connect
 from tests.verification.conftest import Api, Who
 from tests.verification.test_api import code
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from escrowd.services.postgres import PostgresService
+from runtime.services.postgres import PostgresService
 from schemas.jsonbounds import MAX_DEPTH, SAFE_RECURSION_LIMIT
 from tests.support.processes import ServiceProcess, api_process, get
 
@@ -49,7 +49,7 @@ def module_database(pg_service: PostgresService) -> Iterator[str]:
 
     import asyncpg
 
-    from escrowd.db import migrate_url
+    from runtime.db import migrate_url
 
     name = f"t_{secrets.token_hex(5)}"
 

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from escrowd.db import connect
 from escrowd.devnet import anvil_key
-from escrowd.kafka import (
+from indexer.decode import DecodedLog
+from indexer.store import event_message
+from runtime.db import connect
+from runtime.kafka import (
     TopicSpec,
     cloudevent_headers,
     encode_headers,
     ensure_topics,
 )
-from indexer.decode import DecodedLog
-from indexer.store import event_message
 from schemas.events import event_id
 from tests.support.indexer_harness import wait_for
 from tests.support.processes import consumer_process

@@ -1,6 +1,6 @@
 """Poison pills: a message that kills the consumer process is dead-lettered after one restart.
 
-The consumer runs as its own process on the shared runtime (`escrowd.consumer`); its handler
+The consumer runs as its own process on the shared runtime (`runtime.consumer`); its handler
 segfaults on one message. The first process dies with SIGSEGV; the restarted one finds the
 in-flight mark, dead-letters that message with the reason, and handles every other message
 (the ones behind it on its partition, and those on the other partition) exactly once.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from escrowd.db import connect
-from escrowd.kafka import (
+from runtime.db import connect
+from runtime.kafka import (
     TopicSpec,
     cloudevent_headers,
     encode_headers,

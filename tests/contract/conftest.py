@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.services.anvil import AnvilProcess
+from runtime.services.anvil import AnvilProcess
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from escrowd.devnet import (
     anvil_key,
     text_hash,
 )
-from escrowd.services.anvil import AnvilError, AnvilProcess
+from runtime.services.anvil import AnvilError, AnvilProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_anvil_process_lifecycle() -> None:
 
 def test_anvil_dies_with_a_killed_owner_and_its_home_is_swept() -> None:
     code = (
-        "from escrowd.services.anvil import AnvilProcess; import sys, time;"
+        "from runtime.services.anvil import AnvilProcess; import sys, time;"
         "a = AnvilProcess().start(); print(a.port, a._home, flush=True); time.sleep(60)"
     )
     owner = subprocess.Popen(

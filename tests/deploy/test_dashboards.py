@@ -187,7 +187,7 @@ def test_the_promql_parser_finds_metric_names_and_ignores_labels_and_strings() -
 
 def test_exported_names_follow_the_exposition_rules() -> None:
     """Counters export `_total`, histograms `_bucket/_sum/_count`: the collection knows it."""
-    from escrowd.outbox import OUTBOX_BATCH_SECONDS, OUTBOX_PENDING, OUTBOX_PUBLISHED
+    from runtime.outbox import OUTBOX_BATCH_SECONDS, OUTBOX_PENDING, OUTBOX_PUBLISHED
 
     assert "escrowd_outbox_published_total" in sample_names(OUTBOX_PUBLISHED)
     assert "escrowd_outbox_published" not in sample_names(OUTBOX_PUBLISHED)
@@ -201,7 +201,7 @@ def test_exported_names_follow_the_exposition_rules() -> None:
 def test_metric_modules_include_the_known_ones() -> None:
     """Discovery by source finds at least the modules the dashboards were built from."""
     modules = set(metric_modules())
-    assert {"indexer.metrics", "indexer.rpc", "escrowd.outbox", "escrowd.consumer"} <= modules
+    assert {"indexer.metrics", "indexer.rpc", "runtime.outbox", "runtime.consumer"} <= modules
 
 
 def test_there_are_dashboards_and_each_queries_escrowd_metrics() -> None:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from escrowd.services.kafka import KafkaService
-from escrowd.services.postgres import PostgresService
+from runtime.services.kafka import KafkaService
+from runtime.services.postgres import PostgresService
 
 
 @pytest.mark.timeout(600)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from escrowd.harness import escrowd_command
-from escrowd.services.postgres import PostgresService
+from runtime.services.postgres import PostgresService
 
 DEADLINE = 300.0  # generous: waits end as soon as the condition holds
 

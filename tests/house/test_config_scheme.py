@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from escrowd.errors import StartupError
 from escrowd.harness import escrowd_command
 from indexer.config import load_settings
 from relayer.settlement.config import RelayerSettings
+from runtime.errors import StartupError
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "0x" + "ab" * 32

@@ -3,11 +3,10 @@
 Layers, bottom to top (docs/architecture.md, "The house"):
 
 0. `schemas`: the shared contract; imports nothing of the project.
-1. the runtime part of `escrowd` (db, Kafka, outbox, consumer runtime, logging, errors,
-   configuration files, health probes,
-   embedded services): used by the services.
+1. `runtime`: the shared runtime (db, Kafka, outbox, consumer runtime, logging, errors,
+   configuration files, health probes, embedded services): used by the services.
 2. `indexer` and `relayer`: the services; neither imports the other.
-3. the application part of `escrowd` (CLI, `run`, pipeline wiring, devnet, traffic, harness).
+3. `escrowd`: the application (CLI, `run`, pipeline wiring, devnet, traffic, harness).
 4. `bench` and `tests`; `bench` does not import `tests`.
 
 Imports are read with `ast` from every file, including imports inside functions (a lazy
@@ -23,10 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "escrowd", "indexer", "relayer", "bench", "tests")
-ESCROWD_RUNTIME = {"escrowd", "escrowd.db", "escrowd.kafka", "escrowd.outbox", "escrowd.consumer",
-                   "escrowd.logging", "escrowd.errors", "escrowd.config_file", "escrowd.health",
-                   "escrowd.services"}  # fmt: skip
+PACKAGES = ("schemas", "runtime", "escrowd", "indexer", "relayer", "bench", "tests")
 
 
 def layer(module: str) -> tuple[int, str]:
@@ -34,10 +30,9 @@ def layer(module: str) -> tuple[int, str]:
     top = module.split(".")[0]
     if top == "schemas":
         return 0, "schemas"
+    if top == "runtime":
+        return 1, "runtime"
     if top == "escrowd":
-        runtime = any(module == m or module.startswith(m + ".") for m in ESCROWD_RUNTIME - {"escrowd"})
-        if runtime or module == "escrowd":
-            return 1, "escrowd runtime"
         return 3, "escrowd application"
     if top in ("indexer", "relayer"):
         return 2, top
@@ -157,9 +152,9 @@ def test_no_import_circles() -> None:
 
 @pytest.mark.parametrize(
     "source,target,bad",
-    [("schemas/x.py", "escrowd.kafka", True), ("indexer/x.py", "relayer.api", True),
-     ("escrowd/db.py", "indexer.store", True), ("bench/x.py", "tests.support", True),
-     ("relayer/x.py", "escrowd.outbox", False), ("escrowd/run.py", "relayer.api", False)],
+    [("schemas/x.py", "runtime.kafka", True), ("runtime/db.py", "escrowd.cli", True), ("indexer/x.py", "relayer.api", True),
+     ("runtime/db.py", "indexer.store", True), ("bench/x.py", "tests.support", True),
+     ("relayer/x.py", "runtime.outbox", False), ("escrowd/run.py", "relayer.api", False)],
 )  # fmt: skip
 def test_the_rule_catches_upward_imports(source: str, target: str, bad: bool) -> None:
     """The checker itself: an upward or sideways import is a violation, a downward one is not."""

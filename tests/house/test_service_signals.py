@@ -27,9 +27,9 @@ import pytest
 
 from escrowd.devnet import Devnet
 from escrowd.harness import chain_config, escrowd_command, write_config
-from escrowd.services.kafka import KafkaService
-from escrowd.services.ports import free_port
-from escrowd.services.postgres import PostgresService
+from runtime.services.kafka import KafkaService
+from runtime.services.ports import free_port
+from runtime.services.postgres import PostgresService
 
 DEADLINE = 240.0  # generous; every wait ends as soon as its condition holds
 

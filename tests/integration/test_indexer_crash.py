@@ -23,9 +23,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.services.anvil import AnvilProcess
+from runtime.db import connect
+from runtime.services.anvil import AnvilProcess
 from tests.support.indexer_harness import (
     ChainLog,
     IndexerProcess,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.services.anvil import AnvilProcess
-from escrowd.services.ports import free_port
 from indexer.config import ChainConfig
+from runtime.db import connect
+from runtime.services.anvil import AnvilProcess
+from runtime.services.ports import free_port
 from tests.support.indexer_harness import (
     ChainLog,
     assert_db_matches_chain,

@@ -18,10 +18,10 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from escrowd.db import connect
 from escrowd.devnet import USDC, Actor, Devnet, text_hash
 from indexer import metrics
 from indexer.config import ChainConfig
+from runtime.db import connect
 from schemas.events import retraction_id
 from tests.support.indexer_harness import (
     TopicRecord,

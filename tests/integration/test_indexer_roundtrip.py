@@ -7,13 +7,13 @@ import contextlib
 
 import asyncpg
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet
-from escrowd.kafka import TopicSpec, ensure_topics, make_producer
-from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
+from runtime.db import connect
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
+from runtime.outbox import OutboxPublisher
 from schemas.events import EscrowEventMessage, event_type
 from tests.support.indexer_harness import read_topic, wait_for
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from escrowd.db import connect
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
+from runtime.db import connect
 from schemas.events import event_id
 
 CHAIN = 31337

@@ -19,11 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from fastapi import FastAPI
 
-from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect, create_pool
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
-from escrowd.kafka import TopicSpec, ensure_topics, make_producer
-from escrowd.outbox import OutboxPublisher
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
 from relayer.lifecycle import consumer as lifecycle_consumer
@@ -31,6 +27,10 @@ from relayer.lifecycle import roles as lifecycle_roles
 from relayer.lifecycle.machine import allowed_actions
 from relayer.lifecycle.routes import router as lifecycle_router
 from relayer.reputation import consumer as reputation_consumer
+from runtime.consumer import IdempotentConsumer
+from runtime.db import connect, create_pool
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
+from runtime.outbox import OutboxPublisher
 from schemas import jsoncodec
 from schemas.events import event_id
 from schemas.task_state import TaskState

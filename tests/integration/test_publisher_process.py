@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 
-from escrowd.db import connect
-from escrowd.kafka import TopicSpec, cloudevent_headers, ensure_topics
-from escrowd.outbox import OutboxMessage, enqueue
+from runtime.db import connect
+from runtime.kafka import TopicSpec, cloudevent_headers, ensure_topics
+from runtime.outbox import OutboxMessage, enqueue
 from tests.support.indexer_harness import read_topic, wait_for
 
 

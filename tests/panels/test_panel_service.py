@@ -13,13 +13,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
-from escrowd.db import connect
 from escrowd.devnet import anvil_key
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from relayer.panels import rules
 from relayer.panels.service import PanelConfig, PanelHandler, close_due_rounds
+from runtime.consumer import IdempotentConsumer, InboundMessage
+from runtime.db import connect
 from schemas import panels as msg
 from schemas.events import event_id
 from tests.verification.conftest import Api, Who, api_settings, running_api

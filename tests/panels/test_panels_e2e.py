@@ -19,9 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
-from escrowd.db import connect, create_pool
 from escrowd.devnet import Devnet, anvil_key
-from escrowd.kafka import TopicSpec, ensure_topics
 from relayer.api.app import create_app
 from relayer.panels import rules
 from relayer.panels.service import PanelConfig
@@ -29,6 +27,8 @@ from relayer.panels.service import build_consumer as build_panel_consumer
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RulingSender, build_ruling_consumer
+from runtime.db import connect, create_pool
+from runtime.kafka import TopicSpec, ensure_topics
 from schemas import panels as msg
 from schemas import topics
 from schemas.task_state import TaskStatus

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from escrowd.db import connect
-from escrowd.kafka import TopicSpec, ensure_topics
 from relayer.panels import rules
+from runtime.db import connect
+from runtime.kafka import TopicSpec, ensure_topics
 from schemas import panels as msg
 from schemas import topics
 from tests.panels.test_panel_service import AGENT, CHAIN, POSTER, VERIFIERS

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from escrowd.db import connect
+from runtime.db import connect
 
 ESCROW = "0x" + "e3" * 20
 V = ["0x" + f"{i:02x}" * 20 for i in range(1, 8)]

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
-from escrowd.db import create_pool
 from escrowd.devnet import Devnet
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RulingHandler, RulingSender
+from runtime.consumer import IdempotentConsumer, InboundMessage
+from runtime.db import create_pool
 from schemas import panels as msg
 from schemas.task_state import TaskStatus
 

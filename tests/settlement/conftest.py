@@ -1,6 +1,6 @@
 """Fixtures for the settlement relayer tests: a devnet per test, the real indexer, the relayer.
 
-The chain: a fresh anvil per test (`escrowd.services.anvil.AnvilProcess`) with the escrow
+The chain: a fresh anvil per test (`runtime.services.anvil.AnvilProcess`) with the escrow
 deployed by `escrowd.devnet`. The indexed state the relayer re-reads (`escrow_events`) is
 written by the real indexer (`indexer.service.ChainIndexer`) running in the test's event
 loop, exactly as in production. The relayer runs either in-process (`RelayerRun`, for
@@ -24,12 +24,12 @@ import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
 from escrowd.devnet import Actor, Devnet, deploy_devnet, text_hash
-from escrowd.kafka import encode_headers
-from escrowd.services.anvil import AnvilProcess
-from escrowd.services.ports import free_port
 from relayer.settlement.config import ChainSettings, RelayerSettings
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.service import Relayer
+from runtime.kafka import encode_headers
+from runtime.services.anvil import AnvilProcess
+from runtime.services.ports import free_port
 from schemas.verdict import (
     SignedVerdict,
     Verdict,

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from escrowd.devnet import Devnet
-from escrowd.services.ports import free_port
+from runtime.services.ports import free_port
 from tests.settlement.conftest import (
     IndexerRun,
     RelayerRun,

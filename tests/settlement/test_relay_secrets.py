@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from escrowd.logging import register_secret
 from relayer.settlement.keys import SecretKey, write_keystore
 from relayer.settlement.routes import metrics_router, router
+from runtime.logging import register_secret
 
 REPO = Path(__file__).resolve().parents[2]
 # anvil's public test key #2 (the devnet's marketplace verifier)

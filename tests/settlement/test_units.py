@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from escrowd.logging import redact
 from relayer.settlement.consumer import Accept, Reject, Wait, check_signature, decide
 from relayer.settlement.fees import (
     GWEI,
@@ -40,6 +39,7 @@ from relayer.settlement.txs import (
     selector,
     sign_eip1559,
 )
+from runtime.logging import redact
 from schemas.verdict import (
     InvalidSignature,
     SignedVerdict,

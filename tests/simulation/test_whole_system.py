@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet, deploy_devnet
-from escrowd.kafka import ensure_topics
-from escrowd.services.anvil import AnvilProcess
+from runtime.db import connect
+from runtime.kafka import ensure_topics
+from runtime.services.anvil import AnvilProcess
 from schemas.topics import all_topics
 from tests.support.indexer_harness import proxied_tansu
 from tests.support.simulation import (

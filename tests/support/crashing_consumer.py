@@ -13,7 +13,7 @@ import sys
 
 import asyncpg
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
+from runtime.consumer import IdempotentConsumer, InboundMessage
 
 
 async def handler(conn: asyncpg.Connection, message: InboundMessage) -> None:

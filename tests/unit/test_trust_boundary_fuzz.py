@@ -3,7 +3,7 @@
 * `schemas.jsonbounds`: the linear depth scan agrees with the true depth of every valid
   JSON text, whatever its strings hold; `loads` on any bytes returns a value within the
   bounds or raises `JsonRefused`, nothing else, and agrees with the standard parser;
-* `escrowd.kafka.decode_headers`: any header list decodes, never raises, never yields NUL;
+* `runtime.kafka.decode_headers`: any header list decodes, never raises, never yields NUL;
 * `validate_criteria`: any JSON value gives a verdict, never an exception.
 
 A bounded number of examples runs in the suite; `make soak` runs each target 100 times as
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from escrowd.kafka import MAX_HEADER_CHARS, decode_headers
 from relayer.verification.criteria_validation import MODES, validate_criteria
+from runtime.kafka import MAX_HEADER_CHARS, decode_headers
 from schemas import jsonbounds
 
 SUITE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,10 +14,7 @@ import asyncpg
 import httpx
 import pytest
 
-from escrowd.consumer import IdempotentConsumer, InboundMessage
-from escrowd.db import connect
 from escrowd.devnet import anvil_key
-from escrowd.outbox import enqueue
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from relayer.api.app import create_app
@@ -26,6 +23,9 @@ from relayer.api.settings import ApiSettings
 from relayer.verification.consumer import Topics, VerificationHandler
 from relayer.verification.routing import RetryPolicy
 from relayer.verification.verifiers import default_registry
+from runtime.consumer import IdempotentConsumer, InboundMessage
+from runtime.db import connect
+from runtime.outbox import enqueue
 from schemas import topics
 from schemas.events import event_id
 

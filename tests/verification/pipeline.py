@@ -18,11 +18,7 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from escrowd.consumer import IdempotentConsumer
-from escrowd.db import connect
 from escrowd.devnet import Actor, Devnet, anvil_key
-from escrowd.kafka import TopicSpec, decode_headers, ensure_topics, make_producer
-from escrowd.outbox import OutboxPublisher
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
 from relayer.verification.consumer import Topics, VerificationHandler
@@ -30,6 +26,10 @@ from relayer.verification.registry import VerifierRegistry
 from relayer.verification.routing import RetryPolicy
 from relayer.verification.service import RetryScheduler
 from relayer.verification.verifiers import default_registry
+from runtime.consumer import IdempotentConsumer
+from runtime.db import connect
+from runtime.kafka import TopicSpec, decode_headers, ensure_topics, make_producer
+from runtime.outbox import OutboxPublisher
 from schemas import jsoncodec
 from schemas.task_terms import result_hash
 from schemas.verdict import SignedVerdict

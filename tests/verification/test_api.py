@@ -227,7 +227,7 @@ async def test_finalize_is_accepted_once_and_queued(api: Api, chain: IndexedChai
     again = await api.call("POST", finalize_path(), {"result": "result one"}, as_=who["agent"])
     assert again.status_code == 202
 
-    from escrowd.db import connect
+    from runtime.db import connect
 
     conn = await connect(database_url)
     try:

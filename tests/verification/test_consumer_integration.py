@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from escrowd.consumer import IdempotentConsumer
 from escrowd.devnet import Devnet
-from escrowd.kafka import cloudevent_headers, encode_headers, make_producer
 from relayer.verification.consumer import VerificationHandler
+from runtime.consumer import IdempotentConsumer
+from runtime.kafka import cloudevent_headers, encode_headers, make_producer
 from schemas.task_terms import result_hash
 from schemas.verdict import recover_signer
 

@@ -177,7 +177,7 @@ async def test_endpoint_that_cannot_answer_raises(
 
 async def test_endpoint_down_or_not_allow_listed(registry: VerifierRegistry) -> None:
     """Nothing listening: unreachable. A host off the allow-list: refused before any request."""
-    from escrowd.services.ports import free_port
+    from runtime.services.ports import free_port
 
     down = VerifierRef(kind="endpoint", ref=f"http://127.0.0.1:{free_port()}/score")
     with pytest.raises(VerificationError, match="unreachable"):

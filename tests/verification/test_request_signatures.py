@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from escrowd.services.ports import free_port, wait_for_port
-from escrowd.services.postgres import PostgresService
 from relayer.api.auth import Deployment, sign_request
+from runtime.services.ports import free_port, wait_for_port
+from runtime.services.postgres import PostgresService
 from schemas.task_terms import result_hash
 from tests.support.indexer_harness import escrowd_command
 
@@ -45,7 +45,7 @@ async def second_database(admin: str) -> AsyncIterator[str]:
 
     import asyncpg
 
-    from escrowd.db import migrate_url
+    from runtime.db import migrate_url
 
     name = f"t_{secrets.token_hex(5)}"
 

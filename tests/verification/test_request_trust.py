@@ -22,9 +22,7 @@ from typing import Any
 import pytest
 from eth_account import Account
 
-from escrowd.db import connect
 from escrowd.devnet import Devnet
-from escrowd.kafka import encode_headers, make_producer
 from relayer.verification.consumer import request_message
 from relayer.verification.request_auth import (
     RequestNotTrusted,
@@ -34,6 +32,8 @@ from relayer.verification.request_auth import (
     service_problem,
     service_proof,
 )
+from runtime.db import connect
+from runtime.kafka import encode_headers, make_producer
 from schemas import jsoncodec
 from schemas.request_auth import Deployment, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash

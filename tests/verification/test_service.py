@@ -11,7 +11,6 @@ from eth_account import Account
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
-from escrowd.db import connect
 from relayer.verification import consumer_cli
 from relayer.verification.routing import RetryPolicy
 from relayer.verification.service import (
@@ -20,6 +19,7 @@ from relayer.verification.service import (
     VerificationSettings,
     load_signing_key,
 )
+from runtime.db import connect
 from schemas import topics
 from schemas.task_terms import result_hash
 

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from escrowd.services.ports import free_port
+from runtime.services.ports import free_port
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _DEFAULT_BIN = _REPO_ROOT / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from escrowd.errors import StartupError
-from escrowd.services.anvil import _die_with_parent as die_with_parent
-from escrowd.services.ports import free_port, wait_for_port
+from runtime.errors import StartupError
+from runtime.services.anvil import _die_with_parent as die_with_parent
+from runtime.services.ports import free_port, wait_for_port
 
 
 @dataclass

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import structlog
 
-from escrowd.errors import StartupError
+from runtime.errors import StartupError
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)

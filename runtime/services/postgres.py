@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from escrowd.errors import StartupError
+from runtime.errors import StartupError
 
 
 @dataclass

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import Counter, Gauge, Histogram
 
-from escrowd.db import is_connection_error
+from runtime.db import is_connection_error
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -165,7 +165,7 @@ class OutboxPublisher:
 
     async def run(self) -> None:
         """Publish until stopped, reconnecting to the database and the broker as needed."""
-        from escrowd.db import connect
+        from runtime.db import connect
 
         while not self._stopping.is_set():
             conn: asyncpg.Connection | None = None

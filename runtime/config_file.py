@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
-from escrowd.errors import StartupError
+from runtime.errors import StartupError
 
 SECTIONS = ("indexer", "relayer", "api", "verification", "consumers")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

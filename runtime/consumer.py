@@ -52,10 +52,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
-from escrowd import health
-from escrowd.db import connect, is_connection_error
-from escrowd.kafka import cloudevent_headers, decode_headers
-from escrowd.outbox import OutboxMessage, enqueue
+from runtime import health
+from runtime.db import connect, is_connection_error
+from runtime.kafka import cloudevent_headers, decode_headers
+from runtime.outbox import OutboxMessage, enqueue
 from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
@@ -327,7 +327,7 @@ class IdempotentConsumer:
 
     async def _lead(self, conn: asyncpg.Connection) -> None:
         # Held for the life of this connection: a crashed leader's lock goes with its socket.
-        key = ("escrowd.consumer", self.name)
+        key = ("runtime.consumer", self.name)
         if not await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))", *key):
             log.warning("consumer_standby", consumer=self.name, reason="another process holds this consumer")
             await conn.execute("SELECT pg_advisory_lock(hashtext($1), hashtext($2))", *key)
@@ -480,7 +480,7 @@ class IdempotentConsumer:
             **{k: v for k, v in message.headers.items() if not k.startswith("ce_")},
             **cloudevent_headers(
                 id=dlq_id,
-                source=f"escrowd/consumer/{self.name}",
+                source=f"runtime/consumer/{self.name}",
                 type="io.escrowd.deadletter.v1",
                 subject=message.message_id,
                 time=None,

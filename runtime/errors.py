@@ -63,7 +63,7 @@ def safe_message(exc: BaseException) -> str:
     described = describe(exc)
     if described is not None:
         return described[0]
-    from escrowd.logging import redact
+    from runtime.logging import redact
 
     lines = redact(redact_url(str(exc))).splitlines()
     return lines[0] if lines else type(exc).__name__

@@ -30,8 +30,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from eth_account import Account
-from eth_account.messages import _hash_eip191_message, encode_typed_data
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
 from pydantic import BaseModel, ConfigDict, Field
@@ -123,7 +121,7 @@ def request_digest(
 ) -> bytes:
     """The 32-byte EIP-712 digest of one request (what the key signs)."""
     typed = typed_request(deployment, method, path, body, signer, nonce, expires_at)
-    return bytes(_hash_eip191_message(encode_typed_data(full_message=typed)))
+    return _typed_digest(typed)
 
 
 def typed_service_request(deployment: Deployment, request_id: str, payload_hash: bytes) -> dict[str, Any]:
@@ -144,11 +142,13 @@ def typed_service_request(deployment: Deployment, request_id: str, payload_hash:
 def service_digest(deployment: Deployment, request_id: str, payload_hash: bytes) -> bytes:
     """The 32-byte EIP-712 digest the API service key signs."""
     typed = typed_service_request(deployment, request_id, payload_hash)
-    return bytes(_hash_eip191_message(encode_typed_data(full_message=typed)))
+    return _typed_digest(typed)
 
 
 def sign_digest(private_key: str, digest: bytes) -> str:
     """65-byte r‖s‖v (v = 27/28, low s) signature of a digest, 0x hex."""
+    from eth_account import Account
+
     signed = Account.unsafe_sign_hash(digest, private_key)
     return "0x" + bytes(signed.signature).hex()
 
@@ -169,6 +169,8 @@ def recover_digest_signer(digest: bytes, signature: str) -> str:
     if not (0 < r < SECP256K1_N) or not (0 < s <= SECP256K1_N // 2):
         raise BadSignature("r or s out of range (or s not canonical)")
     try:
+        from eth_account import Account
+
         return str(Account._recover_hash(digest, signature=raw))
     except Exception:
         raise BadSignature("the signature does not recover a key") from None
@@ -186,6 +188,8 @@ def sign_request(
 ) -> dict[str, str]:
     """Client side: the four auth headers for one request to `deployment` (SDKs, tests, scripts)."""
     import secrets
+
+    from eth_account import Account
 
     account = Account.from_key(private_key)
     nonce = nonce or secrets.token_urlsafe(16)
@@ -247,3 +251,11 @@ def requester_proof(
         expires_at=expires_at,
         signature=signature,
     )
+
+
+def _typed_digest(typed: dict[str, Any]) -> bytes:
+    # eth-account is imported on use: the request models (this module) are read by light
+    # paths such as `escrowd verify auto`, which never sign.
+    from eth_account.messages import _hash_eip191_message, encode_typed_data
+
+    return bytes(_hash_eip191_message(encode_typed_data(full_message=typed)))

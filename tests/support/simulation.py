@@ -48,10 +48,11 @@ from schemas.task_state import (
     RoundOutcome,
     TaskState,
 )
-from tests.support.indexer_harness import REPO_ROOT, chain_logs, escrowd_command, read_topic
+from tests.support.indexer_harness import chain_logs, escrowd_command, read_topic
 from tests.support.rpc_proxy import Faults, RpcFaultProxy
 from tests.support.tcp_proxy import TcpProxy
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _TIMER_EVENTS = (DeadlinePassed, AppealWindowClosed, EscalationCollectible)
 
 # ---------------------------------------------------------------------------- the schedule
@@ -204,6 +205,8 @@ class Simulation:
     # -- start / stop ------------------------------------------------------------------
 
     def start(self) -> None:
+        # Bury the deployment (token mints, approvals) below the deepest reorg a schedule makes.
+        self.devnet.mine(8)
         self.rpc_proxy = RpcFaultProxy(self.devnet.rpc_url, Faults(seed=self.schedule.seed)).start()
         self.signer_key = "0x" + random.Random(self.schedule.seed).randbytes(32).hex()
         signer = Account.from_key(self.signer_key).address
@@ -231,6 +234,9 @@ class Simulation:
                 "ESCROWD_API_PORT": str(self.api_port),
                 "ESCROWD_MARKETPLACE_VERIFIER_ADDRESS": self.devnet.marketplace_verifier.address,
                 "ESCROWD_EVIDENCE_WAIT_SECONDS": "20", "ESCROWD_FINALIZE_WAIT_SECONDS": "10",
+                "ESCROWD_DEPLOYMENTS": json.dumps(
+                    [{"chain_id": self.devnet.chain_id, "escrow": self.devnet.escrow_address}]
+                ),
             }),
         }  # fmt: skip
         for member in ("a", "b"):
@@ -381,7 +387,9 @@ class Traffic:
         try:
             await asyncio.wait_for(getattr(self, f"_{path}")(index), timeout=90)
         except (EscrowRevert, RuntimeError, TimeoutError, AssertionError, OSError, httpx.HTTPError) as exc:
-            self.failures[f"{path}: {type(exc).__name__}"] += 1
+            # Best effort by design (a fault may drop a step), but a programming error in the
+            # traffic itself (TypeError, AttributeError, ...) is not caught: it fails the run.
+            self.failures[f"{path}: {type(exc).__name__} {str(exc)[:60]}"] += 1
 
     def _actors(self, index: int) -> tuple[Any, Any]:
         return self.dn.posters[index % len(self.dn.posters)], self.dn.agents[index % len(self.dn.agents)]
@@ -420,10 +428,13 @@ class Traffic:
         await self._status(task, 3)
 
     async def _manual_pass(self, index: int) -> None:
-        task, poster, _ = await self._pipeline_task(index, {"verificationMode": "manual"}, f"Manual work {index}")
+        from schemas.task_terms import result_hash
+
+        output = f"Manual work {index}"
+        task, poster, _ = await self._pipeline_task(index, {"verificationMode": "manual"}, output)
         for _ in range(100):
             try:
-                await self.api.review(poster.private_key, task, True, [])
+                await self.api.review(poster.private_key, task, 1, result_hash({"output": output}), True, [])
                 break
             except RuntimeError:
                 await asyncio.sleep(0.3)

@@ -9,7 +9,7 @@ to take. The verification service sets `ESCROWD_SANDBOX_URL` and sends each run 
            "wallMs", "limits"}
       503 {"error"}  the sandbox could not run (the caller raises SandboxUnavailable)
       400 {"error"}  a malformed request
-    GET /health    {"ok": true}
+    GET /health    {"ok": true}   (also /healthz and /readyz, for the probes)
 
 Bodies are bounded (16 MiB) before they are parsed; at most `max_parallel` runs at a time
 (the rest wait, so the caller's backstop, not this service, decides when it is too slow).
@@ -78,4 +78,7 @@ def create_app(
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/run", run)
     app.router.add_get("/health", health)
+    # The probes every escrowd service serves (the runner is ready as soon as it listens).
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/readyz", health)
     return app

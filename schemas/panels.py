@@ -28,7 +28,6 @@ from eth_utils.crypto import keccak
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from schemas.verdict import (
-    UINT256_MAX,
     InvalidSignature,
     _address_word,
     _key_bytes,
@@ -66,8 +65,11 @@ Address = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")]
 Signature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")]
 Ppm = Annotated[int, Field(ge=0, le=PPM, strict=True)]
 Bps = Annotated[int, Field(ge=0, le=BPS, strict=True)]
-ChainId = Annotated[int, Field(gt=0, le=UINT256_MAX, strict=True)]
-TaskId = Annotated[int, Field(ge=1, le=UINT256_MAX, strict=True)]
+# Chain and task ids are uint256 on chain; in JSON they are kept to integers every JSON
+# reader holds exactly (2^53 - 1): escrow task ids are a counter, chain ids are small.
+JSON_SAFE_MAX = 2**53 - 1
+ChainId = Annotated[int, Field(gt=0, le=JSON_SAFE_MAX, strict=True)]
+TaskId = Annotated[int, Field(ge=1, le=JSON_SAFE_MAX, strict=True)]
 RoundNo = Annotated[int, Field(ge=1, le=2, strict=True, description="1 = first panel, 2 = rerun")]
 OperatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 

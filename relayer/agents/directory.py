@@ -31,7 +31,7 @@ class ExecutorRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     roles: list[Role] = Field(min_length=1, max_length=2)
-    chains: list[Annotated[int, Field(gt=0, le=2**63 - 1)]] = Field(min_length=1, max_length=32)
+    chains: list[Annotated[int, Field(gt=0, le=2**53 - 1)]] = Field(min_length=1, max_length=32)  # JSON-exact
     verify_others: bool = Field(alias="verifyOthers", description="Verify other posters' tasks (opt-in)")
     capabilities: list[Capability] = Field(default_factory=list, max_length=50)
     encryption_public_key: str = Field(
@@ -40,12 +40,17 @@ class ExecutorRegistration(BaseModel):
 
     @field_validator("encryption_public_key")
     @classmethod
-    def _on_curve(cls, value: str) -> str:
-        try:
-            PublicKey(bytes.fromhex(value[2:]))
-        except ValueError:
-            raise ValueError("encryptionPublicKey is not a point on secp256k1") from None
+    def _lower(cls, value: str) -> str:
         return value.lower()
+
+    def key_is_on_curve(self) -> bool:
+        """Whether the encryption key is a point of secp256k1 (checked by the route after the
+        signature: the schema can say "33 bytes", not "on the curve")."""
+        try:
+            PublicKey(bytes.fromhex(self.encryption_public_key[2:]))
+        except ValueError:
+            return False
+        return True
 
     @field_validator("roles", "chains", "capabilities")
     @classmethod

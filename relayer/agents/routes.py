@@ -185,6 +185,8 @@ def stale_seconds(request: Request) -> float:
 async def register_executor(body: directory.ExecutorRegistration, request: Request, response: Response) -> ExecutorView:
     """Signed by the executor's own key: the signer is the address registered."""
     caller = await caller_of(request)
+    if not body.key_is_on_curve():
+        raise ApiProblem(400, "ENCRYPTION_KEY_INVALID", "encryptionPublicKey is not a point on secp256k1")
     async with request.app.state.pool.acquire() as conn, conn.transaction():
         new = await directory.register(conn, caller.address, body)
         entry = await directory.load(conn, caller.address)
@@ -319,7 +321,8 @@ class BriefUpload(BaseModel):
     brief: str | None = Field(default=None, max_length=briefs.MAX_BRIEF_BYTES)
     ciphertext: str | None = Field(default=None, max_length=(briefs.MAX_CIPHERTEXT_BYTES * 4) // 3 + 8)
     wrapped_keys: dict[Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")], Annotated[str, StringConstraints(max_length=200)]] = Field(
-        default_factory=dict, alias="wrappedKeys", max_length=200
+        default_factory=dict, alias="wrappedKeys", max_length=200,
+        json_schema_extra={"propertyNames": {"pattern": r"^0x[0-9a-fA-F]{40}$"}},
     )
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from relayer.api.auth import forget_expired_nonces
 from relayer.api.bodies import BodyGuard
-from relayer.api.errors import GUARD_RESPONSES, install_error_handlers
+from relayer.api.errors import GUARD_RESPONSES, SIGNED_RESPONSES, install_error_handlers
 from relayer.api.settings import ApiSettings
 from relayer.api.tasks import router as tasks_router
 from relayer.probes import router as probes_router
@@ -150,7 +150,7 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
     install_error_handlers(app)
     # Outermost of the user middleware: no body reaches a parser unbounded.
     app.add_middleware(BodyGuard, max_body_bytes=settings.api_max_body_bytes)
-    app.include_router(probes_router)
+    app.include_router(probes_router, responses=GUARD_RESPONSES)
     app.include_router(tasks_router, responses=GUARD_RESPONSES)
     metrics = _optional_router("relayer.settlement.routes", "metrics_router")
     if metrics is not None:
@@ -173,4 +173,6 @@ _EXTRA_RESPONSES: dict[str, dict[int | str, dict[str, Any]]] = {
     "relayer.settlement.routes": {
         503: {"model": BridgeUnavailable, "description": "No report: not configured, or the check failed"}
     },
+    "relayer.agents.routes": SIGNED_RESPONSES,
+    "relayer.panels.routes": SIGNED_RESPONSES,
 }

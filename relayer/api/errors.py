@@ -50,6 +50,18 @@ GUARD_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 """Answers every route can give, whatever it does: documented on each operation."""
 
+SIGNED_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ApiError, "description": text}
+    for status, text in (
+        (401, "No valid request signature for the deployment acted on (`AUTH_REQUIRED`, `SIGNATURE_INVALID`, `SIGNATURE_EXPIRED`)"),
+        (403, "The signer may not do this"),
+        (404, "Not found, or a deployment this API does not serve (`DEPLOYMENT_UNKNOWN`)"),
+        (409, "Refused in the current state, or a nonce already used (`NONCE_REPLAYED`)"),
+        (503, "The API serves no deployment (`NO_DEPLOYMENT`)"),
+    )
+}
+"""Answers of the signed routes of the agent and panel routers (documented on each operation)."""
+
 _STATUS_CODES = {
     400: "BAD_REQUEST",
     401: "UNAUTHORIZED",

@@ -478,8 +478,6 @@ async def _run_remote(
 ) -> SandboxRun:
     import aiohttp
 
-    from relayer.verification.sandbox_service import run_from_json
-
     assert settings.remote_url is not None
     url = settings.remote_url.rstrip("/") + "/v1/run"
     body = {
@@ -642,3 +640,43 @@ def interpret(
     if final.get("signal"):
         return run("crashed", cases, f"killed by signal {final['signal']}")
     return run("crashed", cases, f"exited with status {final.get('exit_code')} before finishing")
+
+
+# ---------------------------------------------------------------------------- the runner's wire format
+
+
+def run_to_json(run: SandboxRun) -> dict[str, Any]:
+    """A run as the wire JSON."""
+    return {
+        "stage": run.stage,
+        "cases": [dataclasses.asdict(c) for c in run.cases],
+        "error": run.error,
+        "cpuMs": run.cpu_ms,
+        "peakMemoryMb": run.peak_memory_mb,
+        "wallMs": run.wall_ms,
+        "limits": run.limits,
+    }
+
+
+def run_from_json(data: Any) -> SandboxRun:
+    """The wire JSON back into a run; ValueError when it is not one."""
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("stage"), str)
+        or not isinstance(data.get("cases"), list)
+    ):
+        raise ValueError("not a sandbox run")
+    cases = tuple(
+        CaseOutcome(ok=bool(c.get("ok")), value=c.get("value"), error=c.get("error"))
+        for c in data["cases"]
+        if isinstance(c, dict)
+    )
+    return SandboxRun(
+        stage=data["stage"],
+        cases=cases,
+        error=data.get("error"),
+        cpu_ms=int(data.get("cpuMs") or 0),
+        peak_memory_mb=float(data.get("peakMemoryMb") or 0.0),
+        wall_ms=int(data.get("wallMs") or 0),
+        limits={str(k): int(v) for k, v in (data.get("limits") or {}).items()},
+    )

@@ -9,7 +9,7 @@ to take. The verification service sets `ESCROWD_SANDBOX_URL` and sends each run 
            "wallMs", "limits"}
       503 {"error"}  the sandbox could not run (the caller raises SandboxUnavailable)
       400 {"error"}  a malformed request
-    GET /health    {"ok": true}
+    GET /health    {"ok": true}   (also /healthz and /readyz, for the probes)
 
 Bodies are bounded (16 MiB) before they are parsed; at most `max_parallel` runs at a time
 (the rest wait, so the caller's backstop, not this service, decides when it is too slow).
@@ -26,11 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from relayer.verification.sandbox import (
     DEFAULT_SETTINGS,
-    CaseOutcome,
-    SandboxRun,
     SandboxSettings,
     SandboxUnavailable,
     run_cases,
+    run_to_json,
 )
 
 MAX_BODY = 16 * 1024 * 1024
@@ -46,43 +45,6 @@ class RunRequest(BaseModel):
     cases: list[list[Any]] = Field(max_length=1000)
     time_limit_ms: int = Field(ge=50, le=60_000, alias="timeLimitMs")
     memory_mb: int = Field(ge=32, le=4096, alias="memoryMb")
-
-
-def run_to_json(run: SandboxRun) -> dict[str, Any]:
-    """A run as the wire JSON."""
-    return {
-        "stage": run.stage,
-        "cases": [dataclasses.asdict(c) for c in run.cases],
-        "error": run.error,
-        "cpuMs": run.cpu_ms,
-        "peakMemoryMb": run.peak_memory_mb,
-        "wallMs": run.wall_ms,
-        "limits": run.limits,
-    }
-
-
-def run_from_json(data: Any) -> SandboxRun:
-    """The wire JSON back into a run; ValueError when it is not one."""
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("stage"), str)
-        or not isinstance(data.get("cases"), list)
-    ):
-        raise ValueError("not a sandbox run")
-    cases = tuple(
-        CaseOutcome(ok=bool(c.get("ok")), value=c.get("value"), error=c.get("error"))
-        for c in data["cases"]
-        if isinstance(c, dict)
-    )
-    return SandboxRun(
-        stage=data["stage"],
-        cases=cases,
-        error=data.get("error"),
-        cpu_ms=int(data.get("cpuMs") or 0),
-        peak_memory_mb=float(data.get("peakMemoryMb") or 0.0),
-        wall_ms=int(data.get("wallMs") or 0),
-        limits={str(k): int(v) for k, v in (data.get("limits") or {}).items()},
-    )
 
 
 def create_app(
@@ -116,4 +78,7 @@ def create_app(
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/run", run)
     app.router.add_get("/health", health)
+    # The probes every escrowd service serves (the runner is ready as soon as it listens).
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/readyz", health)
     return app

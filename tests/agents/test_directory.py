@@ -44,10 +44,11 @@ async def test_verifiers_listed_are_opted_in_on_the_chain_and_running(api: Api, 
 
 
 async def test_registration_is_signed_and_validated(api: Api, who: dict[str, Who]) -> None:
-    """Unsigned → 401; a key off the curve, an unknown role → 422; a heartbeat before registering → 404."""
+    """Unsigned → 401; a key off the curve → 400 (after the signature); an unknown role → 422; a heartbeat before registering → 404."""
     assert (await api.call("PUT", "/v1/executors/me", entry(who["verifier"]))).status_code == 401
     off_curve = entry(who["verifier"], encryptionPublicKey="0x02" + "ff" * 32)
-    assert (await api.call("PUT", "/v1/executors/me", off_curve, as_=who["verifier"])).status_code == 422
+    refused = await api.call("PUT", "/v1/executors/me", off_curve, as_=who["verifier"])
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "ENCRYPTION_KEY_INVALID"
     bad_role = entry(who["verifier"], roles=("oracle",))
     assert (await api.call("PUT", "/v1/executors/me", bad_role, as_=who["verifier"])).status_code == 422
     beat = await api.call("POST", "/v1/executors/me/heartbeat", as_=who["stranger"])

@@ -263,8 +263,8 @@ def test_observation_3_inputs_are_precise_4xx(api: ServiceProcess) -> None:
         ("/v1/terms", terms_body(private=1), "private"),
         ("/v1/terms", terms_body(chainId=31337.5), "chainId"),
         ("/v1/terms", terms_body(chainId=True), "chainId"),
-        (f"{TASK}/review", {"passed": "yes"}, "passed"),
-        (f"{TASK}/review", {"passed": 1}, "passed"),
+        (f"{TASK}/review", {"attempt": 1, "evidenceHash": "0x" + "00" * 32, "passed": "yes"}, "passed"),
+        (f"{TASK}/review", {"attempt": 1, "evidenceHash": "0x" + "00" * 32, "passed": 1}, "passed"),
         (f"{TASK}/verifier-report", {"attempt": "1", "evidenceHash": "0x" + "00" * 32, "outcome": "error"}, "attempt"),
     ],
 )

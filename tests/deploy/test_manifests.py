@@ -688,11 +688,20 @@ def test_compose_devnet_profile_has_everything_each_service_needs() -> None:
         assert not {"DATABASE_URL", "KAFKA_BOOTSTRAP"} & set(env), f"{name}: one scheme, ESCROWD_*"
         for dep in ("devnet-deploy", "keys-init"):
             assert service["depends_on"][dep] == {"condition": "service_completed_successfully", "required": False}
-    for name, keystore_env in (("relayer", "ESCROWD_RELAYER_KEYSTORE"), ("verification", "ESCROWD_VERIFICATION_KEYSTORE")):
+    # keys-init writes the relayer's keystore into its first volume and moves the verification
+    # keystore into its second: each service mounts only its own (issue: secrets stay out of
+    # the container that judges agents' work).
+    init_mounts = {_interpolate(v).split(":")[0]: _interpolate(v).split(":")[1] for v in init["volumes"]}
+    verification_volume = next(k for k, v in init_mounts.items() if v == "/run/verification-secrets")
+    for name, keystore_env, volume in (
+        ("relayer", "ESCROWD_RELAYER_KEYSTORE", init_volume),
+        ("verification", "ESCROWD_VERIFICATION_KEYSTORE", verification_volume),
+    ):
         service = services[name]
         mounts = {_interpolate(v).split(":")[0]: _interpolate(v).split(":")[1] for v in service["volumes"]}
-        assert mounts.get(init_volume) == "/run/secrets", f"{name} does not read what keys-init writes"
+        assert mounts.get(volume) == "/run/secrets", f"{name} does not read what keys-init writes"
         assert service["environment"][keystore_env].startswith("/run/secrets/")
+    assert init_volume not in {_interpolate(v).split(":")[0] for v in services["verification"]["volumes"]}
     # The verifier's password is the one keys-init encrypted with; the relayer reads its file.
     assert services["verification"]["environment"]["ESCROWD_VERIFICATION_KEYSTORE_PASSWORD"] == (
         init["environment"]["ESCROWD_VERIFICATION_KEYSTORE_PASSWORD"]

@@ -332,7 +332,7 @@ def test_bad_config_fails_at_start_up_naming_the_field(tmp_path: Path) -> None:
             _, stderr = child.communicate(timeout=60)
             assert child.returncode == 2, (field, stderr)
             assert "invalid configuration" in stderr
-            assert f"  {field}:" in stderr, (field, stderr)
+            assert f"{field}:" in stderr, (field, stderr)  # the field is named
     finally:
         for child in children.values():
             if child.poll() is None:

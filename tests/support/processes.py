@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -55,6 +56,10 @@ class ServiceProcess:
         return self.process.returncode
 
 
+TEST_CHAIN_ID = 31337
+TEST_ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+
+
 def spawn(args: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     """`python -m escrowd.cli <args>`: the real entry point, as a deployment runs it."""
     return subprocess.Popen(
@@ -76,7 +81,12 @@ def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
 
 @contextlib.contextmanager
 def api_process(database_url: str, **env: str) -> Iterator[ServiceProcess]:
-    """`escrowd api serve` on a free port, ready (its OpenAPI answers), stopped afterwards."""
+    """`escrowd api serve` on a free port, ready (its OpenAPI answers), stopped afterwards.
+
+    It serves one deployment (the tests' chain and escrow) unless `deployments=` says
+    otherwise: signed requests are bound to a deployment the API serves.
+    """
+    env.setdefault("deployments", json.dumps([{"chain_id": TEST_CHAIN_ID, "escrow": TEST_ESCROW}]))
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "api.log"

@@ -31,7 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
-PACKAGES: tuple[str, ...] = ("indexer", "relayer", "escrowd", "schemas")
+PACKAGES: tuple[str, ...] = ("indexer", "relayer", "runtime", "escrowd", "schemas")
 """Packages searched for settings models."""
 
 COMMAND = "python -m escrowd.configref > docs/configuration.md"

@@ -28,7 +28,7 @@ GRAFANA = ROOT / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 RULES_FILE = GRAFANA / "alerts" / "escrowd-rules.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
-PACKAGES = ("indexer", "relayer", "escrowd", "schemas")
+PACKAGES = ("indexer", "relayer", "runtime", "escrowd", "schemas")
 PREFIX = "escrowd_"
 
 # The alerts issue 8 asks for, by the name the runbook uses.

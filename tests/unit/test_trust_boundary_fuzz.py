@@ -173,8 +173,10 @@ def _criteria_verdict(data: Any, mode: str) -> None:
     assert isinstance(verdict.ok, bool)
     if not verdict.ok:
         assert verdict.code
-    for number in (v for v in (data.values() if isinstance(data, dict) else ()) if isinstance(v, float)):
-        assert math.isfinite(number)
+    # Criteria holding a non-finite number (JSON has none, a Python caller may) are refused.
+    numbers = [v for v in (data.values() if isinstance(data, dict) else ()) if isinstance(v, float)]
+    if not all(math.isfinite(n) for n in numbers):
+        assert not verdict.ok, verdict
 
 
 @SUITE

@@ -167,12 +167,14 @@ class Pipeline:
         return row
 
     async def consumed(self, message_id: str, timeout: float = 30.0) -> None:
-        """Wait until the verification consumer has handled the message with this `ce_id`
-        (its inbox row is written in the same transaction as every effect)."""
+        """Wait until the verification consumer has handled the message with this `ce_id`, or
+        the request with this id (a request's `ce_id` is `<request id>#<payload digest>`); its
+        inbox row is written in the same transaction as every effect."""
 
         async def seen() -> bool:
             return bool(await self.conn.fetchval(
-                "SELECT count(*) FROM consumer_inbox WHERE consumer = $1 AND message_id = $2",
+                "SELECT count(*) FROM consumer_inbox WHERE consumer = $1"
+                " AND (message_id = $2 OR starts_with(message_id, $2 || '#'))",
                 self.consumer.name, message_id,
             ))  # fmt: skip
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from relayer.agents import briefs, directory, rubrics, store
 from relayer.agents.listing import BriefState, listing_check
-from relayer.api.auth import Caller, authenticate, has_auth
+from relayer.api.auth import authenticate, has_auth
 from relayer.api.errors import ApiProblem
 from relayer.verification import results_store as vstore
 from relayer.verification.routing import TaskKey, fold_chain
@@ -26,11 +26,6 @@ router = APIRouter(prefix="/v1", tags=["agents"])
 
 Owner = Annotated[str, Path(pattern=rf"^{rubrics.OWNER_PATTERN}$")]
 Name = Annotated[str, Path(pattern=rf"^{rubrics.NAME_PATTERN}$")]
-
-
-async def caller_of(request: Request, chain_id: int | None = None, escrow: str | None = None) -> Caller:
-    """The signed caller, its nonce spent at once (`relayer.api.auth.authenticate`)."""
-    return await authenticate(request, chain_id, escrow)
 
 
 # ---------------------------------------------------------------------------- rubrics
@@ -87,7 +82,7 @@ def _view(doc: rubrics.RubricDoc, with_body: bool = True) -> RubricView:
 )
 async def publish_rubric(body: PublishRubric, request: Request, response: Response) -> RubricView:
     """Signed by the owner's address; the same text as the latest version answers 200 with it."""
-    caller = await caller_of(request)
+    caller = await authenticate(request)
     async with request.app.state.pool.acquire() as conn, conn.transaction():
         try:
             doc, new = await rubrics.publish_rubric(conn, body.owner, body.name, body.body, caller.address)
@@ -184,7 +179,7 @@ def stale_seconds(request: Request) -> float:
 )
 async def register_executor(body: directory.ExecutorRegistration, request: Request, response: Response) -> ExecutorView:
     """Signed by the executor's own key: the signer is the address registered."""
-    caller = await caller_of(request)
+    caller = await authenticate(request)
     if not body.key_is_on_curve():
         raise ApiProblem(400, "ENCRYPTION_KEY_INVALID", "encryptionPublicKey is not a point on secp256k1")
     async with request.app.state.pool.acquire() as conn, conn.transaction():
@@ -201,7 +196,7 @@ async def register_executor(body: directory.ExecutorRegistration, request: Reque
     summary="Mark the signer's entry as running (seen now)",
 )
 async def executor_heartbeat(request: Request) -> Response:
-    caller = await caller_of(request)
+    caller = await authenticate(request)
     async with request.app.state.pool.acquire() as conn, conn.transaction():
         if not await directory.heartbeat(conn, caller.address):
             raise ApiProblem(404, "EXECUTOR_NOT_REGISTERED", "register with PUT /v1/executors/me first")
@@ -271,7 +266,7 @@ async def list_task(
     chain_id: ChainPath, escrow: EscrowPath, task_id: TaskPath, request: Request, response: Response
 ) -> ListingView:
     """Signed by the poster, after `createTask…` is indexed; a refused listing leaves cancel as the way out."""
-    caller = await caller_of(request, chain_id, escrow)
+    caller = await authenticate(request, chain_id, escrow)
     key = TaskKey(chain_id, str(to_checksum_address(escrow)), task_id)
     async with request.app.state.pool.acquire() as conn:
         chain = fold_chain(await vstore.indexed_events(conn, key))
@@ -346,7 +341,7 @@ class BriefView(BaseModel):
 )
 async def put_brief(task_hash: HashPath, body: BriefUpload, request: Request) -> BriefView:
     """Signed by the terms' poster; the brief must hash to the terms' instructionsDigest."""
-    caller = await caller_of(request)
+    caller = await authenticate(request)
     async with request.app.state.pool.acquire() as conn:
         terms = await vstore.load_terms(conn, task_hash.lower())
         if terms is None:
@@ -391,7 +386,7 @@ async def put_brief(task_hash: HashPath, body: BriefUpload, request: Request) ->
 async def get_brief(task_hash: HashPath, request: Request) -> BriefView:
     caller = None
     if has_auth(request):
-        caller = await caller_of(request)
+        caller = await authenticate(request)
     async with request.app.state.pool.acquire() as conn:
         terms = await vstore.load_terms(conn, task_hash.lower())
         row = await store.load_brief(conn, task_hash)
@@ -442,7 +437,7 @@ class Queue(BaseModel):
 )
 async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> Queue:
     """Signed by the verifier; attempts marked never judged (5 failed tries) are left out. Counts as a heartbeat."""
-    caller = await caller_of(request)
+    caller = await authenticate(request)
     async with request.app.state.pool.acquire() as conn:
         async with conn.transaction():
             await directory.heartbeat(conn, caller.address)

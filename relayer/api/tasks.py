@@ -26,7 +26,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayer.agents.checks import check_named_verifier
-from relayer.api.auth import Caller, Deployment, has_auth, spend_nonce, verify_signature
+from relayer.api.auth import Caller, authenticate, has_auth
 from relayer.api.errors import ApiProblem
 from relayer.api.settings import ApiSettings
 from relayer.verification import results_store as store
@@ -113,33 +113,6 @@ class Ctx:
 def _ctx(request: Request) -> Ctx:
     state = request.app.state
     return Ctx(settings=state.settings, pool=state.pool, clock=state.clock, registry=state.registry)
-
-
-def _deployment(ctx: Ctx, chain_id: int | None, escrow: str | None) -> Deployment:
-    """The served deployment a request acts on (the API's first one when it names none)."""
-    served = ctx.settings.served_deployments()
-    if not served:
-        raise ApiProblem(503, "NO_DEPLOYMENT", "this API is configured with no deployment to serve")
-    if chain_id is None or escrow is None:
-        return served[0]
-    found = next((d for d in served if d.chain_id == chain_id and d.escrow.lower() == escrow.lower()), None)
-    if found is None:
-        raise ApiProblem(404, "DEPLOYMENT_UNKNOWN", f"this API serves no escrow {escrow} on chain {chain_id}")
-    return found
-
-
-async def _caller(request: Request, ctx: Ctx, chain_id: int | None = None, escrow: str | None = None) -> Caller:
-    """Verify the signature for the deployment acted on, then spend the nonce at once.
-
-    The nonce is committed before the request is judged, so every authenticated request
-    uses it up whatever its outcome: a refused request cannot be replayed later.
-    """
-    caller = await verify_signature(
-        request, _deployment(ctx, chain_id, escrow), now=int(ctx.clock()), max_ttl=ctx.settings.signature_max_ttl_seconds
-    )
-    async with ctx.pool.acquire() as conn, conn.transaction():
-        await spend_nonce(conn, caller)
-    return caller
 
 
 def _relayed(ctx: Ctx, caller: Caller, message: RelayedRequest) -> RelayedRequest:
@@ -318,7 +291,7 @@ async def register_terms(
 ) -> RegisterTermsResponse:
     """Signed by the poster named in the terms."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx, body.chain_id, body.escrow)
+    caller = await authenticate(request, body.chain_id, body.escrow)
     if not _same(caller.address, body.poster):
         raise ApiProblem(403, "NOT_POSTER", "the terms must be registered by the poster they name")
     mode = body.verification_mode if body.verification_mode is not None else "manual"
@@ -478,7 +451,7 @@ async def finalize(
 ) -> FinalizeResponse:
     """Signed by the agent holding the task. 200 with the verdict when judged in time, else 202."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx, chain_id, escrow)
+    caller = await authenticate(request, chain_id, escrow)
     try:
         size = result_size(body.result)
         evidence = result_hash(body.result)
@@ -594,7 +567,7 @@ async def review(
 ) -> RequestAccepted:
     """Signed by the poster; names the attempt and evidence hash it judges; up to 20 reasons."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx, chain_id, escrow)
+    caller = await authenticate(request, chain_id, escrow)
     key = _key(chain_id, escrow, task_id)
     async with ctx.pool.acquire() as conn:
         chain, terms = await _chain_and_terms(conn, key)
@@ -658,7 +631,7 @@ async def verifier_report(
 ) -> RequestAccepted:
     """Signed by the verifier agent; a verdict is recorded once it matches the chain."""
     ctx = _ctx(request)
-    caller = await _caller(request, ctx, chain_id, escrow)
+    caller = await authenticate(request, chain_id, escrow)
     key = _key(chain_id, escrow, task_id)
     evidence = body.evidence_hash.lower()
     if body.outcome == "verdict" and (body.passed is None or body.score is None):
@@ -714,7 +687,7 @@ async def _optional_caller(
 ) -> Caller | None:
     if not has_auth(request):
         return None
-    return await _caller(request, ctx, chain_id, escrow)
+    return await authenticate(request, chain_id, escrow)
 
 
 @router.get(

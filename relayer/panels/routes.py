@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Body, Path, Request
 from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict
@@ -54,10 +53,9 @@ class Assignment(BaseModel):
     compute_report: dict[str, Any]
 
 
-async def _caller_address(request: Request, conn: asyncpg.Connection) -> str:
+async def _caller_address(request: Request) -> str:
     """The signer, for the API's own deployment; its nonce is spent first, in a transaction of
     its own, so a refused request cannot be replayed (`relayer.api.auth.authenticate`)."""
-    del conn  # the nonce is not part of the caller's transaction
     caller = await authenticate(request)
     return caller.address.lower()
 
@@ -66,7 +64,7 @@ async def _caller_address(request: Request, conn: asyncpg.Connection) -> str:
 async def register_verifier(request: Request, body: Annotated[msg.VerifierRegistration, Body()]) -> dict[str, Any]:
     """Register or update the caller as a verifier; calibration is kept across updates."""
     async with request.app.state.pool.acquire() as conn, conn.transaction():
-        caller = await _caller_address(request, conn)
+        caller = await _caller_address(request)
         if caller != body.address.lower():
             raise ApiProblem(403, "NOT_VERIFIER", "a verifier registers only its own address")
         row = await conn.fetchrow(
@@ -84,7 +82,7 @@ async def my_assignments(request: Request) -> list[Assignment]:
     """Open rounds where the caller sits and has not attested yet."""
     async with request.app.state.pool.acquire() as conn:
         async with conn.transaction():
-            caller = await _caller_address(request, conn)
+            caller = await _caller_address(request)
         rows = await conn.fetch(
             "SELECT r.round_id, r.chain_id, r.escrow, r.task_id, r.round, r.deadline, t.task_hash, t.attempt"
             " FROM panel_seats s JOIN panel_rounds r USING (round_id)"

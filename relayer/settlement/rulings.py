@@ -66,6 +66,10 @@ STATUS_RESOLVED = 9
 GAS_HEADROOM_BPS = 12_000
 DEFAULT_GAS = 200_000
 
+RULING_CONSUMER_GROUP = "escrowd-relayer-rulings"
+SENDER_PART = "ruling-sender"
+"""Readiness parts of `escrowd relay rulings` (`/readyz`)."""
+
 RULINGS = Counter("escrowd_relayer_rulings_total", "Panel rulings by outcome", ["outcome"])
 ARBITER_MATCH = Gauge("escrowd_relayer_arbiter_matches", "1 when the escrow's arbiter is our key", ["chain_id"])
 
@@ -470,9 +474,9 @@ class RulingSender:
         while not stop.is_set():
             try:
                 await self.step(pool)
-                health.mark("ruling-sender", True)
+                health.mark(SENDER_PART, True)
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
-                health.mark("ruling-sender", False)
+                health.mark(SENDER_PART, False)
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
@@ -486,7 +490,7 @@ def build_ruling_consumer(
     escrow: str,
     trusted_signers: frozenset[str],
     rulings_topic: str = PANEL_RULINGS,
-    group: str = "escrowd-relayer-rulings",
+    group: str = RULING_CONSUMER_GROUP,
     dlq_topic: str = DEAD_LETTERS,
 ) -> IdempotentConsumer:
     """The consumer that admits signed rulings into `settlement_rulings`."""
@@ -570,15 +574,18 @@ class RulingRelaySettings(BaseSettings):
 
 async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -> None:
     """Admit rulings from Kafka and send them until `stop` is set."""
+    from runtime import health
     from runtime.db import migrate_url
     from runtime.kafka import make_producer
     from runtime.outbox import OutboxPublisher
 
     key = settings.arbiter_key()
     if settings.metrics_port is not None:
-        from runtime.health import start_server
-
-        start_server(settings.metrics_port)
+        # Ready once the consumer joined its group and the sender made a pass against the
+        # chain and the database; both start out not ready.
+        health.mark(RULING_CONSUMER_GROUP, False)
+        health.mark(SENDER_PART, False)
+        health.start_server(settings.metrics_port)
     await migrate_url(settings.database_url)
     consumer = build_ruling_consumer(
         bootstrap=settings.kafka_bootstrap,

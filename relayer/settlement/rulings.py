@@ -11,20 +11,27 @@ Same rules as verdicts:
 - **idempotent**: one row per (chain, escrow, task) in `settlement_rulings`, written before
   anything is signed; a second ruling for the task is never sent;
 - **nonces**: under a row lock the next nonce (the larger of the stored counter and the
-  chain's pending count) is taken, the signed raw transaction stored and the counter
-  advanced in one transaction; only then is it broadcast. A crash re-broadcasts the stored
-  raw transaction, never signs a second one for the same ruling;
+  chain's pending count) is taken, the signed raw transaction stored (`settlement_ruling_txs`,
+  version 1) and the counter advanced in one transaction; only then is it broadcast. A crash
+  re-broadcasts the stored raw transaction, never signs one at another nonce;
+- **stuck → replaced**: an unmined ruling that cannot pay the base fee, or waited
+  `replace_after` seconds, gets a new version with the same nonce and both fee fields bumped
+  (`fees.bump`, capped by the policy's `fee_cap`; at the cap the live version stays); every
+  version is stored before it is broadcast, and a receipt for any of them counts;
+- **watched until final**: a confirmed ruling is checked every pass until `finality_depth`
+  blocks deep; a receipt that disappears (or moves to a shallower block) sends it back to
+  `sent` and the same nonce's transaction is broadcast again;
+- **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
+  count `confirmations` blocks below the head has passed its nonce and none of its versions
+  was mined (another transaction of the key took the nonce); the preflight then decides
+  whether it is still needed. The database refuses a version at any other nonce;
 - **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
 - a preflight `eth_call` turns a refusal into a recorded outcome (`already_resolved` when
   the task is no longer disputed, `reverted` with the decoded error otherwise) without
-  spending a nonce; a transaction that is not mined is broadcast again (after a reorg too),
-  one whose nonce another transaction of the arbiter key took is queued again (and signed
-  anew after a fresh preflight), and one that reverts on chain is recorded with its reason,
-  not retried.
+  spending a nonce; one that reverts on chain is recorded with its reason, not retried.
 
-Not here (yet): fee bumps of a stuck ruling (rulings are rare; a stuck one is re-broadcast
-at the same price).
+The rules, with the reasoning about reorgs and nonces: docs/panels.md, "Sending a ruling".
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ negative), a bounded number per operation so it stays fast; `make soak` runs man
 Every answer must be documented, in the documented shape, and never a 5xx; schema-valid
 bodies must not be refused by validation, schema-invalid ones must be.
 
+The agent and panel routes authenticate before they validate: they run in a second pass
+where `schemathesis_signing.py` (a schemathesis hook) signs every generated request with an
+EIP-712 request signature for the deployment the API serves, so the fuzz reaches their
+validation and handlers; the test also checks from the answers that it did.
+
 Left out of the run: `/health/bridge`, whose `503` is its documented answer when the
 bridge check is not configured (schemathesis counts every 5xx as a server error). NUL
 characters are not generated: the API refuses them on purpose (`JSON_INVALID`, PostgreSQL
@@ -103,3 +108,11 @@ def test_schemathesis_signed_routes_find_no_failure(api: ServiceProcess, tmp_pat
     # Accepted signed writes: registrations that went through as the signer's own.
     assert ("POST", "/panels/verifiers", 201, "-") in answers
     assert any(m == "PUT" and p == "/v1/executors/me" and s in (200, 201) for m, p, s, _ in answers)
+
+
+@pytest.mark.soak
+def test_schemathesis_signed_soak(api: ServiceProcess, tmp_path: Path) -> None:
+    """The signed run with 1,000 examples per operation (`make soak`)."""
+    run = _schemathesis(api, tmp_path, examples=1000, signed=True)
+    assert run.returncode == 0, run.stdout[-12000:]
+    assert api.alive()

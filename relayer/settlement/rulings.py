@@ -345,6 +345,7 @@ class RulingSender:
         if mined is not None:
             return await self._record_mined(pool, row, head, *mined)
         changed = 0
+        waited = float(row["waited"] or 0.0)
         if row["status"] == "confirmed":
             # Its block was reorged away: the ruling is pending again, with the same nonce.
             async with pool.acquire() as conn:
@@ -358,7 +359,7 @@ class RulingSender:
                 return 0
             RULINGS.labels("reorged").inc()
             log.warning("ruling_reorged", task_id=task_id, tx_hash=row["tx_hash"], nonce=row["nonce"])
-            changed = 1
+            changed, waited = 1, 0.0  # broadcast it again first; replaced only if it then waits
         nonce = int(row["nonce"])
         live = [v for v in versions if v.nonce == nonce]
         if not live:
@@ -367,11 +368,11 @@ class RulingSender:
             # Another transaction of the arbiter key took this nonce (none of ours was mined):
             # no version can be mined any more. Queue the ruling again; the preflight sees
             # whether it is still needed, and only then does it get a fresh nonce.
-            await self._requeue(pool, task_id, live[-1].tx_hash)
+            await self._requeue(pool, task_id, nonce)
             return 1
         action, fees = stuck_action(
             live[-1].fees, base_fee=head.base_fee, suggested_priority=await self.rpc.max_priority_fee(),
-            policy=self.policy, waited=float(row["waited"] or 0.0), replace_after=self.replace_after,
+            policy=self.policy, waited=waited, replace_after=self.replace_after,
         )
         if action == "bump" and fees is not None:
             return changed + await self._replace(pool, task_id, int(row["agent_share_bps"]), live[-1], fees)
@@ -443,13 +444,17 @@ class RulingSender:
                           data=resolve_dispute_data(task_id, share), gas_limit=latest.gas_limit, fees=fees)
         async with pool.acquire() as conn, conn.transaction():
             current = await conn.fetchrow(
-                "SELECT status, nonce, tx_hash FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
+                "SELECT status, nonce FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
                 " AND task_id = $3 FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
             )
-            if current is None or (current["status"], current["nonce"], current["tx_hash"]) != (
-                "sent", latest.nonce, latest.tx_hash
+            newest = await conn.fetchval(
+                "SELECT max(version) FROM settlement_ruling_txs WHERE chain_id = $1 AND escrow = $2"
+                " AND task_id = $3 AND nonce = $4", self.chain_id, self.escrow.lower(), task_id, latest.nonce,
+            )
+            if current is None or (current["status"], current["nonce"], newest) != (
+                "sent", latest.nonce, latest.version
             ):
-                return 0
+                return 0  # something else moved the ruling on meanwhile
             await self._store_version(conn, task_id, tx, latest.version + 1)
             await conn.execute(
                 "UPDATE settlement_rulings SET raw_tx = $4, tx_hash = $5, broadcast_at = now(), updated_at = now()"
@@ -463,13 +468,13 @@ class RulingSender:
         await self._broadcast(tx.raw_hex, tx.tx_hash)
         return 1
 
-    async def _requeue(self, pool: asyncpg.Pool, task_id: int, tx_hash: str) -> None:
+    async def _requeue(self, pool: asyncpg.Pool, task_id: int, nonce: int) -> None:
         async with pool.acquire() as conn:
             await conn.execute(
                 "UPDATE settlement_rulings SET status = 'queued', nonce = NULL, raw_tx = NULL, tx_hash = NULL,"
                 " sent_at = NULL, broadcast_at = NULL, block_number = NULL, block_hash = NULL, updated_at = now()"
-                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent' AND tx_hash = $4",
-                self.chain_id, self.escrow.lower(), task_id, tx_hash,
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent' AND nonce = $4",
+                self.chain_id, self.escrow.lower(), task_id, nonce,
             )
         RULINGS.labels("nonce_lost").inc()
         log.warning("ruling_nonce_lost", task_id=task_id)

@@ -306,3 +306,45 @@ async def test_a_version_at_another_nonce_than_the_live_one_is_refused(
                 version["chain_id"], version["escrow"], version["task_id"], int(version["nonce"]) + 1,
                 "0x" + "ab" * 32, "0x00",
             )
+
+
+async def test_after_an_older_version_is_reorged_away_the_ruling_is_replaced_again_at_its_nonce(
+    devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
+) -> None:
+    """v1 mined while v2 was the live version; a reorg takes v1 away: the ruling is pending
+    again at the same nonce, and bumping it once more (v3) still works."""
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 9_000))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    count_before = await rpc.transaction_count(key.address, "latest")
+    await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
+    try:
+        await _sender(devnet, rpc, replace_after=3_600.0).step(pool)
+        await asyncio.sleep(0.05)
+        with pytest.raises(SystemExit):
+            await _CrashBeforeBroadcast(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=0.01).step(pool)
+        await asyncio.to_thread(devnet.rpc, "evm_mine")
+        first, second = await _versions(pool, task_id)
+        confirmed = await _step_until(pool, _sender(devnet, rpc, replace_after=3_600.0), task_id, "confirmed")
+        assert confirmed["tx_hash"] == first["tx_hash"]
+
+        await asyncio.to_thread(devnet.reorg, await asyncio.to_thread(devnet.block_number)
+                                - int(confirmed["block_number"]) + 1)
+        waiting = _sender(devnet, rpc, replace_after=0.01)
+        await waiting.step(pool)  # reorg noticed: pending again, the live version (v2) broadcast
+        row = await _ruling(pool, task_id)
+        assert (row["status"], row["reorgs"], row["nonce"]) == ("sent", 1, first["nonce"])
+        assert second["tx_hash"] in await _in_pool(devnet)
+        await asyncio.sleep(0.05)
+        await waiting.step(pool)  # it waited: v3, same nonce
+        versions = await _versions(pool, task_id)
+        assert [v["version"] for v in versions] == [1, 2, 3] and {v["nonce"] for v in versions} == {first["nonce"]}
+        assert is_valid_replacement(_fees(versions[1]), _fees(versions[2]))
+        await asyncio.to_thread(devnet.rpc, "evm_mine")
+        row = await _step_until(pool, _sender(devnet, rpc, replace_after=3_600.0), task_id, "confirmed")
+    finally:
+        await asyncio.to_thread(devnet.rpc, "evm_setAutomine", True)
+    assert row["tx_hash"] == versions[2]["tx_hash"]
+    assert await rpc.transaction_count(key.address, "latest") == count_before + 1
+    assert await _resolved_events(devnet, task_id) == 1
+    assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED

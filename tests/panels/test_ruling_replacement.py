@@ -152,7 +152,7 @@ async def test_a_ruling_waiting_too_long_is_replaced_in_the_pool(
     sender = _sender(devnet, rpc, replace_after=0.01)
     await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
     try:
-        await sender.step(pool)  # v1 signed and broadcast
+        await _sender(devnet, rpc, replace_after=3_600.0).step(pool)  # v1 signed and broadcast
         (first,) = await _versions(pool, task_id)
         assert first["tx_hash"] in await _in_pool(devnet)
         await asyncio.sleep(0.05)

@@ -1,14 +1,19 @@
 """`escrowd keys init`: the keystores and passwords a deployment's relayer and verifier need.
 
-Writes four files (mode 0600) into `--out`: `relayer-keystore.json`,
-`relayer-keystore-password`, `verification-keystore.json` and
-`verification-keystore-password`, the layout `deploy/docker-compose.yml` mounts at
-/run/secrets and `kubectl create secret generic escrowd-secrets --from-file=...` reads.
+Writes eight files (mode 0600) into `--out`: `relayer-keystore.json`,
+`relayer-keystore-password`, `verification-keystore.json`,
+`verification-keystore-password`, `arbiter-keystore.json` and `arbiter-keystore-password`
+(the ruling path, `escrowd relay rulings`), `panel-signing-key` (the panel service's ruling
+key, hex) and `panel-secret` (the panel draw secret), the layout `deploy/docker-compose.yml`
+mounts at /run/secrets and `kubectl create secret generic escrowd-secrets --from-file=...`
+reads. Each service mounts only its own files.
 
 Keys: fresh random ones by default (production: upload the files to your secret manager
 and register the addresses printed); with `--devnet`, the relayer gets the devnet's
-marketplace verifier account and the verifier anvil's account 9, both derived from anvil's
-public test mnemonic, so that the compose `devnet` profile comes up with no manual step.
+marketplace verifier account, the verifier anvil's account 9, the arbiter the devnet's
+arbiter account and the panel service anvil's account 8, all derived from anvil's public
+test mnemonic, so that the compose `devnet` profile comes up with no manual step. The panel
+secret is always random.
 Passwords: `ESCROWD_RELAYER_KEYSTORE_PASSWORD` / `ESCROWD_VERIFICATION_KEYSTORE_PASSWORD`
 when set, otherwise random. Existing files are kept (re-running is harmless) unless
 `--force`. Only addresses are printed, as JSON.
@@ -28,6 +33,8 @@ app = typer.Typer(help="Keystores for the relayer and the verification service."
 
 DEVNET_VERIFIER_ACCOUNT = 9
 """anvil account whose key signs verdicts in the compose devnet (its address is in the example config)."""
+DEVNET_PANEL_ACCOUNT = 8
+"""anvil account whose key signs panel rulings in the compose devnet (the ruling relay trusts it)."""
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -38,11 +45,11 @@ def _write_secret(path: Path, text: str) -> None:
 
 @app.command("init")
 def init(
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the four files into")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the key files into")],
     devnet: Annotated[bool, typer.Option("--devnet", help="Use the devnet's well-known test accounts")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
 ) -> None:
-    """Write encrypted keystores and their passwords for the relayer and the verifier."""
+    """Write the keys of the relayer, the verifier, the arbiter (rulings) and the panel service."""
     from eth_account import Account
 
     from relayer.settlement.keys import SecretKey, load_keystore, write_keystore
@@ -50,16 +57,17 @@ def init(
 
     out.mkdir(parents=True, exist_ok=True)
     addresses: dict[str, str] = {}
-    for role in ("relayer", "verification"):
+    for role in ("relayer", "verification", "arbiter"):
         keystore = out / f"{role}-keystore.json"
         password_file = out / f"{role}-keystore-password"
         if keystore.exists() and password_file.exists() and not force:
             addresses[role] = load_keystore(keystore, password_file=password_file).address
             continue
         if devnet:
-            from escrowd.devnet import _MARKETPLACE_VERIFIER, anvil_key
+            from escrowd.devnet import _ARBITER, _MARKETPLACE_VERIFIER, anvil_key
 
-            raw = anvil_key(_MARKETPLACE_VERIFIER if role == "relayer" else DEVNET_VERIFIER_ACCOUNT)[1]
+            index = {"relayer": _MARKETPLACE_VERIFIER, "verification": DEVNET_VERIFIER_ACCOUNT, "arbiter": _ARBITER}
+            raw = anvil_key(index[role])[1]
         else:
             raw = "0x" + bytes(Account.create().key).hex()
         register_secret(raw)
@@ -70,4 +78,20 @@ def init(
         write_keystore(key, keystore, password)
         _write_secret(password_file, password)
         addresses[role] = key.address
-    typer.echo(json.dumps({"dir": str(out), "relayer": addresses["relayer"], "verification": addresses["verification"]}))
+    panel_key_file = out / "panel-signing-key"
+    if panel_key_file.exists() and not force:
+        raw = panel_key_file.read_text(encoding="utf-8").strip()
+    else:
+        if devnet:
+            from escrowd.devnet import anvil_key
+
+            raw = anvil_key(DEVNET_PANEL_ACCOUNT)[1]
+        else:
+            raw = "0x" + bytes(Account.create().key).hex()
+        _write_secret(panel_key_file, raw + "\n")
+    register_secret(raw)
+    addresses["panel_signer"] = SecretKey.from_hex(raw).address
+    panel_secret = out / "panel-secret"
+    if not panel_secret.exists() or force:
+        _write_secret(panel_secret, secrets.token_hex(32) + "\n")
+    typer.echo(json.dumps({"dir": str(out), **addresses}))

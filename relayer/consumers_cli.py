@@ -142,15 +142,17 @@ def panels(
     try:
         settings = PanelSettings()
         secret = settings.read_secret()
+        signing_key = settings.signing_key()
     except Exception as exc:
-        # pydantic never echoes a SecretStr, and read_secret names no byte of the secret.
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        # One line naming the field (safe_message never prints an input value), and
+        # read_secret / signing_key name no byte of what they read.
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=log_json)
     config = PanelConfig(
         secret=secret,
         secret_version=settings.panel_secret_version,
-        ruling_key=settings.panel_signing_key.get_secret_value(),
+        ruling_key=signing_key,
         attestation_seconds=settings.panel_attestation_seconds,
         fee_units=settings.panel_fee_units,
     )

@@ -25,7 +25,14 @@ from typing import Annotated, Any, Literal
 
 from coincurve import PublicKey
 from eth_utils.crypto import keccak
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from schemas.verdict import (
     InvalidSignature,
@@ -76,6 +83,24 @@ OperatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+def _integral(value: Any) -> Any:
+    """JSON has one number type: `24.0` is the integer 24 (strings and bools stay refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integral_fields(data: Any, names: tuple[str, ...], lists: tuple[str, ...] = ()) -> Any:
+    """`data` with the integral floats of `names` (and of the lists `lists`) made integers.
+
+    The integer fields are strict (no `"24"`, no `true`, no `24.5`); this is the one
+    conversion JSON itself implies, so a client that writes `24.0` is not refused.
+    """
+    if not isinstance(data, dict):
+        return data
+    fixed = {n: _integral(data[n]) for n in names if isinstance(data.get(n), float)}
+    fixed |= {n: [_integral(v) for v in data[n]] for n in lists if isinstance(data.get(n), list)}
+    return {**data, **fixed} if fixed else data
+
+
 class RoundReason(StrEnum):
     """Why a task went to a panel."""
 
@@ -117,6 +142,11 @@ class VerifierRegistration(BaseModel):
     operator: OperatorId
     chains: list[ChainId] = Field(min_length=1, max_length=64)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        return integral_fields(data, (), ("chains",))
+
     @field_validator("address")
     @classmethod
     def _checksum(cls, value: str) -> str:
@@ -156,6 +186,11 @@ class Attestation(BaseModel):
     verifier: Address
     quality_ppm: Ppm
     confidence_ppm: Ppm
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        return integral_fields(data, ("chain_id", "task_id", "round", "quality_ppm", "confidence_ppm"))
 
     @field_validator("escrow", "verifier")
     @classmethod

@@ -18,7 +18,16 @@ from typing import Annotated, Any, Literal
 
 import asyncpg
 from coincurve import PublicKey
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from schemas.panels import integral_fields
 
 Role = Literal["worker", "verifier"]
 DEFAULT_STALE_SECONDS = 300
@@ -31,12 +40,20 @@ class ExecutorRegistration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     roles: list[Role] = Field(min_length=1, max_length=2)
-    chains: list[Annotated[int, Field(gt=0, le=2**53 - 1)]] = Field(min_length=1, max_length=32)  # JSON-exact
-    verify_others: bool = Field(alias="verifyOthers", description="Verify other posters' tasks (opt-in)")
+    chains: list[Annotated[int, Field(gt=0, le=2**53 - 1, strict=True)]] = Field(
+        min_length=1, max_length=32
+    )  # JSON-exact
+    verify_others: bool = Field(alias="verifyOthers", strict=True, description="Verify other posters' tasks (opt-in)")
     capabilities: list[Capability] = Field(default_factory=list, max_length=50)
     encryption_public_key: str = Field(
         alias="encryptionPublicKey", pattern=r"^0x(02|03)[0-9a-fA-F]{64}$", description="Compressed secp256k1 key"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        # Strict types (no `0` for false, no `"1"` for a chain); `1.0` is JSON's integer 1.
+        return integral_fields(data, (), ("chains",))
 
     @field_validator("encryption_public_key")
     @classmethod

@@ -78,6 +78,7 @@ def _view(doc: rubrics.RubricDoc, with_body: bool = True) -> RubricView:
     "/rubrics",
     status_code=201,
     response_model=RubricView,
+    responses={200: {"model": RubricView, "description": "The same text as the latest version: that version"}},
     summary="Publish a rubric version (the owner name belongs to its first publisher)",
 )
 async def publish_rubric(body: PublishRubric, request: Request, response: Response) -> RubricView:
@@ -175,6 +176,7 @@ def stale_seconds(request: Request) -> float:
     "/executors/me",
     response_model=ExecutorView,
     response_model_by_alias=True,
+    responses={201: {"model": ExecutorView, "description": "A new entry (200: an existing one replaced)"}},
     summary="Register or replace the signer's directory entry (roles, chains, opt-in, capabilities, key)",
 )
 async def register_executor(body: directory.ExecutorRegistration, request: Request, response: Response) -> ExecutorView:
@@ -260,6 +262,7 @@ def _listing_view(row: Any, private: bool, mode: str, verifier: str | None) -> L
     status_code=201,
     response_model=ListingView,
     response_model_by_alias=True,
+    responses={200: {"model": ListingView, "description": "Listed already: the listing as it is"}},
     summary="List a funded task: checks the verifier against the chain, its chains and the brief's readers",
 )
 async def list_task(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
@@ -74,6 +75,31 @@ _STATUS_CODES = {
 }
 
 
+_HTTP_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
+
+
+def _path_methods(app: FastAPI) -> list[tuple[re.Pattern[str], frozenset[str]]]:
+    """(path pattern, methods) of every documented path, built once per app."""
+    cached: list[tuple[re.Pattern[str], frozenset[str]]] | None = getattr(app.state, "path_methods", None)
+    if cached is None:
+        cached = []
+        for template, operations in app.openapi().get("paths", {}).items():
+            pattern = re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)) + "$")
+            cached.append((pattern, frozenset(m.upper() for m in operations if m in _HTTP_METHODS)))
+        app.state.path_methods = cached
+    return cached
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents at this request's path, sorted.
+
+    Starlette's own 405 names the methods of the first route whose path matched; a path served
+    by several routes (`GET` in one router, `PUT` in another) needs all of them in `Allow`.
+    """
+    path = request.url.path
+    return sorted({m for pattern, methods in _path_methods(request.app) if pattern.match(path) for m in methods})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error, expected or not, in the one error shape (no internals leak)."""
 
@@ -86,10 +112,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body("INVALID_REQUEST", _validation_message(exc)), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
         # Headers such as 405's `Allow` are part of the answer.
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            allowed = allowed_methods(request)
+            if allowed:
+                headers["Allow"] = ", ".join(allowed)
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

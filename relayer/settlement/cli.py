@@ -62,12 +62,14 @@ def rulings() -> None:
 
     from relayer.settlement.keys import KeyLoadError
     from relayer.settlement.rulings import RulingRelaySettings, run_ruling_relay
+    from runtime.errors import safe_message
     from runtime.logging import configure_logging
 
     try:
         settings = RulingRelaySettings()
     except ValidationError as exc:
-        typer.echo(f"invalid ruling relay settings: {exc}", err=True)
+        # One line naming the field; never a value of the input (the key, the database URL).
+        typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=True)
 
@@ -81,7 +83,7 @@ def rulings() -> None:
     try:
         asyncio.run(main())
     except KeyLoadError as exc:
-        typer.echo(f"arbiter key: {exc}", err=True)
+        typer.echo(f"arbiter key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -11,20 +11,27 @@ Same rules as verdicts:
 - **idempotent**: one row per (chain, escrow, task) in `settlement_rulings`, written before
   anything is signed; a second ruling for the task is never sent;
 - **nonces**: under a row lock the next nonce (the larger of the stored counter and the
-  chain's pending count) is taken, the signed raw transaction stored and the counter
-  advanced in one transaction; only then is it broadcast. A crash re-broadcasts the stored
-  raw transaction, never signs a second one for the same ruling;
+  chain's pending count) is taken, the signed raw transaction stored (`settlement_ruling_txs`,
+  version 1) and the counter advanced in one transaction; only then is it broadcast. A crash
+  re-broadcasts the stored raw transaction, never signs one at another nonce;
+- **stuck → replaced**: an unmined ruling that cannot pay the base fee, or waited
+  `replace_after` seconds, gets a new version with the same nonce and both fee fields bumped
+  (`fees.bump`, capped by the policy's `fee_cap`; at the cap the live version stays); every
+  version is stored before it is broadcast, and a receipt for any of them counts;
+- **watched until final**: a confirmed ruling is checked every pass until `finality_depth`
+  blocks deep; a receipt that disappears (or moves to a shallower block) sends it back to
+  `sent` and the same nonce's transaction is broadcast again;
+- **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
+  count `confirmations` blocks below the head has passed its nonce and none of its versions
+  was mined (another transaction of the key took the nonce); the preflight then decides
+  whether it is still needed. The database refuses a version at any other nonce;
 - **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
 - a preflight `eth_call` turns a refusal into a recorded outcome (`already_resolved` when
   the task is no longer disputed, `reverted` with the decoded error otherwise) without
-  spending a nonce; a transaction that is not mined is broadcast again (after a reorg too),
-  one whose nonce another transaction of the arbiter key took is queued again (and signed
-  anew after a fresh preflight), and one that reverts on chain is recorded with its reason,
-  not retried.
+  spending a nonce; one that reverts on chain is recorded with its reason, not retried.
 
-Not here (yet): fee bumps of a stuck ruling (rulings are rare; a stuck one is re-broadcast
-at the same price).
+The rules, with the reasoning about reorgs and nonces: docs/panels.md, "Sending a ruling".
 """
 
 from __future__ import annotations
@@ -32,18 +39,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from relayer.settlement.fees import FeePolicy, price
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc, RpcCallError, RpcError
-from relayer.settlement.txs import _word, decode_revert, selector, sign_eip1559
+from relayer.settlement.fees import (
+    BPS,
+    GWEI,
+    NODE_MIN_BUMP_BPS,
+    FeePolicy,
+    Fees,
+    bump,
+    includable,
+    price,
+)
+from relayer.settlement.keys import SecretKey, load_keystore
+from relayer.settlement.rpc import EthRpc, Head, RpcCallError, RpcError
+from relayer.settlement.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
 from schemas import panels as msg
@@ -55,6 +72,10 @@ log = structlog.get_logger(__name__)
 STATUS_RESOLVED = 9
 GAS_HEADROOM_BPS = 12_000
 DEFAULT_GAS = 200_000
+
+RULING_CONSUMER_GROUP = "escrowd-relayer-rulings"
+SENDER_PART = "ruling-sender"
+"""Readiness parts of `escrowd relay rulings` (`/readyz`)."""
 
 RULINGS = Counter("escrowd_relayer_rulings_total", "Panel rulings by outcome", ["outcome"])
 ARBITER_MATCH = Gauge("escrowd_relayer_arbiter_matches", "1 when the escrow's arbiter is our key", ["chain_id"])
@@ -118,6 +139,45 @@ class RulingHandler:
             await conn.execute("SELECT pg_notify('escrowd_rulings', $1)", str(r.chain_id))
 
 
+@dataclass(frozen=True)
+class Version:
+    """One signed version of a ruling's transaction (`settlement_ruling_txs`)."""
+
+    nonce: int
+    version: int
+    tx_hash: str
+    raw_tx: str
+    gas_limit: int
+    fees: Fees
+
+
+def stuck_action(
+    latest: Fees, *, base_fee: int, suggested_priority: int, policy: FeePolicy, waited: float, replace_after: float
+) -> tuple[str, Fees | None]:
+    """What to do with an unmined ruling transaction whose nonce is still ours (pure).
+
+    `wait` (rebroadcast the live version) while it can enter the next block and was broadcast
+    less than `replace_after` seconds ago; otherwise it is stuck: `bump` with fees that are a
+    valid EIP-1559 replacement (tip and max fee each +`bump_bps`, at least the market price),
+    or `capped` when that would pass the policy's fee cap (the live version stays).
+    """
+    if includable(latest, base_fee) and waited < replace_after:
+        return "wait", None
+    fees = bump(latest, base_fee, suggested_priority, policy)
+    return ("capped", None) if fees is None else ("bump", fees)
+
+
+def mined_status(*, depth: int, confirmations: int, finality_depth: int) -> tuple[str, bool]:
+    """(status, final) of a ruling whose transaction is mined `depth` blocks deep (pure).
+
+    `confirmed` from `confirmations` deep; final (no longer watched) from `finality_depth`.
+    A confirmed ruling that is now shallower (re-mined after a reorg) is `sent` again.
+    """
+    if depth >= confirmations:
+        return "confirmed", depth >= finality_depth
+    return "sent", False
+
+
 @dataclass
 class RulingSender:
     """Sends the queued rulings of one chain and escrow from the arbiter key."""
@@ -130,6 +190,12 @@ class RulingSender:
     policy: FeePolicy = field(default_factory=FeePolicy)
     arbiter_matches: bool | None = None
     escrow_arbiter: str | None = None
+    finality_depth: int = 64
+    replace_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.confirmations < 1 or self.finality_depth < self.confirmations:
+            raise ValueError("need 1 <= confirmations <= finality_depth")
 
     async def check_arbiter(self) -> bool:
         """Read `arbiter()` from the escrow; the gate is open only when it is our key."""
@@ -203,15 +269,25 @@ class RulingSender:
                               gas_limit=gas, fees=fees)
             await conn.execute(
                 "UPDATE settlement_rulings SET status = 'sent', nonce = $4, raw_tx = $5, tx_hash = $6,"
-                " sent_at = now(), updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+                " sent_at = now(), broadcast_at = now(), block_number = NULL, block_hash = NULL,"
+                " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
                 self.chain_id, self.escrow.lower(), task_id, nonce, tx.raw_hex, tx.tx_hash,
             )
+            await self._store_version(conn, task_id, tx, 1)
             await conn.execute(
                 "UPDATE settlement_nonces SET next_nonce = $3, updated_at = now() WHERE chain_id = $1"
                 " AND address = $2", self.chain_id, address, nonce + 1,
             )
         await self._broadcast(tx.raw_hex, tx.tx_hash)
         RULINGS.labels("sent").inc()
+
+    async def _store_version(self, conn: asyncpg.Connection, task_id: int, tx: SignedTx, version: int) -> None:
+        await conn.execute(
+            "INSERT INTO settlement_ruling_txs (chain_id, escrow, task_id, nonce, version, tx_hash, raw_tx,"
+            " gas_limit, max_fee_per_gas, max_priority_fee_per_gas) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            self.chain_id, self.escrow.lower(), task_id, tx.nonce, version, tx.tx_hash, tx.raw_hex, tx.gas_limit,
+            tx.fees.max_fee_per_gas, tx.fees.max_priority_fee_per_gas,
+        )
 
     async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
         try:
@@ -222,64 +298,197 @@ class RulingSender:
             log.info("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
 
     async def _follow(self, pool: asyncpg.Pool) -> int:
+        """Follow every ruling that was sent, and every confirmed one that is not final yet."""
         async with pool.acquire() as conn:
-            sent = await conn.fetch(
-                "SELECT task_id, nonce, raw_tx, tx_hash FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
-                " AND status = 'sent' ORDER BY nonce", self.chain_id, self.escrow.lower(),
+            rows = await conn.fetch(
+                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash,"
+                " EXTRACT(EPOCH FROM now() - broadcast_at)::float8 AS waited FROM settlement_rulings"
+                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = 'confirmed'"
+                " AND final_at IS NULL)) ORDER BY nonce", self.chain_id, self.escrow.lower(),
             )
-        if not sent:
+        if not rows:
             return 0
         head = await self.rpc.head()
         changed = 0
-        mined_count: int | None = None
-        for row in sent:
-            receipt = await self.rpc.receipt(row["tx_hash"])
-            if receipt is None or receipt.get("blockNumber") is None:
-                if mined_count is None:
-                    mined_count = await self.rpc.transaction_count(self.key.address, "latest")
-                if mined_count > int(row["nonce"]):
-                    # Another transaction of the arbiter key took this nonce: ours can never be
-                    # mined. Queue the ruling again; the preflight sees whether it is still needed.
-                    await self._requeue(pool, int(row["task_id"]), row["tx_hash"])
-                    changed += 1
-                else:
-                    await self._broadcast(row["raw_tx"], row["tx_hash"])  # dropped or reorged out
-                continue
-            block = int(receipt["blockNumber"], 16)
-            if int(receipt.get("status", "0x1"), 16) == 0:
-                data = await self.rpc.revert_data(row["tx_hash"])
-                outcome, error = "reverted", str(decode_revert(data or b""))
-            elif head.number - block + 1 >= self.confirmations:
-                outcome, error = "confirmed", None
-            else:
-                continue
-            async with pool.acquire() as conn:
-                await conn.execute(
-                    "UPDATE settlement_rulings SET status = $4, error = $5, block_number = $6, updated_at = now()"
-                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent'",
-                    self.chain_id, self.escrow.lower(), int(row["task_id"]), outcome, error, block,
-                )
-            RULINGS.labels(outcome).inc()
-            changed += 1
+        for row in rows:
+            changed += await self._follow_one(pool, row, head)
         return changed
 
-    async def _requeue(self, pool: asyncpg.Pool, task_id: int, tx_hash: str) -> None:
+    async def _versions(self, pool: asyncpg.Pool, task_id: int) -> list[Version]:
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT nonce, version, tx_hash, raw_tx, gas_limit, max_fee_per_gas, max_priority_fee_per_gas"
+                " FROM settlement_ruling_txs WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                " ORDER BY nonce, version", self.chain_id, self.escrow.lower(), task_id,
+            )
+        return [
+            Version(int(r["nonce"]), int(r["version"]), r["tx_hash"], r["raw_tx"], int(r["gas_limit"]),
+                    Fees(int(r["max_fee_per_gas"]), int(r["max_priority_fee_per_gas"])))
+            for r in rows
+        ]
+
+    async def _mined_version(self, versions: list[Version]) -> tuple[Version, dict[str, Any]] | None:
+        """The version with a receipt in a canonical block (a receipt for any version counts)."""
+        for version in reversed(versions):
+            receipt = await self.rpc.receipt(version.tx_hash)
+            if receipt is None or receipt.get("blockNumber") is None:
+                continue
+            if await self.rpc.block_hash(int(receipt["blockNumber"], 16)) != receipt.get("blockHash"):
+                continue  # a stale receipt of a block a reorg replaced
+            return version, receipt
+        return None
+
+    async def _follow_one(self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head) -> int:
+        task_id = int(row["task_id"])
+        versions = await self._versions(pool, task_id)
+        mined = await self._mined_version(versions)
+        if mined is not None:
+            return await self._record_mined(pool, row, head, *mined)
+        changed = 0
+        waited = float(row["waited"] or 0.0)
+        if row["status"] == "confirmed":
+            # Its block was reorged away: the ruling is pending again, with the same nonce.
+            async with pool.acquire() as conn:
+                done = await conn.fetchval(
+                    "UPDATE settlement_rulings SET status = 'sent', block_number = NULL, block_hash = NULL,"
+                    " reorgs = reorgs + 1, broadcast_at = now(), updated_at = now() WHERE chain_id = $1"
+                    " AND escrow = $2 AND task_id = $3 AND status = 'confirmed' AND final_at IS NULL RETURNING 1",
+                    self.chain_id, self.escrow.lower(), task_id,
+                )
+            if not done:
+                return 0
+            RULINGS.labels("reorged").inc()
+            log.warning("ruling_reorged", task_id=task_id, tx_hash=row["tx_hash"], nonce=row["nonce"])
+            changed, waited = 1, 0.0  # broadcast it again first; replaced only if it then waits
+        nonce = int(row["nonce"])
+        live = [v for v in versions if v.nonce == nonce]
+        if not live:
+            return changed
+        if await self._nonce_taken(head, nonce):
+            # Another transaction of the arbiter key took this nonce (none of ours was mined):
+            # no version can be mined any more. Queue the ruling again; the preflight sees
+            # whether it is still needed, and only then does it get a fresh nonce.
+            await self._requeue(pool, task_id, nonce)
+            return 1
+        action, fees = stuck_action(
+            live[-1].fees, base_fee=head.base_fee, suggested_priority=await self.rpc.max_priority_fee(),
+            policy=self.policy, waited=waited, replace_after=self.replace_after,
+        )
+        if action == "bump" and fees is not None:
+            return changed + await self._replace(pool, task_id, int(row["agent_share_bps"]), live[-1], fees)
+        if action == "capped":
+            RULINGS.labels("fee_capped").inc()
+            log.warning("ruling_fee_capped", task_id=task_id, nonce=nonce, fee_cap=self.policy.fee_cap,
+                        base_fee=head.base_fee)
+        await self._broadcast(live[-1].raw_tx, live[-1].tx_hash)  # dropped, reorged out, or still waiting
+        return changed
+
+    async def _nonce_taken(self, head: Head, nonce: int) -> bool:
+        """True when the arbiter key's count, `confirmations` deep, is past `nonce`.
+
+        Read at that depth rather than at the head, so a shallow reorg that takes the other
+        transaction away again cannot leave the ruling with two live nonces.
+        """
+        safe = head.number - self.confirmations + 1
+        if safe < 0:
+            return False
+        try:
+            count = await self.rpc.transaction_count(self.key.address, hex(safe))
+        except RpcCallError:  # a node without that block's state: the head's count
+            count = await self.rpc.transaction_count(self.key.address, "latest")
+        return count > nonce
+
+    async def _record_mined(
+        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: dict[str, Any]
+    ) -> int:
+        task_id = int(row["task_id"])
+        block = int(receipt["blockNumber"], 16)
+        block_hash = str(receipt["blockHash"])
+        depth = max(head.number, block) - block + 1
+        if int(receipt.get("status", "0x1"), 16) == 0:
+            data = await self.rpc.revert_data(version.tx_hash)
+            error = decode_revert(data or b"")
+            outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
+                else "reverted"
+            status, final, err = outcome, False, str(error)
+        else:
+            status, final = mined_status(depth=depth, confirmations=self.confirmations,
+                                         finality_depth=self.finality_depth)
+            err = None
+        moved = row["status"] == "confirmed" and (row["block_hash"] != block_hash or status != "confirmed")
+        unchanged = (status == row["status"] and not final and not moved and row["tx_hash"] == version.tx_hash
+                     and row["block_hash"] == block_hash)
+        if unchanged:
+            return 0
+        async with pool.acquire() as conn:
+            done = await conn.fetchval(
+                "UPDATE settlement_rulings SET status = $4, error = $5, block_number = $6, block_hash = $7,"
+                " nonce = $8, tx_hash = $9, raw_tx = $10, reorgs = reorgs + $11,"
+                " final_at = CASE WHEN $12 THEN now() END, updated_at = now()"
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = $13 RETURNING 1",
+                self.chain_id, self.escrow.lower(), task_id, status, err, block, block_hash, version.nonce,
+                version.tx_hash, version.raw_tx, 1 if moved else 0, final, row["status"],
+            )
+        if not done:
+            return 0
+        if moved:
+            RULINGS.labels("reorged").inc()
+            log.warning("ruling_reorged", task_id=task_id, tx_hash=version.tx_hash, block=block)
+        if status != row["status"] or final:
+            RULINGS.labels("final" if final else status).inc()
+        return 1
+
+    async def _replace(self, pool: asyncpg.Pool, task_id: int, share: int, latest: Version, fees: Fees) -> int:
+        """Sign a replacement of `latest` (same nonce, bumped fees), store it, then broadcast it."""
+        tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=latest.nonce, to=self.escrow,
+                          data=resolve_dispute_data(task_id, share), gas_limit=latest.gas_limit, fees=fees)
+        async with pool.acquire() as conn, conn.transaction():
+            current = await conn.fetchrow(
+                "SELECT status, nonce FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
+                " AND task_id = $3 FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
+            )
+            newest = await conn.fetchval(
+                "SELECT max(version) FROM settlement_ruling_txs WHERE chain_id = $1 AND escrow = $2"
+                " AND task_id = $3 AND nonce = $4", self.chain_id, self.escrow.lower(), task_id, latest.nonce,
+            )
+            if current is None or (current["status"], current["nonce"], newest) != (
+                "sent", latest.nonce, latest.version
+            ):
+                return 0  # something else moved the ruling on meanwhile
+            await self._store_version(conn, task_id, tx, latest.version + 1)
+            await conn.execute(
+                "UPDATE settlement_rulings SET raw_tx = $4, tx_hash = $5, broadcast_at = now(), updated_at = now()"
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+                self.chain_id, self.escrow.lower(), task_id, tx.raw_hex, tx.tx_hash,
+            )
+        RULINGS.labels("replaced").inc()
+        log.info("ruling_replaced", task_id=task_id, nonce=latest.nonce, version=latest.version + 1,
+                 max_fee=fees.max_fee_per_gas, tip=fees.max_priority_fee_per_gas, old_tx=latest.tx_hash,
+                 tx_hash=tx.tx_hash)
+        await self._broadcast(tx.raw_hex, tx.tx_hash)
+        return 1
+
+    async def _requeue(self, pool: asyncpg.Pool, task_id: int, nonce: int) -> None:
         async with pool.acquire() as conn:
             await conn.execute(
                 "UPDATE settlement_rulings SET status = 'queued', nonce = NULL, raw_tx = NULL, tx_hash = NULL,"
-                " sent_at = NULL, updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
-                " AND status = 'sent' AND tx_hash = $4",
-                self.chain_id, self.escrow.lower(), task_id, tx_hash,
+                " sent_at = NULL, broadcast_at = NULL, block_number = NULL, block_hash = NULL, updated_at = now()"
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent' AND nonce = $4",
+                self.chain_id, self.escrow.lower(), task_id, nonce,
             )
         RULINGS.labels("nonce_lost").inc()
         log.warning("ruling_nonce_lost", task_id=task_id)
 
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Step until stopped; RPC faults are logged and retried on the next pass."""
+        from runtime import health
+
         while not stop.is_set():
             try:
                 await self.step(pool)
+                health.mark(SENDER_PART, True)
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
+                health.mark(SENDER_PART, False)
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
@@ -293,7 +502,7 @@ def build_ruling_consumer(
     escrow: str,
     trusted_signers: frozenset[str],
     rulings_topic: str = PANEL_RULINGS,
-    group: str = "escrowd-relayer-rulings",
+    group: str = RULING_CONSUMER_GROUP,
     dlq_topic: str = DEAD_LETTERS,
 ) -> IdempotentConsumer:
     """The consumer that admits signed rulings into `settlement_rulings`."""
@@ -311,7 +520,8 @@ class RulingRelaySettings(BaseSettings):
     """`escrowd relay rulings` (`ESCROWD_*` environment variables). The key is never logged.
 
     The arbiter key must not be the marketplace verifier key of `escrowd relay run`: each
-    path keeps its own nonce counter for its own address.
+    path keeps its own nonce counter for its own address. Give the key as an encrypted
+    keystore (+ its password or a password file; what deployments mount) or as raw hex.
     """
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
@@ -321,22 +531,74 @@ class RulingRelaySettings(BaseSettings):
     ruling_chain_id: int = Field(gt=0, description="Chain whose disputes the rulings resolve")
     ruling_rpc_url: str = Field(description="HTTP JSON-RPC URL of that chain")
     ruling_escrow: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="The escrow whose arbiter we are")
-    ruling_arbiter_key: SecretStr = Field(description="0x hex key of the escrow's arbiter")
+    ruling_arbiter_key: SecretStr | None = Field(default=None, description="0x hex key of the escrow's arbiter")
+    ruling_arbiter_keystore: Path | None = Field(default=None, description="Encrypted keystore of the arbiter key")
+    ruling_arbiter_keystore_password: SecretStr | None = Field(default=None, description="Keystore password")
+    ruling_arbiter_keystore_password_file: Path | None = Field(
+        default=None, description="File holding the keystore password"
+    )
     ruling_trusted_signers: list[str] = Field(min_length=1, description="Panel service addresses whose rulings we send")
     ruling_confirmations: int = Field(default=1, ge=1, description="Blocks deep before a ruling is confirmed")
+    ruling_finality_depth: int = Field(
+        default=64, ge=1, le=10_000,
+        description="Blocks deep before a confirmed ruling is final; until then a reorg sends it back to pending",
+    )
+    ruling_fee_cap_wei: int = Field(default=500 * GWEI, gt=0, description="max_fee_per_gas of a ruling never above this")
+    ruling_max_priority_fee_wei: int = Field(default=50 * GWEI, ge=1, description="Highest tip of a ruling")
+    ruling_fee_bump_bps: int = Field(
+        default=1_250, ge=NODE_MIN_BUMP_BPS, le=BPS, description="Tip and max fee raise of a replacement (1000 = 10%)"
+    )
+    ruling_replace_after_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, description="An unmined ruling broadcast this long ago is replaced"
+    )
     ruling_interval: float = Field(default=1.0, gt=0, le=60, description="Seconds between send passes")
     panel_rulings_topic: str = Field(default=PANEL_RULINGS, description="Topic of signed rulings")
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RulingRelaySettings:
+        if (self.ruling_arbiter_key is None) == (self.ruling_arbiter_keystore is None):
+            raise ValueError("set exactly one of ruling_arbiter_keystore (+ password) and ruling_arbiter_key")
+        if self.ruling_finality_depth < self.ruling_confirmations:
+            raise ValueError("ruling_finality_depth must be at least ruling_confirmations")
+        return self
+
+    def fee_policy(self) -> FeePolicy:
+        """The fee policy of the ruling path."""
+        return FeePolicy(fee_cap=self.ruling_fee_cap_wei, max_priority_fee=self.ruling_max_priority_fee_wei,
+                         bump_bps=self.ruling_fee_bump_bps)
+
+    def arbiter_key(self) -> SecretKey:
+        """The arbiter key, from the keystore or the raw hex (KeyLoadError names no secret)."""
+        if self.ruling_arbiter_keystore is not None:
+            password = self.ruling_arbiter_keystore_password
+            return load_keystore(
+                self.ruling_arbiter_keystore,
+                password=None if password is None else password.get_secret_value(),
+                password_file=self.ruling_arbiter_keystore_password_file,
+            )
+        assert self.ruling_arbiter_key is not None
+        return SecretKey.from_hex(self.ruling_arbiter_key.get_secret_value())
 
 
 async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -> None:
     """Admit rulings from Kafka and send them until `stop` is set."""
+    from runtime import health
     from runtime.db import migrate_url
     from runtime.kafka import make_producer
     from runtime.outbox import OutboxPublisher
 
+    key = settings.arbiter_key()
+    if settings.metrics_port is not None:
+        # Ready once the consumer joined its group and the sender made a pass against the
+        # chain and the database; both start out not ready.
+        health.mark(RULING_CONSUMER_GROUP, False)
+        health.mark(SENDER_PART, False)
+        health.start_server(settings.metrics_port)
     await migrate_url(settings.database_url)
-    key = SecretKey.from_hex(settings.ruling_arbiter_key.get_secret_value())
     consumer = build_ruling_consumer(
         bootstrap=settings.kafka_bootstrap,
         database_url=settings.database_url,
@@ -352,7 +614,9 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     await producer.start()
     publisher = OutboxPublisher(settings.database_url, producer)
     sender = RulingSender(rpc, key, settings.ruling_chain_id, settings.ruling_escrow,
-                          confirmations=settings.ruling_confirmations)
+                          confirmations=settings.ruling_confirmations, policy=settings.fee_policy(),
+                          finality_depth=settings.ruling_finality_depth,
+                          replace_after=settings.ruling_replace_after_seconds)
     tasks = [
         asyncio.create_task(consumer.run()),
         asyncio.create_task(publisher.run()),

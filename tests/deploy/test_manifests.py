@@ -10,6 +10,8 @@ Secret and no deployment file holds key material.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import tomllib
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ YAML_FILES = sorted(
 )
 K8S_FILES = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 
-ESCROWD_SERVICES = {"indexer", "verification", "lifecycle", "reputation", "relayer", "api"}
+ESCROWD_SERVICES = {"indexer", "verification", "lifecycle", "reputation", "relayer", "api", "panels", "rulings"}
 INFRA_SERVICES = {"kafka", "postgres", "prometheus", "grafana"}
 
 # ------------------------------------------------------------------- the compose schema
@@ -359,7 +361,7 @@ def test_indexer_is_a_single_stateful_set_and_the_others_are_deployments() -> No
     assert kinds["escrowd-indexer"] == "StatefulSet"
     indexer = next(doc for _, doc in workloads() if doc["metadata"]["name"] == "escrowd-indexer")
     assert indexer["spec"]["replicas"] == 1
-    for component in ("verification", "lifecycle", "reputation", "relayer", "api"):
+    for component in ("verification", "lifecycle", "reputation", "relayer", "api", "panels", "rulings"):
         assert kinds[f"escrowd-{component}"] == "Deployment", component
 
 
@@ -712,7 +714,7 @@ def test_compose_devnet_profile_has_everything_each_service_needs() -> None:
     # Consumers serve metrics where Prometheus scrapes them.
     prometheus = yaml.safe_load((ROOT / "grafana" / "prometheus.yml").read_text(encoding="utf-8"))
     scraped = {n: sd["port"] for job in prometheus["scrape_configs"] for sd in job.get("dns_sd_configs", []) for n in sd["names"]}
-    for name in ("verification", "lifecycle", "reputation"):
+    for name in ("verification", "lifecycle", "reputation", "panels", "rulings"):
         assert int(services[name]["environment"]["ESCROWD_METRICS_PORT"]) == scraped[name]
     assert set(scraped) == ESCROWD_SERVICES
 
@@ -756,3 +758,115 @@ def test_make_run_prints_only_what_escrowd_prints() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.lstrip().startswith("Usage: escrowd run"), proc.stdout[:300]
     assert ".venv/bin" not in proc.stdout and "pip install" not in proc.stdout
+
+
+# ----------------------------------------------------------- dispute panels and the ruling path
+
+ARBITER_KEYS = {"arbiter-keystore.json", "arbiter-keystore-password"}
+PANEL_KEYS = {"panel-secret", "panel-signing-key"}
+
+
+def _k8s_workload(name: str) -> dict[str, Any]:
+    return next(doc for _, doc in workloads() if doc["metadata"]["name"] == name)
+
+
+def _secret_keys_of(workload: dict[str, Any]) -> set[str]:
+    spec = pod_spec(workload)
+    keys = {item["key"] for v in spec.get("volumes", []) if "secret" in v for item in v["secret"].get("items", [])}
+    for container in spec["containers"] + spec.get("initContainers", []):
+        keys |= {e["valueFrom"]["secretKeyRef"]["key"] for e in container.get("env", [])
+                 if "secretKeyRef" in e.get("valueFrom", {})}
+        assert not container.get("envFrom"), "a whole Secret in the environment would expose every key"
+    for volume in spec.get("volumes", []):
+        if "secret" in volume:
+            assert volume["secret"].get("items"), "a Secret volume without items mounts every key"
+    return keys
+
+
+def _env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def test_k8s_arbiter_key_only_in_the_rulings_pod_and_panel_keys_only_in_the_panels_pods() -> None:
+    for _, workload in workloads():
+        name, keys = workload["metadata"]["name"], _secret_keys_of(workload)
+        assert (keys & ARBITER_KEYS == ARBITER_KEYS) if name == "escrowd-rulings" else not keys & ARBITER_KEYS, name
+        assert (keys & PANEL_KEYS == PANEL_KEYS) if name == "escrowd-panels" else not keys & PANEL_KEYS, name
+    assert _secret_keys_of(_k8s_workload("escrowd-rulings")) == ARBITER_KEYS | {"database-url"}
+    assert _secret_keys_of(_k8s_workload("escrowd-panels")) == PANEL_KEYS | {"database-url"}
+
+
+def test_k8s_rulings_is_one_pod_at_a_time_and_panels_a_scalable_group() -> None:
+    rulings, panels = _k8s_workload("escrowd-rulings"), _k8s_workload("escrowd-panels")
+    assert rulings["spec"]["replicas"] == 1 and rulings["spec"]["strategy"]["type"] == "Recreate"
+    assert panels["spec"]["replicas"] >= 2
+    for workload in (rulings, panels):
+        (container,) = pod_spec(workload)["containers"]
+        env = _env_of(container)
+        assert env["ESCROWD_METRICS_PORT"] == "9100"
+        assert {p["containerPort"] for p in container["ports"]} == {9100}
+        assert "limits" in container["resources"] and container["securityContext"]["readOnlyRootFilesystem"]
+
+
+def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, cls: Any) -> Any:
+    for key in [k for k in os.environ if k.startswith("ESCROWD_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("ESCROWD_DATABASE_URL", "postgresql://escrowd@postgres:5432/escrowd")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return cls()
+
+
+def test_k8s_panels_and_rulings_environment_loads_into_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relayer.panels.settings import PanelSettings
+    from relayer.settlement.rulings import RulingRelaySettings
+
+    (rulings,) = pod_spec(_k8s_workload("escrowd-rulings"))["containers"]
+    settings = _settings_from(_env_of(rulings), monkeypatch, RulingRelaySettings)
+    assert settings.ruling_arbiter_key is None and settings.ruling_arbiter_keystore is not None
+    mount = next(m for m in rulings["volumeMounts"] if m["name"] == "arbiter-key")["mountPath"]
+    assert str(settings.ruling_arbiter_keystore).startswith(mount + "/")
+    assert str(settings.ruling_arbiter_keystore_password_file).startswith(mount + "/")
+    assert settings.ruling_finality_depth >= settings.ruling_confirmations
+    configmap = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "escrowd-config")
+    chain = yaml.safe_load(configmap["data"]["config.yaml"])["x-chain"]
+    assert settings.ruling_chain_id == chain["chain_id"]
+    assert settings.ruling_escrow.lower() in {a.lower() for a in chain["escrow_addresses"]}
+    (panels,) = pod_spec(_k8s_workload("escrowd-panels"))["containers"]
+    panel = _settings_from(_env_of(panels), monkeypatch, PanelSettings)
+    mount = next(m for m in panels["volumeMounts"] if m["name"] == "panel-keys")["mountPath"]
+    assert panel.panel_signing_key is None
+    assert str(panel.panel_signing_key_file).startswith(mount + "/") and str(panel.panel_secret_file).startswith(mount + "/")
+
+
+def test_compose_arbiter_and_panel_volumes_are_mounted_only_where_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from escrowd.devnet import anvil_key
+    from relayer.panels.settings import PanelSettings
+    from relayer.settlement.rulings import RulingRelaySettings
+
+    services = _devnet_services()
+    init = services["keys-init"]
+    init_mounts = {_interpolate(v).split(":")[1]: _interpolate(v).split(":")[0] for v in init["volumes"]}
+    arbiter_volume, panel_volume = init_mounts["/run/arbiter-secrets"], init_mounts["/run/panel-secrets"]
+    assert "mv /run/secrets/arbiter-keystore* /run/arbiter-secrets/" in init["command"][0]
+    assert "mv /run/secrets/panel-* /run/panel-secrets/" in init["command"][0]
+    for name, service in services.items():
+        if name == "keys-init":
+            continue
+        sources = {_interpolate(v).split(":")[0] for v in service.get("volumes", [])}
+        assert (arbiter_volume in sources) == (name == "rulings"), name
+        assert (panel_volume in sources) == (name == "panels"), name
+    # What they mount loads into their settings, and the devnet defaults line up: the ruling
+    # relay trusts the panel key keys-init writes and serves the API's escrow and chain.
+    env = {k: _interpolate(str(v)) for k, v in services["rulings"]["environment"].items()}
+    rulings = _settings_from(env, monkeypatch, RulingRelaySettings)
+    assert [s.lower() for s in rulings.ruling_trusted_signers] == [anvil_key(8)[0].lower()]
+    deployments = json.loads(services["api"]["environment"]["ESCROWD_DEPLOYMENTS"])
+    assert (rulings.ruling_chain_id, rulings.ruling_escrow.lower()) == (
+        deployments[0]["chain_id"], deployments[0]["escrow"].lower())
+    assert str(rulings.ruling_arbiter_keystore).startswith("/run/secrets/")
+    assert services["rulings"]["volumes"][1].endswith(":/run/secrets:ro")
+    panel_env = {k: _interpolate(str(v)) for k, v in services["panels"]["environment"].items()}
+    panel = _settings_from(panel_env, monkeypatch, PanelSettings)
+    assert str(panel.panel_signing_key_file).startswith("/run/secrets/")
+    assert services["panels"]["volumes"][1].endswith(":/run/secrets:ro")

@@ -1,4 +1,4 @@
-"""`escrowd keys init`: four 0600 files, loadable by the services, only addresses printed."""
+"""`escrowd keys init`: eight 0600 files, loadable by the services, only addresses printed."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 from escrowd.devnet import anvil_key
 from escrowd.harness import escrowd_command
-from relayer.settlement.keys import load_keystore
+from relayer.settlement.keys import SecretKey, load_keystore
 
-FILES = ("relayer-keystore.json", "relayer-keystore-password", "verification-keystore.json", "verification-keystore-password")
+FILES = ("relayer-keystore.json", "relayer-keystore-password", "verification-keystore.json", "verification-keystore-password",
+         "arbiter-keystore.json", "arbiter-keystore-password", "panel-signing-key", "panel-secret")
 
 
 def _init(out: Path, *flags: str) -> dict[str, str]:
@@ -20,7 +21,7 @@ def _init(out: Path, *flags: str) -> dict[str, str]:
     proc = subprocess.run([*escrowd_command(), "keys", "init", "--out", str(out), *flags],
                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    for index in (2, 9):
+    for index in (1, 2, 8, 9):
         assert anvil_key(index)[1][2:] not in proc.stdout + proc.stderr
     result: dict[str, str] = json.loads(proc.stdout)
     return result
@@ -33,9 +34,18 @@ def test_devnet_keys_are_the_devnet_accounts_and_are_kept_on_rerun(tmp_path: Pat
     assert first["verification"] == anvil_key(9)[0]
     for name in FILES:
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
-    for role in ("relayer", "verification"):
+    assert first["arbiter"] == anvil_key(1)[0]  # the devnet's arbiter: the ruling path's key
+    assert first["panel_signer"] == anvil_key(8)[0]
+    for role in ("relayer", "verification", "arbiter"):
         key = load_keystore(out / f"{role}-keystore.json", password_file=out / f"{role}-keystore-password")
         assert key.address == first[role]
+    # The panel service reads its files through its own settings.
+    from relayer.panels.settings import PanelSettings
+
+    panel = PanelSettings(database_url="postgresql://x", kafka_bootstrap="k", panel_secret_file=out / "panel-secret",
+                          panel_signing_key_file=out / "panel-signing-key")
+    assert SecretKey.from_hex(panel.signing_key()).address == first["panel_signer"]
+    assert len(panel.read_secret()) >= 32
     before = (out / "relayer-keystore-password").read_text()
     assert _init(out, "--devnet") == first
     assert (out / "relayer-keystore-password").read_text() == before  # kept, not regenerated
@@ -45,4 +55,6 @@ def test_production_keys_are_fresh(tmp_path: Path) -> None:
     a = _init(tmp_path / "a")
     b = _init(tmp_path / "b")
     assert a["relayer"] != b["relayer"] and a["verification"] != b["verification"]
+    assert a["arbiter"] != b["arbiter"] and a["panel_signer"] != b["panel_signer"]
+    assert (tmp_path / "a" / "panel-secret").read_text() != (tmp_path / "b" / "panel-secret").read_text()
     assert a["relayer"] not in (anvil_key(2)[0], anvil_key(9)[0])

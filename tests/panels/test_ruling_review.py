@@ -1,0 +1,214 @@
+"""Findings of the review of the ruling path (docs/panels.md, "Review"), on anvil and PostgreSQL.
+
+- A ruling whose transaction was mined but reverted was recorded as a final outcome at once
+  and never watched: a reorg that took that transaction away left the arbiter key with a
+  nonce gap (every later ruling stuck behind it, never mined) or, when the competing
+  transaction did not come back either, a dispute the ruling never resolved. A mined outcome
+  is now watched to the finality depth like a confirmed one, and sent again when it vanishes.
+- An RPC reply of the wrong shape (a node lying or broken) raised TypeError/ValueError out of
+  `RulingSender.run`: the sending task died while the process and its `/readyz` stayed up, so
+  no ruling was sent again until someone restarted it. The replies are now parsed strictly
+  and a failed pass marks the sender not ready and is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from aiohttp import web
+
+from escrowd.devnet import Devnet
+from relayer.settlement.fees import Fees
+from relayer.settlement.keys import SecretKey
+from relayer.settlement.rpc import EthRpc
+from relayer.settlement.rulings import SENDER_PART, RulingSender, resolve_dispute_data
+from relayer.settlement.txs import sign_eip1559
+from runtime import health
+from runtime.db import create_pool
+from schemas.task_state import TaskStatus
+from tests.panels.test_ruling_relay import _admit, _consumer, disputed_task, ruling_message
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(database_url)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def rpc(devnet: Devnet) -> AsyncIterator[EthRpc]:
+    client = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def _ruling(pool: asyncpg.Pool, task_id: int) -> asyncpg.Record:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+    assert row is not None
+    return row
+
+
+async def _receipt(devnet: Devnet, tx_hash: str) -> dict[str, Any] | None:
+    result = await asyncio.to_thread(devnet.rpc, "eth_getTransactionReceipt", tx_hash)
+    return None if result is None else dict(result)
+
+
+async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonce_gap(
+    devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
+) -> None:
+    """A person resolves task A with the arbiter key (nonce n) in the block where the relayer's
+    ruling for A (nonce n+1) lands and reverts. A reorg re-mines the person's transaction only:
+    the ruling's nonce n+1 is free again. The ruling must be sent again (it reverts again and
+    fills n+1), so the next ruling, for task B at n+2, is mined."""
+    task_a = await asyncio.to_thread(disputed_task, devnet)
+    task_b = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_a, 7_000))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
+    n = await rpc.transaction_count(key.address, "latest")
+    base_fee = (await rpc.head()).base_fee
+    manual = sign_eip1559(key, chain_id=devnet.chain_id, nonce=n, to=devnet.escrow_address,
+                          data=resolve_dispute_data(task_a, 2_000), gas_limit=300_000,
+                          fees=Fees(base_fee * 4 + 10**9, 10**9))
+    await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
+    try:
+        await asyncio.to_thread(devnet.rpc, "eth_sendRawTransaction", manual.raw_hex)
+        await sender.step(pool)  # the preflight sees A still disputed: signed at n+1
+        sent = await _ruling(pool, task_a)
+        assert (sent["status"], sent["nonce"]) == ("sent", n + 1)
+        await asyncio.to_thread(devnet.rpc, "evm_mine")
+    finally:
+        await asyncio.to_thread(devnet.rpc, "evm_setAutomine", True)
+    mined = await _receipt(devnet, sent["tx_hash"])
+    assert mined is not None and int(str(mined["status"]), 16) == 0  # reverted: A was resolved first
+    await sender.step(pool)
+    assert (await _ruling(pool, task_a))["status"] == "already_resolved"
+
+    # The block is replaced by one holding the person's transaction only.
+    await asyncio.to_thread(devnet.reorg, 1, [(manual.raw_hex, 0)])
+    assert await _receipt(devnet, sent["tx_hash"]) is None
+    assert await rpc.transaction_count(key.address, "latest") == n + 1
+
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_b, 4_000, offset=1))
+    for _ in range(30):  # bounded by passes: each pass sends, re-broadcasts or records
+        await sender.step(pool)
+        if (await _ruling(pool, task_b))["status"] == "confirmed":
+            break
+        await asyncio.to_thread(devnet.mine)
+    row_b = await _ruling(pool, task_b)
+    assert (row_b["status"], row_b["nonce"]) == ("confirmed", n + 2)
+    assert (await asyncio.to_thread(devnet.get_task, task_b)).status == TaskStatus.RESOLVED
+    row_a = await _ruling(pool, task_a)
+    assert row_a["status"] == "already_resolved" and row_a["reorgs"] == 1
+    again = await _receipt(devnet, sent["tx_hash"])
+    assert again is not None and int(str(again["status"]), 16) == 0  # n+1 filled by the same transaction
+    assert await rpc.transaction_count(key.address, "latest") == n + 3
+
+
+class _LyingNode:
+    """A JSON-RPC front of anvil that answers `method` with `lie(result)` while `lying` is set."""
+
+    def __init__(self, upstream: str, method: str, lie: Callable[[Any], Any]) -> None:
+        self.upstream, self.method, self.lie = upstream, method, lie
+        self.lying = True
+        self.lies = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        assert self._session is not None
+        async with self._session.post(self.upstream, data=body,
+                                      headers={"Content-Type": "application/json"}) as upstream:
+            reply = await upstream.json(content_type=None)
+        sent = json.loads(body)
+        if self.lying and isinstance(sent, dict) and sent.get("method") == self.method and "result" in reply:
+            reply["result"] = self.lie(reply["result"])
+            self.lies += 1
+        return web.json_response(reply)
+
+    async def __aenter__(self) -> _LyingNode:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_post("/", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None and self._session is not None
+        await self._runner.cleanup()
+        await self._session.close()
+
+
+def _number_as_int(receipt: Any) -> Any:
+    if isinstance(receipt, dict) and receipt.get("blockNumber") is not None:
+        return {**receipt, "blockNumber": int(receipt["blockNumber"], 16)}  # a JSON number, not a quantity
+    return receipt
+
+
+@pytest.mark.parametrize(("method", "lie"), [
+    ("eth_getTransactionReceipt", _number_as_int),
+    ("eth_getTransactionCount", lambda _: "0x" + "f" * 40),  # a pending count past any real nonce
+    ("eth_getBlockByNumber", lambda _: ["not", "a", "block"]),
+])
+async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
+    devnet: Devnet, pool: asyncpg.Pool, method: str, lie: Callable[[Any], Any]
+) -> None:
+    """While the node lies the sender is not ready and signs nothing at a bogus nonce; the
+    process keeps running, and once the node answers properly the ruling lands once."""
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 6_500))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    count_before = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    async with _LyingNode(devnet.rpc_url, method, lie) as node:
+        rpc = EthRpc([node.url], chain_id=devnet.chain_id, attempts=1)
+        sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
+        stop = asyncio.Event()
+        health.mark(SENDER_PART, True)
+        running = asyncio.create_task(sender.run(pool, stop, interval=0.02))
+        try:
+            for _ in range(500):  # until the sender met a few lies (bounded by passes, not time)
+                if node.lies >= 3 or running.done():
+                    break
+                await asyncio.sleep(0.02)
+            assert node.lies >= 3
+            assert not running.done(), running.exception() if running.done() else None
+            assert health.readiness()[1][SENDER_PART] is False
+            async with pool.acquire() as conn:
+                nonces = await conn.fetch("SELECT nonce FROM settlement_ruling_txs WHERE task_id = $1", task_id)
+            assert all(int(r["nonce"]) < 2**32 for r in nonces)
+
+            node.lying = False
+            for _ in range(500):
+                row = await _ruling(pool, task_id)
+                if row["status"] == "confirmed" or running.done():
+                    break
+                await asyncio.sleep(0.02)
+            assert not running.done()
+            assert row["status"] == "confirmed"
+            assert health.readiness()[1][SENDER_PART] is True
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 30)
+            await rpc.close()
+    assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+    count = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    assert int(count, 16) == int(count_before, 16) + 1

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,38 @@ DEFAULT_GAS = 200_000
 RULING_CONSUMER_GROUP = "escrowd-relayer-rulings"
 SENDER_PART = "ruling-sender"
 """Readiness parts of `escrowd relay rulings` (`/readyz`)."""
+
+MINED = ("confirmed", "reverted", "already_resolved")
+"""Statuses a receipt gave the ruling: watched until `finality_depth` deep, then final."""
+
+MAX_NONCE_JUMP = 1_024
+"""How far the arbiter's pending count may run ahead of what we know before nothing is signed."""
+
+_QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,64}")
+_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+_INT64 = 2**63 - 1
+
+
+class BadReply(RpcError):
+    """A node's reply of the wrong type or out of range: the pass fails, nothing is signed."""
+
+
+def quantity(value: object, what: str, limit: int = _INT64) -> int:
+    """A JSON-RPC quantity (0x hex string) no larger than `limit`, or BadReply."""
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+        raise BadReply(f"{what}: not a quantity")
+    number = int(value, 16)
+    if number > limit:
+        raise BadReply(f"{what}: out of range")
+    return number
+
+
+def hash32(value: object, what: str) -> str:
+    """A 32-byte 0x hash, lower-cased, or BadReply."""
+    if not isinstance(value, str) or not _HASH.fullmatch(value):
+        raise BadReply(f"{what}: not a 32-byte hash")
+    return value.lower()
+
 
 RULINGS = Counter("escrowd_relayer_rulings_total", "Panel rulings by outcome", ["outcome"])
 ARBITER_MATCH = Gauge("escrowd_relayer_arbiter_matches", "1 when the escrow's arbiter is our key", ["chain_id"])
@@ -151,6 +184,31 @@ class Version:
     fees: Fees
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """The fields of a transaction receipt the ruling path reads, checked (`parse`)."""
+
+    block_number: int
+    block_hash: str
+    failed: bool
+
+    @classmethod
+    def parse(cls, raw: object, tx_hash: str) -> Receipt | None:
+        """A mined receipt of `tx_hash`, None while pending; BadReply for anything malformed
+        (wrong types, another transaction's receipt, a status other than 0x0 / 0x1)."""
+        if not isinstance(raw, dict):
+            raise BadReply("eth_getTransactionReceipt: not an object")
+        if raw.get("blockNumber") is None:
+            return None
+        if hash32(raw.get("transactionHash"), "receipt transactionHash") != tx_hash.lower():
+            raise BadReply("eth_getTransactionReceipt: the receipt of another transaction")
+        status = raw.get("status", "0x1")
+        if status not in ("0x0", "0x1"):
+            raise BadReply("eth_getTransactionReceipt: status is neither 0x0 nor 0x1")
+        return cls(quantity(raw["blockNumber"], "receipt blockNumber"),
+                   hash32(raw.get("blockHash"), "receipt blockHash"), status == "0x0")
+
+
 def stuck_action(
     latest: Fees, *, base_fee: int, suggested_priority: int, policy: FeePolicy, waited: float, replace_after: float
 ) -> tuple[str, Fees | None]:
@@ -167,14 +225,18 @@ def stuck_action(
     return ("capped", None) if fees is None else ("bump", fees)
 
 
-def mined_status(*, depth: int, confirmations: int, finality_depth: int) -> tuple[str, bool]:
+def mined_status(
+    *, depth: int, confirmations: int, finality_depth: int, outcome: str = "confirmed"
+) -> tuple[str, bool]:
     """(status, final) of a ruling whose transaction is mined `depth` blocks deep (pure).
 
-    `confirmed` from `confirmations` deep; final (no longer watched) from `finality_depth`.
-    A confirmed ruling that is now shallower (re-mined after a reorg) is `sent` again.
+    `outcome` (`confirmed`, or `reverted` / `already_resolved` for a receipt with status 0)
+    from `confirmations` deep; final (no longer watched) from `finality_depth`. Until final a
+    reorg can take a reverted transaction away as well as a successful one: both are watched.
+    A ruling mined shallower than `confirmations` (re-mined after a reorg) is `sent` again.
     """
     if depth >= confirmations:
-        return "confirmed", depth >= finality_depth
+        return outcome, depth >= finality_depth
     return "sent", False
 
 
@@ -240,14 +302,18 @@ class RulingSender:
             RULINGS.labels(outcome).inc()
             return
         try:
-            gas = int(await self.rpc.call("eth_estimateGas", {
-                "from": self.key.address, "to": self.escrow, "data": "0x" + data.hex()}), 16)
+            gas = quantity(await self.rpc.call("eth_estimateGas", {
+                "from": self.key.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
+                limit=30_000_000)
             gas = gas * GAS_HEADROOM_BPS // 10_000
         except RpcCallError:
             gas = DEFAULT_GAS
-        head = await self.rpc.head()
+        head = await self._head()
         fees = price(head.base_fee, await self.rpc.max_priority_fee(), self.policy)
-        pending = await self.rpc.transaction_count(self.key.address, "pending")
+        latest = await self._count("latest")  # read first: the pending count only grows after it
+        pending = await self._count("pending")
+        if not latest <= pending <= latest + MAX_NONCE_JUMP:
+            raise BadReply("eth_getTransactionCount: pending count out of line with the mined count")
         address = self.key.address.lower()
         async with pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval(
@@ -264,6 +330,10 @@ class RulingSender:
                 "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
                 self.chain_id, address,
             )
+            if pending > int(stored) + MAX_NONCE_JUMP:
+                # A node inflating the count would burn the counter: every later ruling
+                # would wait behind a gap. Refuse to sign; the operator sees the pass fail.
+                raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
             nonce = max(int(stored), pending)
             tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data,
                               gas_limit=gas, fees=fees)
@@ -301,14 +371,15 @@ class RulingSender:
         """Follow every ruling that was sent, and every confirmed one that is not final yet."""
         async with pool.acquire() as conn:
             rows = await conn.fetch(
-                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash,"
+                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash, error,"
                 " EXTRACT(EPOCH FROM now() - broadcast_at)::float8 AS waited FROM settlement_rulings"
-                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = 'confirmed'"
-                " AND final_at IS NULL)) ORDER BY nonce", self.chain_id, self.escrow.lower(),
+                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = ANY($3::text[])"
+                " AND final_at IS NULL AND tx_hash IS NOT NULL)) ORDER BY nonce",
+                self.chain_id, self.escrow.lower(), list(MINED),
             )
         if not rows:
             return 0
-        head = await self.rpc.head()
+        head = await self._head()
         changed = 0
         for row in rows:
             changed += await self._follow_one(pool, row, head)
@@ -327,13 +398,37 @@ class RulingSender:
             for r in rows
         ]
 
-    async def _mined_version(self, versions: list[Version]) -> tuple[Version, dict[str, Any]] | None:
-        """The version with a receipt in a canonical block (a receipt for any version counts)."""
+    async def _head(self) -> Head:
+        try:
+            head = await self.rpc.head()
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise BadReply("eth_getBlockByNumber: not a block header") from None
+        if head.number > _INT64 or head.base_fee > _INT64 * _INT64:
+            raise BadReply("eth_getBlockByNumber: header out of range")
+        return head
+
+    async def _count(self, tag: str) -> int:
+        return quantity(await self.rpc.call("eth_getTransactionCount", self.key.address, tag),
+                        "eth_getTransactionCount")
+
+    async def _mined_version(self, versions: list[Version]) -> tuple[Version, Receipt] | None:
+        """The version with a receipt in a canonical block (a receipt for any version counts).
+
+        Every field used is checked for type and range (`Receipt.parse`): a node's reply is
+        outside input like any other.
+        """
         for version in reversed(versions):
-            receipt = await self.rpc.receipt(version.tx_hash)
-            if receipt is None or receipt.get("blockNumber") is None:
+            raw = await self.rpc.call("eth_getTransactionReceipt", version.tx_hash)
+            if raw is None:
                 continue
-            if await self.rpc.block_hash(int(receipt["blockNumber"], 16)) != receipt.get("blockHash"):
+            receipt = Receipt.parse(raw, version.tx_hash)
+            if receipt is None:
+                continue
+            try:
+                canonical = await self.rpc.block_hash(receipt.block_number)
+            except (KeyError, TypeError, AttributeError):
+                raise BadReply("eth_getBlockByNumber: not a block") from None
+            if canonical is None or canonical.lower() != receipt.block_hash:
                 continue  # a stale receipt of a block a reorg replaced
             return version, receipt
         return None
@@ -346,14 +441,17 @@ class RulingSender:
             return await self._record_mined(pool, row, head, *mined)
         changed = 0
         waited = float(row["waited"] or 0.0)
-        if row["status"] == "confirmed":
+        if row["status"] in MINED:
             # Its block was reorged away: the ruling is pending again, with the same nonce.
+            # A reverted one too: its nonce is free again, and left unused it would be a gap
+            # that every later ruling of the key waits behind.
             async with pool.acquire() as conn:
                 done = await conn.fetchval(
-                    "UPDATE settlement_rulings SET status = 'sent', block_number = NULL, block_hash = NULL,"
-                    " reorgs = reorgs + 1, broadcast_at = now(), updated_at = now() WHERE chain_id = $1"
-                    " AND escrow = $2 AND task_id = $3 AND status = 'confirmed' AND final_at IS NULL RETURNING 1",
-                    self.chain_id, self.escrow.lower(), task_id,
+                    "UPDATE settlement_rulings SET status = 'sent', error = NULL, block_number = NULL,"
+                    " block_hash = NULL, reorgs = reorgs + 1, broadcast_at = now(), updated_at = now()"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = $4 AND final_at IS NULL"
+                    " RETURNING 1",
+                    self.chain_id, self.escrow.lower(), task_id, row["status"],
                 )
             if not done:
                 return 0
@@ -393,29 +491,33 @@ class RulingSender:
         if safe < 0:
             return False
         try:
-            count = await self.rpc.transaction_count(self.key.address, hex(safe))
+            count = await self._count(hex(safe))
         except RpcCallError:  # a node without that block's state: the head's count
-            count = await self.rpc.transaction_count(self.key.address, "latest")
+            count = await self._count("latest")
         return count > nonce
 
     async def _record_mined(
-        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: dict[str, Any]
+        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: Receipt
     ) -> int:
         task_id = int(row["task_id"])
-        block = int(receipt["blockNumber"], 16)
-        block_hash = str(receipt["blockHash"])
+        block, block_hash = receipt.block_number, receipt.block_hash
         depth = max(head.number, block) - block + 1
-        if int(receipt.get("status", "0x1"), 16) == 0:
-            data = await self.rpc.revert_data(version.tx_hash)
-            error = decode_revert(data or b"")
-            outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
-                else "reverted"
-            status, final, err = outcome, False, str(error)
+        if receipt.failed:
+            if row["status"] in ("reverted", "already_resolved") and row["block_hash"] == block_hash \
+                    and row["tx_hash"] == version.tx_hash:
+                outcome, err = str(row["status"]), row["error"]  # the same revert, already decoded
+            else:
+                data = await self.rpc.revert_data(version.tx_hash)
+                error = decode_revert(data or b"")
+                outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
+                    else "reverted"
+                err = str(error)
         else:
-            status, final = mined_status(depth=depth, confirmations=self.confirmations,
-                                         finality_depth=self.finality_depth)
-            err = None
-        moved = row["status"] == "confirmed" and (row["block_hash"] != block_hash or status != "confirmed")
+            outcome, err = "confirmed", None
+        # A reverted transaction is watched like a confirmed one: a reorg can take it away.
+        status, final = mined_status(depth=depth, confirmations=self.confirmations,
+                                     finality_depth=self.finality_depth, outcome=outcome)
+        moved = row["status"] in MINED and (row["block_hash"] != block_hash or status != row["status"])
         unchanged = (status == row["status"] and not final and not moved and row["tx_hash"] == version.tx_hash
                      and row["block_hash"] == block_hash)
         if unchanged:
@@ -490,6 +592,14 @@ class RulingSender:
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)
+            except Exception as exc:  # the sending task must outlive any one pass
+                # Anything else (a database refusal, a bug) failed this pass only: the sender
+                # stays not ready (alerting) and tries again, rather than dying silently while
+                # the process and its consumer stay up. The message may quote query arguments:
+                # only the type is logged.
+                health.mark(SENDER_PART, False)
+                RULINGS.labels("step_crashed").inc()
+                log.error("ruling_step_crashed", error_type=type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 

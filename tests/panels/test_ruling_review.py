@@ -104,7 +104,8 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
     await _admit(pool, _consumer(devnet), ruling_message(devnet, task_b, 4_000, offset=1))
     for _ in range(30):  # bounded by passes: each pass sends, re-broadcasts or records
         await sender.step(pool)
-        if (await _ruling(pool, task_b))["status"] == "confirmed":
+        statuses = {(await _ruling(pool, t))["status"] for t in (task_a, task_b)}
+        if statuses == {"already_resolved", "confirmed"}:
             break
         await asyncio.to_thread(devnet.mine)
     row_b = await _ruling(pool, task_b)
@@ -115,6 +116,44 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
     again = await _receipt(devnet, sent["tx_hash"])
     assert again is not None and int(str(again["status"]), 16) == 0  # n+1 filled by the same transaction
     assert await rpc.transaction_count(key.address, "latest") == n + 3
+
+    # Watched until final like a confirmed ruling; from then on left alone, and frozen.
+    watcher = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, finality_depth=3)
+    for _ in range(10):
+        if (await _ruling(pool, task_a))["final_at"] is not None:
+            break
+        await asyncio.to_thread(devnet.mine)
+        await watcher.step(pool)
+    final = await _ruling(pool, task_a)
+    assert final["status"] == "already_resolved" and final["final_at"] is not None
+    assert await watcher.step(pool) == 0
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.RaiseError, match="final"):
+            await conn.execute("UPDATE settlement_rulings SET status = 'sent', final_at = NULL WHERE task_id = $1",
+                               task_a)
+
+
+async def test_a_ruling_never_moves_to_a_nonce_nothing_of_it_was_signed_at(
+    devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
+) -> None:
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 2_500))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
+    await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
+    try:
+        await sender.step(pool)
+        sent = await _ruling(pool, task_id)
+        assert sent["status"] == "sent"
+        async with pool.acquire() as conn:
+            with pytest.raises(asyncpg.RaiseError, match="no stored version"):
+                await conn.execute("UPDATE settlement_rulings SET nonce = nonce + 1 WHERE task_id = $1", task_id)
+            # Queued again (nonce NULL) is how a ruling gives its nonce up: allowed.
+            await conn.execute("UPDATE settlement_rulings SET status = 'queued', nonce = NULL, raw_tx = NULL,"
+                               " tx_hash = NULL WHERE task_id = $1", task_id)
+    finally:
+        await asyncio.to_thread(devnet.rpc, "evm_setAutomine", True)
+    assert (await _ruling(pool, task_id))["nonce"] is None
 
 
 class _LyingNode:

@@ -1,0 +1,40 @@
+-- Review of the ruling path (docs/panels.md, "Review").
+--
+-- A ruling whose transaction was mined but reverted (`reverted`, `already_resolved`) is watched
+-- to the finality depth like a confirmed one: a reorg can take a reverted transaction away and
+-- free its nonce, and an unused nonce is a gap every later ruling of the key waits behind. So
+-- `final_at` may now be set on those outcomes too; never on a ruling without a transaction
+-- (a preflight refusal is not on chain: nothing to watch). Rows recorded before this
+-- migration are not marked final here: the sender's next pass reads their receipts and marks
+-- them final when they are deep enough, or sends them again when their block is gone.
+ALTER TABLE settlement_rulings
+    DROP CONSTRAINT settlement_rulings_final_confirmed,
+    ADD CONSTRAINT settlement_rulings_final_mined
+        CHECK (final_at IS NULL OR (status IN ('confirmed', 'reverted', 'already_resolved') AND tx_hash IS NOT NULL));
+
+-- What the sender promises, enforced where every writer must pass:
+-- - a final ruling never changes again (not sent again, not given another nonce or transaction);
+-- - a ruling's nonce changes only to or from NULL (queued again after another transaction of
+--   the key took it) or to a nonce one of its stored versions has (that older version was
+--   mined): never to a nonce nothing of this ruling was signed at.
+CREATE FUNCTION settlement_rulings_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.final_at IS NOT NULL AND (NEW.status, NEW.nonce, NEW.tx_hash, NEW.raw_tx, NEW.block_hash, NEW.final_at)
+            IS DISTINCT FROM (OLD.status, OLD.nonce, OLD.tx_hash, OLD.raw_tx, OLD.block_hash, OLD.final_at) THEN
+        RAISE EXCEPTION 'ruling % on chain %: final, it does not change any more', OLD.task_id, OLD.chain_id;
+    END IF;
+    IF OLD.nonce IS NOT NULL AND NEW.nonce IS NOT NULL AND NEW.nonce <> OLD.nonce AND NOT EXISTS (
+        SELECT 1 FROM settlement_ruling_txs t
+        WHERE t.chain_id = NEW.chain_id AND t.escrow = NEW.escrow AND t.task_id = NEW.task_id
+          AND t.nonce = NEW.nonce
+    ) THEN
+        RAISE EXCEPTION 'ruling % on chain %: nonce % has no stored version of this ruling',
+            NEW.task_id, NEW.chain_id, NEW.nonce;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER settlement_rulings_guard
+    BEFORE UPDATE ON settlement_rulings
+    FOR EACH ROW EXECUTE FUNCTION settlement_rulings_guard();

@@ -589,6 +589,11 @@ class RulingSender:
             try:
                 await self.step(pool)
                 health.mark(SENDER_PART, True)
+            except BadReply as exc:
+                # A node's reply of the wrong type or out of range: nothing was signed from it.
+                health.mark(SENDER_PART, False)
+                RULINGS.labels("bad_reply").inc()
+                log.warning("ruling_bad_reply", error=str(exc))
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)

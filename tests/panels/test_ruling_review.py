@@ -27,7 +27,7 @@ from escrowd.devnet import Devnet
 from relayer.settlement.fees import Fees
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc
-from relayer.settlement.rulings import SENDER_PART, RulingSender, resolve_dispute_data
+from relayer.settlement.rulings import RULINGS, SENDER_PART, RulingSender, resolve_dispute_data
 from relayer.settlement.txs import sign_eip1559
 from runtime import health
 from runtime.db import create_pool
@@ -197,6 +197,10 @@ class _LyingNode:
         await self._session.close()
 
 
+def _failed_passes() -> float:
+    return sum(RULINGS.labels(outcome)._value.get() for outcome in ("bad_reply", "step_crashed"))
+
+
 def _number_as_int(receipt: Any) -> Any:
     if isinstance(receipt, dict) and receipt.get("blockNumber") is not None:
         return {**receipt, "blockNumber": int(receipt["blockNumber"], 16)}  # a JSON number, not a quantity
@@ -221,6 +225,7 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
         rpc = EthRpc([node.url], chain_id=devnet.chain_id, attempts=1)
         sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
         stop = asyncio.Event()
+        failures_before = _failed_passes()
         health.mark(SENDER_PART, True)
         running = asyncio.create_task(sender.run(pool, stop, interval=0.02))
         try:
@@ -231,6 +236,7 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
             assert node.lies >= 3
             assert not running.done(), running.exception() if running.done() else None
             assert health.readiness()[1][SENDER_PART] is False
+            assert _failed_passes() > failures_before  # what EscrowdRulingSenderFailing alerts on
             async with pool.acquire() as conn:
                 nonces = await conn.fetch("SELECT nonce FROM settlement_ruling_txs WHERE task_id = $1", task_id)
             assert all(int(r["nonce"]) < 2**32 for r in nonces)

@@ -41,12 +41,12 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relayer.settlement.fees import (
@@ -59,7 +59,7 @@ from relayer.settlement.fees import (
     includable,
     price,
 )
-from relayer.settlement.keys import SecretKey, load_keystore
+from relayer.settlement.keys import KeyLoadError, SecretKey, load_keystore
 from relayer.settlement.rpc import EthRpc, Head, RpcCallError, RpcError
 from relayer.settlement.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
@@ -631,6 +631,31 @@ def build_ruling_consumer(
     )
 
 
+LOCAL_CHAIN_IDS = frozenset({31337, 1337})
+"""Chain ids of local development chains (anvil, hardhat, ganache): the only ones where a
+public test key may sign or send rulings."""
+
+PUBLIC_TEST_ADDRESSES = frozenset(a.lower() for a in (
+    # The first 20 accounts of the public test mnemonic ("test test ... junk") that anvil,
+    # hardhat and the compose devnet use: their private keys are published everywhere.
+    "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+    "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC", "0x90F79bf6EB2c4f870365E785982E1f101E93b906",
+    "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65", "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc",
+    "0x976EA74026E726554dB657fA54763abd0C3a0aa9", "0x14dC79964da2C08b23698B3D3cc7Ca32193d9955",
+    "0x23618e81E3f5cdF7f54C3d65f7FBc0aBf5B21E8f", "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720",
+    "0xBcd4042DE499D14e55001CcbB24a551F3b954096", "0x71bE63f3384f5fb98995898A86B02Fb2426c5788",
+    "0xFABB0ac9d68B0B445fB7357272Ff202C5651694a", "0x1CBd3b2770909D4e10f157cABC84C7264073C9Ec",
+    "0xdF3e18d64BC6A983f673Ab319CCaE4f1a57C7097", "0xcd3B766CCDd6AE721141F452C550Ca635964ce71",
+    "0x2546BcD3c84621e976D8185a91A922aE77ECEc30", "0xbDA5747bFD65F08deb54cb465eB87D40e51B197E",
+    "0xdD2FD4581271e230360230F9337D5c0430Bf44C0", "0x8626f6940E2eb28930eFb4CeF49B2d1F2C9C1199",
+))
+
+
+def public_test_key_refused(address: str, chain_id: int) -> bool:
+    """True when `address` is a well-known test account and `chain_id` is not a local devnet."""
+    return chain_id not in LOCAL_CHAIN_IDS and address.lower() in PUBLIC_TEST_ADDRESSES
+
+
 class RulingRelaySettings(BaseSettings):
     """`escrowd relay rulings` (`ESCROWD_*` environment variables). The key is never logged.
 
@@ -652,7 +677,9 @@ class RulingRelaySettings(BaseSettings):
     ruling_arbiter_keystore_password_file: Path | None = Field(
         default=None, description="File holding the keystore password"
     )
-    ruling_trusted_signers: list[str] = Field(min_length=1, description="Panel service addresses whose rulings we send")
+    ruling_trusted_signers: list[Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]] = Field(
+        min_length=1, max_length=64, description="Panel service addresses whose rulings we send"
+    )
     ruling_confirmations: int = Field(default=1, ge=1, description="Blocks deep before a ruling is confirmed")
     ruling_finality_depth: int = Field(
         default=64, ge=1, le=10_000,
@@ -672,6 +699,16 @@ class RulingRelaySettings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
     )
+
+    @field_validator("ruling_trusted_signers")
+    @classmethod
+    def _no_public_signer(cls, signers: list[str], info: ValidationInfo) -> list[str]:
+        # The compose defaults trust anvil's account 8: left in place on a real chain, anyone
+        # who can write to the rulings topic could sign any split with its published key.
+        chain_id = info.data.get("ruling_chain_id")
+        if isinstance(chain_id, int) and any(public_test_key_refused(s, chain_id) for s in signers):
+            raise ValueError("a public test key (anvil's mnemonic) is trusted outside a local devnet chain")
+        return signers
 
     @model_validator(mode="after")
     def _check(self) -> RulingRelaySettings:
@@ -707,6 +744,8 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     from runtime.outbox import OutboxPublisher
 
     key = settings.arbiter_key()
+    if public_test_key_refused(key.address, settings.ruling_chain_id):
+        raise KeyLoadError("the arbiter key is a public test key (anvil's mnemonic): refused outside a local devnet chain")
     if settings.metrics_port is not None:
         # Ready once the consumer joined its group and the sender made a pass against the
         # chain and the database; both start out not ready.

@@ -257,3 +257,12 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
     assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
     count = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
     assert int(count, 16) == int(count_before, 16) + 1
+
+
+def test_the_public_test_addresses_are_the_devnet_mnemonic_accounts() -> None:
+    from escrowd.devnet import anvil_key
+    from relayer.settlement.rulings import PUBLIC_TEST_ADDRESSES, public_test_key_refused
+
+    assert {anvil_key(i)[0].lower() for i in range(20)} == PUBLIC_TEST_ADDRESSES
+    assert public_test_key_refused(anvil_key(8)[0], 1) and not public_test_key_refused(anvil_key(8)[0], 31337)
+    assert not public_test_key_refused(SecretKey.from_hex("0x" + "7b" * 32).address, 1)

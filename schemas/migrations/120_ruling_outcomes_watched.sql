@@ -38,3 +38,32 @@ $$;
 CREATE TRIGGER settlement_rulings_guard
     BEFORE UPDATE ON settlement_rulings
     FOR EACH ROW EXECUTE FUNCTION settlement_rulings_guard();
+
+-- A version is signed only for a ruling that is being sent (never for one that is confirmed,
+-- reverted or final: a transaction replacing a mined one can never be mined, and after the
+-- finality depth nothing is sent again), and only at its live nonce (as in 110).
+CREATE OR REPLACE FUNCTION settlement_ruling_txs_live_nonce() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM settlement_rulings r
+        WHERE r.chain_id = NEW.chain_id AND r.escrow = NEW.escrow AND r.task_id = NEW.task_id
+          AND r.nonce = NEW.nonce AND r.status = 'sent'
+    ) THEN
+        RAISE EXCEPTION 'ruling % on chain %: a transaction version must use the ruling''s live nonce while it is sent',
+            NEW.task_id, NEW.chain_id;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- Every signed version is kept as signed: a receipt for any of them counts, so none may be
+-- rewritten or dropped while the ruling is followed.
+CREATE FUNCTION settlement_ruling_txs_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'settlement_ruling_txs is append-only: a signed version is kept as it was signed';
+END
+$$;
+
+CREATE TRIGGER settlement_ruling_txs_append_only
+    BEFORE UPDATE OR DELETE ON settlement_ruling_txs
+    FOR EACH ROW EXECUTE FUNCTION settlement_ruling_txs_append_only();

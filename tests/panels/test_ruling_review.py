@@ -131,6 +131,16 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
         with pytest.raises(asyncpg.RaiseError, match="final"):
             await conn.execute("UPDATE settlement_rulings SET status = 'sent', final_at = NULL WHERE task_id = $1",
                                task_a)
+        # No new version for a ruling that is not being sent; the signed ones are kept as signed.
+        with pytest.raises(asyncpg.RaiseError, match="live nonce while it is sent"):
+            await conn.execute(
+                "INSERT INTO settlement_ruling_txs (chain_id, escrow, task_id, nonce, version, tx_hash, raw_tx,"
+                " gas_limit, max_fee_per_gas, max_priority_fee_per_gas) SELECT chain_id, escrow, task_id, nonce, 9,"
+                " $2, raw_tx, 1, 1, 1 FROM settlement_rulings WHERE task_id = $1", task_a, "0x" + "cd" * 32)
+        for statement in ("UPDATE settlement_ruling_txs SET max_fee_per_gas = 0, max_priority_fee_per_gas = 0"
+                          " WHERE task_id = $1", "DELETE FROM settlement_ruling_txs WHERE task_id = $1"):
+            with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                await conn.execute(statement, task_a)
 
 
 async def test_a_ruling_never_moves_to_a_nonce_nothing_of_it_was_signed_at(

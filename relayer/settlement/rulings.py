@@ -137,6 +137,17 @@ def check_ruling(signed: msg.SignedRuling, trusted: frozenset[str]) -> str | Non
     return None
 
 
+_NODE_HAS_IT = ("alreadyknown", "alreadyimported", "knowntransaction", "noncetoolow", "oldnonce")
+
+
+def node_has_it(message: str) -> bool:
+    """True when a node's refusal of a raw transaction means it has it, or mined its nonce
+    (geth/erigon "already known", anvil "already imported", besu "Known transaction",
+    "nonce too low" / nethermind "OldNonce"): not a problem to report."""
+    folded = "".join(ch for ch in message.lower() if ch.isalnum())
+    return any(marker in folded for marker in _NODE_HAS_IT)
+
+
 def preflight_outcome(error_name: str, args: tuple[Any, ...]) -> str:
     """What a refused preflight means: the task is resolved already, or a real revert."""
     if error_name == "WrongStatus" and args and int(args[0]) == STATUS_RESOLVED:
@@ -363,9 +374,14 @@ class RulingSender:
         try:
             await self.rpc.send_raw(raw_hex)
         except RpcCallError as exc:
-            # "already known" / "nonce too low" mean the node has it or mined it: the
-            # receipt decides; anything else is logged and retried on the next pass.
-            log.info("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
+            if node_has_it(exc.message):
+                # The node has it or mined it (or its nonce): the receipt decides.
+                log.debug("ruling_broadcast_known", tx_hash=tx_hash)
+                return
+            # A real refusal (no gas money, underpriced next to another transaction at the
+            # nonce, a gas limit the node refuses): retried every pass, counted, alerted on.
+            RULINGS.labels("broadcast_refused").inc()
+            log.warning("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
 
     async def _follow(self, pool: asyncpg.Pool) -> int:
         """Follow every ruling that was sent, and every confirmed one that is not final yet."""

@@ -276,3 +276,37 @@ def test_the_public_test_addresses_are_the_devnet_mnemonic_accounts() -> None:
     assert {anvil_key(i)[0].lower() for i in range(20)} == PUBLIC_TEST_ADDRESSES
     assert public_test_key_refused(anvil_key(8)[0], 1) and not public_test_key_refused(anvil_key(8)[0], 31337)
     assert not public_test_key_refused(SecretKey.from_hex("0x" + "7b" * 32).address, 1)
+
+
+async def test_a_ruling_the_node_refuses_is_counted_and_lands_once_the_cause_is_gone(
+    devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
+) -> None:
+    """An arbiter without gas money: the node refuses every version ("insufficient funds").
+    That used to be an info line only, so nothing alerted until the bumps reached the fee
+    cap, and then the alert named the wrong cause. It is now counted (`broadcast_refused`,
+    alert EscrowdRulingBroadcastRefused); a node that already has the transaction is not."""
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 8_000))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
+    balance = await asyncio.to_thread(devnet.rpc, "eth_getBalance", key.address, "latest")
+    refused = RULINGS.labels("broadcast_refused")
+    before = refused._value.get()
+    await asyncio.to_thread(devnet.rpc, "anvil_setBalance", key.address, "0x0")
+    try:
+        await sender.step(pool)
+        await sender.step(pool)
+        row = await _ruling(pool, task_id)
+        assert row["status"] == "sent" and await _receipt(devnet, row["tx_hash"]) is None
+        assert refused._value.get() >= before + 2
+    finally:
+        await asyncio.to_thread(devnet.rpc, "anvil_setBalance", key.address, balance)
+    for _ in range(10):
+        await sender.step(pool)
+        if (await _ruling(pool, task_id))["status"] == "confirmed":
+            break
+    assert (await _ruling(pool, task_id))["status"] == "confirmed"
+    counted = refused._value.get()
+    await sender.step(pool)  # watched until final: the node has it already, which is not a refusal
+    assert refused._value.get() == counted
+    assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED

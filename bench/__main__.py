@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, cli, indexer, relayer, sandbox (default: all that exist). Extra arguments after `--`
+Names: autocheck, cli, indexer, relayer, rulings, sandbox (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "cli": "bench.bench_cli",
     "indexer": "bench.bench_indexer",
     "relayer": "bench.bench_relayer",
+    "rulings": "bench.bench_rulings",
     "sandbox": "bench.bench_sandbox",
 }
 

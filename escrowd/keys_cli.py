@@ -16,7 +16,8 @@ test mnemonic, so that the compose `devnet` profile comes up with no manual step
 secret is always random.
 Passwords: `ESCROWD_RELAYER_KEYSTORE_PASSWORD` / `ESCROWD_VERIFICATION_KEYSTORE_PASSWORD`
 when set, otherwise random. Existing files are kept (re-running is harmless) unless
-`--force`. Only addresses are printed, as JSON.
+`--force`; a keystore without its password file (or the reverse) is refused, never
+replaced. Only addresses are printed, as JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ app = typer.Typer(help="Keystores for the relayer and the verification service."
 
 DEVNET_VERIFIER_ACCOUNT = 9
 """anvil account whose key signs verdicts in the compose devnet (its address is in the example config)."""
+ROLES = ("relayer", "verification", "arbiter")
+"""The roles whose keys are encrypted keystores with a password file each."""
 DEVNET_PANEL_ACCOUNT = 8
 """anvil account whose key signs panel rulings in the compose devnet (the ruling relay trusts it)."""
 
@@ -56,8 +59,20 @@ def init(
     from runtime.logging import register_secret
 
     out.mkdir(parents=True, exist_ok=True)
+    if not force:
+        # A keystore without its password (or a password without its keystore) is a deployed
+        # key half moved away: writing a fresh pair would replace a key the chain knows (the
+        # escrow's arbiter, the registered verifier). Refuse before writing anything.
+        for role in ROLES:
+            pair = (out / f"{role}-keystore.json", out / f"{role}-keystore-password")
+            present = [path.name for path in pair if path.exists()]
+            if len(present) == 1:
+                missing = next(path.name for path in pair if not path.exists())
+                typer.echo(f"{present[0]} is in {out} but {missing} is not: put it back, or pass --force"
+                           " to replace this key with a new one", err=True)
+                raise typer.Exit(1)
     addresses: dict[str, str] = {}
-    for role in ("relayer", "verification", "arbiter"):
+    for role in ROLES:
         keystore = out / f"{role}-keystore.json"
         password_file = out / f"{role}-keystore-password"
         if keystore.exists() and password_file.exists() and not force:

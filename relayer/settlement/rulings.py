@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relayer.settlement.fees import (
@@ -58,7 +59,7 @@ from relayer.settlement.fees import (
     includable,
     price,
 )
-from relayer.settlement.keys import SecretKey, load_keystore
+from relayer.settlement.keys import KeyLoadError, SecretKey, load_keystore
 from relayer.settlement.rpc import EthRpc, Head, RpcCallError, RpcError
 from relayer.settlement.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
@@ -76,6 +77,38 @@ DEFAULT_GAS = 200_000
 RULING_CONSUMER_GROUP = "escrowd-relayer-rulings"
 SENDER_PART = "ruling-sender"
 """Readiness parts of `escrowd relay rulings` (`/readyz`)."""
+
+MINED = ("confirmed", "reverted", "already_resolved")
+"""Statuses a receipt gave the ruling: watched until `finality_depth` deep, then final."""
+
+MAX_NONCE_JUMP = 1_024
+"""How far the arbiter's pending count may run ahead of what we know before nothing is signed."""
+
+_QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,64}")
+_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
+_INT64 = 2**63 - 1
+
+
+class BadReply(RpcError):
+    """A node's reply of the wrong type or out of range: the pass fails, nothing is signed."""
+
+
+def quantity(value: object, what: str, limit: int = _INT64) -> int:
+    """A JSON-RPC quantity (0x hex string) no larger than `limit`, or BadReply."""
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+        raise BadReply(f"{what}: not a quantity")
+    number = int(value, 16)
+    if number > limit:
+        raise BadReply(f"{what}: out of range")
+    return number
+
+
+def hash32(value: object, what: str) -> str:
+    """A 32-byte 0x hash, lower-cased, or BadReply."""
+    if not isinstance(value, str) or not _HASH.fullmatch(value):
+        raise BadReply(f"{what}: not a 32-byte hash")
+    return value.lower()
+
 
 RULINGS = Counter("escrowd_relayer_rulings_total", "Panel rulings by outcome", ["outcome"])
 ARBITER_MATCH = Gauge("escrowd_relayer_arbiter_matches", "1 when the escrow's arbiter is our key", ["chain_id"])
@@ -102,6 +135,17 @@ def check_ruling(signed: msg.SignedRuling, trusted: frozenset[str]) -> str | Non
     if recovered.lower() not in trusted:
         return "the signer is not a trusted panel key"
     return None
+
+
+_NODE_HAS_IT = ("alreadyknown", "alreadyimported", "knowntransaction", "noncetoolow", "oldnonce")
+
+
+def node_has_it(message: str) -> bool:
+    """True when a node's refusal of a raw transaction means it has it, or mined its nonce
+    (geth/erigon "already known", anvil "already imported", besu "Known transaction",
+    "nonce too low" / nethermind "OldNonce"): not a problem to report."""
+    folded = "".join(ch for ch in message.lower() if ch.isalnum())
+    return any(marker in folded for marker in _NODE_HAS_IT)
 
 
 def preflight_outcome(error_name: str, args: tuple[Any, ...]) -> str:
@@ -151,6 +195,31 @@ class Version:
     fees: Fees
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """The fields of a transaction receipt the ruling path reads, checked (`parse`)."""
+
+    block_number: int
+    block_hash: str
+    failed: bool
+
+    @classmethod
+    def parse(cls, raw: object, tx_hash: str) -> Receipt | None:
+        """A mined receipt of `tx_hash`, None while pending; BadReply for anything malformed
+        (wrong types, another transaction's receipt, a status other than 0x0 / 0x1)."""
+        if not isinstance(raw, dict):
+            raise BadReply("eth_getTransactionReceipt: not an object")
+        if raw.get("blockNumber") is None:
+            return None
+        if hash32(raw.get("transactionHash"), "receipt transactionHash") != tx_hash.lower():
+            raise BadReply("eth_getTransactionReceipt: the receipt of another transaction")
+        status = raw.get("status", "0x1")
+        if status not in ("0x0", "0x1"):
+            raise BadReply("eth_getTransactionReceipt: status is neither 0x0 nor 0x1")
+        return cls(quantity(raw["blockNumber"], "receipt blockNumber"),
+                   hash32(raw.get("blockHash"), "receipt blockHash"), status == "0x0")
+
+
 def stuck_action(
     latest: Fees, *, base_fee: int, suggested_priority: int, policy: FeePolicy, waited: float, replace_after: float
 ) -> tuple[str, Fees | None]:
@@ -167,14 +236,18 @@ def stuck_action(
     return ("capped", None) if fees is None else ("bump", fees)
 
 
-def mined_status(*, depth: int, confirmations: int, finality_depth: int) -> tuple[str, bool]:
+def mined_status(
+    *, depth: int, confirmations: int, finality_depth: int, outcome: str = "confirmed"
+) -> tuple[str, bool]:
     """(status, final) of a ruling whose transaction is mined `depth` blocks deep (pure).
 
-    `confirmed` from `confirmations` deep; final (no longer watched) from `finality_depth`.
-    A confirmed ruling that is now shallower (re-mined after a reorg) is `sent` again.
+    `outcome` (`confirmed`, or `reverted` / `already_resolved` for a receipt with status 0)
+    from `confirmations` deep; final (no longer watched) from `finality_depth`. Until final a
+    reorg can take a reverted transaction away as well as a successful one: both are watched.
+    A ruling mined shallower than `confirmations` (re-mined after a reorg) is `sent` again.
     """
     if depth >= confirmations:
-        return "confirmed", depth >= finality_depth
+        return outcome, depth >= finality_depth
     return "sent", False
 
 
@@ -240,14 +313,18 @@ class RulingSender:
             RULINGS.labels(outcome).inc()
             return
         try:
-            gas = int(await self.rpc.call("eth_estimateGas", {
-                "from": self.key.address, "to": self.escrow, "data": "0x" + data.hex()}), 16)
+            gas = quantity(await self.rpc.call("eth_estimateGas", {
+                "from": self.key.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
+                limit=30_000_000)
             gas = gas * GAS_HEADROOM_BPS // 10_000
         except RpcCallError:
             gas = DEFAULT_GAS
-        head = await self.rpc.head()
+        head = await self._head()
         fees = price(head.base_fee, await self.rpc.max_priority_fee(), self.policy)
-        pending = await self.rpc.transaction_count(self.key.address, "pending")
+        latest = await self._count("latest")  # read first: the pending count only grows after it
+        pending = await self._count("pending")
+        if not latest <= pending <= latest + MAX_NONCE_JUMP:
+            raise BadReply("eth_getTransactionCount: pending count out of line with the mined count")
         address = self.key.address.lower()
         async with pool.acquire() as conn, conn.transaction():
             status = await conn.fetchval(
@@ -264,6 +341,10 @@ class RulingSender:
                 "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
                 self.chain_id, address,
             )
+            if pending > int(stored) + MAX_NONCE_JUMP:
+                # A node inflating the count would burn the counter: every later ruling
+                # would wait behind a gap. Refuse to sign; the operator sees the pass fail.
+                raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
             nonce = max(int(stored), pending)
             tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data,
                               gas_limit=gas, fees=fees)
@@ -293,22 +374,28 @@ class RulingSender:
         try:
             await self.rpc.send_raw(raw_hex)
         except RpcCallError as exc:
-            # "already known" / "nonce too low" mean the node has it or mined it: the
-            # receipt decides; anything else is logged and retried on the next pass.
-            log.info("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
+            if node_has_it(exc.message):
+                # The node has it or mined it (or its nonce): the receipt decides.
+                log.debug("ruling_broadcast_known", tx_hash=tx_hash)
+                return
+            # A real refusal (no gas money, underpriced next to another transaction at the
+            # nonce, a gas limit the node refuses): retried every pass, counted, alerted on.
+            RULINGS.labels("broadcast_refused").inc()
+            log.warning("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
 
     async def _follow(self, pool: asyncpg.Pool) -> int:
         """Follow every ruling that was sent, and every confirmed one that is not final yet."""
         async with pool.acquire() as conn:
             rows = await conn.fetch(
-                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash,"
+                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash, error,"
                 " EXTRACT(EPOCH FROM now() - broadcast_at)::float8 AS waited FROM settlement_rulings"
-                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = 'confirmed'"
-                " AND final_at IS NULL)) ORDER BY nonce", self.chain_id, self.escrow.lower(),
+                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = ANY($3::text[])"
+                " AND final_at IS NULL AND tx_hash IS NOT NULL)) ORDER BY nonce",
+                self.chain_id, self.escrow.lower(), list(MINED),
             )
         if not rows:
             return 0
-        head = await self.rpc.head()
+        head = await self._head()
         changed = 0
         for row in rows:
             changed += await self._follow_one(pool, row, head)
@@ -327,13 +414,37 @@ class RulingSender:
             for r in rows
         ]
 
-    async def _mined_version(self, versions: list[Version]) -> tuple[Version, dict[str, Any]] | None:
-        """The version with a receipt in a canonical block (a receipt for any version counts)."""
+    async def _head(self) -> Head:
+        try:
+            head = await self.rpc.head()
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise BadReply("eth_getBlockByNumber: not a block header") from None
+        if head.number > _INT64 or head.base_fee > _INT64 * _INT64:
+            raise BadReply("eth_getBlockByNumber: header out of range")
+        return head
+
+    async def _count(self, tag: str) -> int:
+        return quantity(await self.rpc.call("eth_getTransactionCount", self.key.address, tag),
+                        "eth_getTransactionCount")
+
+    async def _mined_version(self, versions: list[Version]) -> tuple[Version, Receipt] | None:
+        """The version with a receipt in a canonical block (a receipt for any version counts).
+
+        Every field used is checked for type and range (`Receipt.parse`): a node's reply is
+        outside input like any other.
+        """
         for version in reversed(versions):
-            receipt = await self.rpc.receipt(version.tx_hash)
-            if receipt is None or receipt.get("blockNumber") is None:
+            raw = await self.rpc.call("eth_getTransactionReceipt", version.tx_hash)
+            if raw is None:
                 continue
-            if await self.rpc.block_hash(int(receipt["blockNumber"], 16)) != receipt.get("blockHash"):
+            receipt = Receipt.parse(raw, version.tx_hash)
+            if receipt is None:
+                continue
+            try:
+                canonical = await self.rpc.block_hash(receipt.block_number)
+            except (KeyError, TypeError, AttributeError):
+                raise BadReply("eth_getBlockByNumber: not a block") from None
+            if canonical is None or canonical.lower() != receipt.block_hash:
                 continue  # a stale receipt of a block a reorg replaced
             return version, receipt
         return None
@@ -346,14 +457,17 @@ class RulingSender:
             return await self._record_mined(pool, row, head, *mined)
         changed = 0
         waited = float(row["waited"] or 0.0)
-        if row["status"] == "confirmed":
+        if row["status"] in MINED:
             # Its block was reorged away: the ruling is pending again, with the same nonce.
+            # A reverted one too: its nonce is free again, and left unused it would be a gap
+            # that every later ruling of the key waits behind.
             async with pool.acquire() as conn:
                 done = await conn.fetchval(
-                    "UPDATE settlement_rulings SET status = 'sent', block_number = NULL, block_hash = NULL,"
-                    " reorgs = reorgs + 1, broadcast_at = now(), updated_at = now() WHERE chain_id = $1"
-                    " AND escrow = $2 AND task_id = $3 AND status = 'confirmed' AND final_at IS NULL RETURNING 1",
-                    self.chain_id, self.escrow.lower(), task_id,
+                    "UPDATE settlement_rulings SET status = 'sent', error = NULL, block_number = NULL,"
+                    " block_hash = NULL, reorgs = reorgs + 1, broadcast_at = now(), updated_at = now()"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = $4 AND final_at IS NULL"
+                    " RETURNING 1",
+                    self.chain_id, self.escrow.lower(), task_id, row["status"],
                 )
             if not done:
                 return 0
@@ -393,29 +507,33 @@ class RulingSender:
         if safe < 0:
             return False
         try:
-            count = await self.rpc.transaction_count(self.key.address, hex(safe))
+            count = await self._count(hex(safe))
         except RpcCallError:  # a node without that block's state: the head's count
-            count = await self.rpc.transaction_count(self.key.address, "latest")
+            count = await self._count("latest")
         return count > nonce
 
     async def _record_mined(
-        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: dict[str, Any]
+        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: Receipt
     ) -> int:
         task_id = int(row["task_id"])
-        block = int(receipt["blockNumber"], 16)
-        block_hash = str(receipt["blockHash"])
+        block, block_hash = receipt.block_number, receipt.block_hash
         depth = max(head.number, block) - block + 1
-        if int(receipt.get("status", "0x1"), 16) == 0:
-            data = await self.rpc.revert_data(version.tx_hash)
-            error = decode_revert(data or b"")
-            outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
-                else "reverted"
-            status, final, err = outcome, False, str(error)
+        if receipt.failed:
+            if row["status"] in ("reverted", "already_resolved") and row["block_hash"] == block_hash \
+                    and row["tx_hash"] == version.tx_hash:
+                outcome, err = str(row["status"]), row["error"]  # the same revert, already decoded
+            else:
+                data = await self.rpc.revert_data(version.tx_hash)
+                error = decode_revert(data or b"")
+                outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
+                    else "reverted"
+                err = str(error)
         else:
-            status, final = mined_status(depth=depth, confirmations=self.confirmations,
-                                         finality_depth=self.finality_depth)
-            err = None
-        moved = row["status"] == "confirmed" and (row["block_hash"] != block_hash or status != "confirmed")
+            outcome, err = "confirmed", None
+        # A reverted transaction is watched like a confirmed one: a reorg can take it away.
+        status, final = mined_status(depth=depth, confirmations=self.confirmations,
+                                     finality_depth=self.finality_depth, outcome=outcome)
+        moved = row["status"] in MINED and (row["block_hash"] != block_hash or status != row["status"])
         unchanged = (status == row["status"] and not final and not moved and row["tx_hash"] == version.tx_hash
                      and row["block_hash"] == block_hash)
         if unchanged:
@@ -487,9 +605,22 @@ class RulingSender:
             try:
                 await self.step(pool)
                 health.mark(SENDER_PART, True)
+            except BadReply as exc:
+                # A node's reply of the wrong type or out of range: nothing was signed from it.
+                health.mark(SENDER_PART, False)
+                RULINGS.labels("bad_reply").inc()
+                log.warning("ruling_bad_reply", error=str(exc))
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)
+            except Exception as exc:  # the sending task must outlive any one pass
+                # Anything else (a database refusal, a bug) failed this pass only: the sender
+                # stays not ready (alerting) and tries again, rather than dying silently while
+                # the process and its consumer stay up. The message may quote query arguments:
+                # only the type is logged.
+                health.mark(SENDER_PART, False)
+                RULINGS.labels("step_crashed").inc()
+                log.error("ruling_step_crashed", error_type=type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
@@ -516,6 +647,31 @@ def build_ruling_consumer(
     )
 
 
+LOCAL_CHAIN_IDS = frozenset({31337, 1337})
+"""Chain ids of local development chains (anvil, hardhat, ganache): the only ones where a
+public test key may sign or send rulings."""
+
+PUBLIC_TEST_ADDRESSES = frozenset(a.lower() for a in (
+    # The first 20 accounts of the public test mnemonic ("test test ... junk") that anvil,
+    # hardhat and the compose devnet use: their private keys are published everywhere.
+    "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+    "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC", "0x90F79bf6EB2c4f870365E785982E1f101E93b906",
+    "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65", "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc",
+    "0x976EA74026E726554dB657fA54763abd0C3a0aa9", "0x14dC79964da2C08b23698B3D3cc7Ca32193d9955",
+    "0x23618e81E3f5cdF7f54C3d65f7FBc0aBf5B21E8f", "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720",
+    "0xBcd4042DE499D14e55001CcbB24a551F3b954096", "0x71bE63f3384f5fb98995898A86B02Fb2426c5788",
+    "0xFABB0ac9d68B0B445fB7357272Ff202C5651694a", "0x1CBd3b2770909D4e10f157cABC84C7264073C9Ec",
+    "0xdF3e18d64BC6A983f673Ab319CCaE4f1a57C7097", "0xcd3B766CCDd6AE721141F452C550Ca635964ce71",
+    "0x2546BcD3c84621e976D8185a91A922aE77ECEc30", "0xbDA5747bFD65F08deb54cb465eB87D40e51B197E",
+    "0xdD2FD4581271e230360230F9337D5c0430Bf44C0", "0x8626f6940E2eb28930eFb4CeF49B2d1F2C9C1199",
+))
+
+
+def public_test_key_refused(address: str, chain_id: int) -> bool:
+    """True when `address` is a well-known test account and `chain_id` is not a local devnet."""
+    return chain_id not in LOCAL_CHAIN_IDS and address.lower() in PUBLIC_TEST_ADDRESSES
+
+
 class RulingRelaySettings(BaseSettings):
     """`escrowd relay rulings` (`ESCROWD_*` environment variables). The key is never logged.
 
@@ -537,7 +693,9 @@ class RulingRelaySettings(BaseSettings):
     ruling_arbiter_keystore_password_file: Path | None = Field(
         default=None, description="File holding the keystore password"
     )
-    ruling_trusted_signers: list[str] = Field(min_length=1, description="Panel service addresses whose rulings we send")
+    ruling_trusted_signers: list[Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]] = Field(
+        min_length=1, max_length=64, description="Panel service addresses whose rulings we send"
+    )
     ruling_confirmations: int = Field(default=1, ge=1, description="Blocks deep before a ruling is confirmed")
     ruling_finality_depth: int = Field(
         default=64, ge=1, le=10_000,
@@ -557,6 +715,16 @@ class RulingRelaySettings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
     )
+
+    @field_validator("ruling_trusted_signers")
+    @classmethod
+    def _no_public_signer(cls, signers: list[str], info: ValidationInfo) -> list[str]:
+        # The compose defaults trust anvil's account 8: left in place on a real chain, anyone
+        # who can write to the rulings topic could sign any split with its published key.
+        chain_id = info.data.get("ruling_chain_id")
+        if isinstance(chain_id, int) and any(public_test_key_refused(s, chain_id) for s in signers):
+            raise ValueError("a public test key (anvil's mnemonic) is trusted outside a local devnet chain")
+        return signers
 
     @model_validator(mode="after")
     def _check(self) -> RulingRelaySettings:
@@ -592,6 +760,8 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     from runtime.outbox import OutboxPublisher
 
     key = settings.arbiter_key()
+    if public_test_key_refused(key.address, settings.ruling_chain_id):
+        raise KeyLoadError("the arbiter key is a public test key (anvil's mnemonic): refused outside a local devnet chain")
     if settings.metrics_port is not None:
         # Ready once the consumer joined its group and the sender made a pass against the
         # chain and the database; both start out not ready.

@@ -870,3 +870,16 @@ def test_compose_arbiter_and_panel_volumes_are_mounted_only_where_needed(monkeyp
     panel = _settings_from(panel_env, monkeypatch, PanelSettings)
     assert str(panel.panel_signing_key_file).startswith("/run/secrets/")
     assert services["panels"]["volumes"][1].endswith(":/run/secrets:ro")
+
+
+def test_k8s_pods_holding_a_key_mount_no_service_account_token() -> None:
+    """A pod that holds a signing key (the arbiter's, the panel's, the relayer's, the
+    verifier's) does not also get a Kubernetes API token: code execution in it would
+    otherwise reach the cluster API with it as well."""
+    holders = []
+    for _, workload in workloads():
+        keys = _secret_keys_of(workload)
+        if any("keystore" in k or "signing-key" in k or k == "panel-secret" for k in keys):
+            holders.append(workload["metadata"]["name"])
+            assert pod_spec(workload).get("automountServiceAccountToken") is False, workload["metadata"]["name"]
+    assert {"escrowd-rulings", "escrowd-panels"} <= set(holders)

@@ -58,3 +58,24 @@ def test_production_keys_are_fresh(tmp_path: Path) -> None:
     assert a["arbiter"] != b["arbiter"] and a["panel_signer"] != b["panel_signer"]
     assert (tmp_path / "a" / "panel-secret").read_text() != (tmp_path / "b" / "panel-secret").read_text()
     assert a["relayer"] not in (anvil_key(2)[0], anvil_key(9)[0])
+
+
+def test_a_keystore_whose_password_file_is_missing_is_never_replaced(tmp_path: Path) -> None:
+    """Re-running keys init must not swap a deployed key for a fresh one: a keystore without
+    its password file (moved to a secret manager, lost) is refused, not overwritten. A fresh
+    arbiter key would no longer be the escrow's arbiter, and every dispute would wait for the
+    owner to rotate it."""
+    out = tmp_path / "secrets"
+    first = _init(out)
+    keystore = (out / "arbiter-keystore.json").read_bytes()
+    (out / "arbiter-keystore-password").unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
+    proc = subprocess.run([*escrowd_command(), "keys", "init", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode != 0
+    assert "arbiter-keystore-password" in proc.stderr
+    assert (out / "arbiter-keystore.json").read_bytes() == keystore  # the deployed key is still there
+    assert not (out / "arbiter-keystore-password").exists()
+    # The other roles' files are untouched as well.
+    assert load_keystore(out / "relayer-keystore.json",
+                         password_file=out / "relayer-keystore-password").address == first["relayer"]

@@ -129,3 +129,33 @@ def test_relay_rulings_refuses_two_keys_in_one_line_without_the_key(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "ruling_arbiter_keystore" in lines[0]
     assert devnet.arbiter.private_key[2:].lower() not in (done.stderr + done.stdout).lower()
+
+
+def test_relay_rulings_refuses_a_public_test_key_on_a_real_chain(
+    devnet: Devnet, database_url: str, tmp_path: Path
+) -> None:
+    """The compose defaults trust anvil's account 8 as the panel signer, whose private key is
+    public. Deployed against a real chain with that default left in place, anyone able to
+    write to the rulings topic could sign a ruling with any split and the arbiter key would
+    send it. Outside a local devnet chain a well-known test key is refused, as signer or arbiter."""
+    from escrowd.devnet import anvil_key
+
+    public_signer = anvil_key(8)[0]
+    env = {
+        **_env(devnet, database_url, "127.0.0.1:1", "t", "d"),
+        "ESCROWD_RULING_CHAIN_ID": "11155111",
+        "ESCROWD_RULING_TRUSTED_SIGNERS": f'["{public_signer}"]',
+        "ESCROWD_RULING_ARBITER_KEY": "0x" + "7a" * 32,
+    }
+    done = subprocess.run([str(ESCROWD), "relay", "rulings"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ruling_trusted_signers" in lines[0] and "public test key" in lines[0]
+
+    env["ESCROWD_RULING_TRUSTED_SIGNERS"] = f'["{SecretKey.from_hex("0x" + "7b" * 32).address}"]'
+    env["ESCROWD_RULING_ARBITER_KEY"] = anvil_key(1)[1]
+    done = subprocess.run([str(ESCROWD), "relay", "rulings"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "public test key" in lines[0]
+    assert anvil_key(1)[1][2:].lower() not in (done.stderr + done.stdout).lower()

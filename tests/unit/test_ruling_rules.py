@@ -58,3 +58,26 @@ def test_confirmed_from_the_confirmation_depth_final_from_the_finality_depth(
     status, final = mined_status(depth=depth, confirmations=confirmations, finality_depth=finality)
     assert status == ("confirmed" if depth >= confirmations else "sent")
     assert final == (depth >= finality)
+
+
+@given(st.integers(min_value=1, max_value=200), st.integers(min_value=1, max_value=20),
+       st.integers(min_value=0, max_value=200), st.sampled_from(["confirmed", "reverted", "already_resolved"]))
+def test_a_reverted_outcome_is_held_to_the_same_depths_as_a_confirmed_one(
+    depth: int, confirmations: int, extra: int, outcome: str
+) -> None:
+    """A receipt with status 0 is not final on sight: a reorg can free its nonce."""
+    finality = confirmations + extra
+    status, final = mined_status(depth=depth, confirmations=confirmations, finality_depth=finality, outcome=outcome)
+    assert status == (outcome if depth >= confirmations else "sent")
+    assert final == (depth >= finality)
+
+
+def test_a_node_that_has_the_transaction_is_not_a_refusal() -> None:
+    from relayer.settlement.rulings import node_has_it
+
+    for message in ("already known", "transaction already imported", "Known transaction", "nonce too low",
+                    "OldNonce", "ALREADY_KNOWN"):
+        assert node_has_it(message), message
+    for message in ("insufficient funds for gas * price + value", "replacement transaction underpriced",
+                    "intrinsic gas too low", "exceeds block gas limit", ""):
+        assert not node_has_it(message), message

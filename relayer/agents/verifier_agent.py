@@ -30,10 +30,12 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import httpx
 import structlog
+import typer
 from eth_account import Account
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,7 +55,8 @@ _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]
 
 
 class VerifierAgentSettings(BaseSettings):
-    """The hosted verifier's settings (`ESCROWD_VERIFIER_*`; the model's are `ESCROWD_MODEL_*`)."""
+    """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
+    the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore")
 
@@ -282,22 +285,39 @@ async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: Mo
         await agent.close()
 
 
+AGENT_SECTION = "verifier_agent"
+"""Section of the configuration file read by `escrowd verifier-agent`; its model: `verifier_agent.model`."""
+MODEL_KEY = "model"
+
+
+def load_agent_settings(config_file: Path | None = None) -> tuple[VerifierAgentSettings, ModelSettings]:
+    """`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section, `ESCROWD_MODEL_*` over its `model:`."""
+    from runtime.config_file import load
+
+    settings = load(VerifierAgentSettings, AGENT_SECTION, config_file, nested=frozenset({MODEL_KEY}))
+    model_settings = load(ModelSettings, f"{AGENT_SECTION}.{MODEL_KEY}", config_file)
+    return settings, model_settings
+
+
 def verifier_agent(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_agent:` section)"),
+    ] = None,
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
-    import typer
-
+    from runtime.errors import safe_message
     from runtime.logging import configure_logging
 
     configure_logging(json=log_json)
     try:
-        settings = VerifierAgentSettings()
-        model_settings = ModelSettings()
+        settings, model_settings = load_agent_settings(config)
         if model_settings.url is None:
-            raise ValueError("ESCROWD_MODEL_URL is required")
+            raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        # One line naming the field, never a value (the wallet key, the model's key).
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     asyncio.run(run_verifier_agent(settings, model_settings))
 

@@ -26,6 +26,7 @@ import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
@@ -49,7 +50,7 @@ class CannotJudge(Exception):
 
 
 class BotSettings(BaseSettings):
-    """`escrowd verifier-bot` (`ESCROWD_*` environment variables); the keys are never logged."""
+    """`escrowd verifier-bot` (`ESCROWD_*` over the file's `verifier_bot:` section); the keys are never logged."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
@@ -61,6 +62,17 @@ class BotSettings(BaseSettings):
     scorer_api_key: SecretStr | None = Field(default=None, description="Bearer key for a chat scorer")
     scorer_timeout: float = Field(default=60.0, gt=0, le=600, description="Seconds per scoring call")
     poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="Seconds between assignment polls")
+
+
+BOT_SECTION = "verifier_bot"
+"""Section of the configuration file read by `escrowd verifier-bot`."""
+
+
+def load_bot_settings(config_file: Path | None = None, **overrides: Any) -> BotSettings:
+    """`ESCROWD_*` over the file's `verifier_bot:` section."""
+    from runtime.config_file import load
+
+    return load(BotSettings, BOT_SECTION, config_file, **overrides)
 
 
 def _pair(answer: Any) -> tuple[float, float]:
@@ -231,20 +243,26 @@ class VerifierBot:
 
 def verifier_bot(
     once: Annotated[bool, typer.Option("--once", help="Register, attest what is assigned, exit")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_bot:` section)"),
+    ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
     import signal
 
+    from runtime.errors import safe_message
     from runtime.logging import configure_logging
 
     try:
-        settings = BotSettings()
+        settings = load_bot_settings(config)
         scorer = load_scorer(
             settings.scorer, timeout=settings.scorer_timeout,
             api_key=None if settings.scorer_api_key is None else settings.scorer_api_key.get_secret_value(),
         )
     except Exception as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        # One line naming the field, never a value (the key, the scorer's bearer key).
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=True)
 

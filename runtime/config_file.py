@@ -175,12 +175,11 @@ def load(
         if name.split(".")[0] in STRICT_SECTIONS:
             check_strict(raw, name, cls, nested)
         own = own_section(raw, name)
-        # Only what this service reads is expanded: a `${VAR}` of another section, or of a
-        # setting the environment overrides, need not be set for this one to start.
-        values = {
-            k: expand(v, where=f"{name}.{k}" if k in own else str(k))
-            for k, v in section(raw, name, fields).items()
-            if k not in nested and not set_in_environment(prefix, k)
+        # Only what this service reads is expanded: a `${VAR}` of another section need not be
+        # set for this one to start (one of its own must, even where the environment wins).
+        expanded = {
+            k: expand(v, where=f"{name}.{k}" if k in own else str(k)) for k, v in section(raw, name, fields).items()
         }
+        values = {k: v for k, v in expanded.items() if k not in nested and not set_in_environment(prefix, k)}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return cls(**values)

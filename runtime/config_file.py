@@ -183,3 +183,28 @@ def load(
         values = {k: v for k, v in expanded.items() if k not in nested and not set_in_environment(prefix, k)}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return cls(**values)
+
+
+MAX_SECRET_FILE_BYTES = 4096
+"""A secret file (a key, a bearer token) larger than this is refused unread."""
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """The one secret in file `path`, surrounding whitespace removed; ValueError naming `what`,
+    never a byte of the file."""
+    with path.open("rb") as handle:
+        raw = handle.read(MAX_SECRET_FILE_BYTES + 1).strip()
+    if not raw or len(raw) > MAX_SECRET_FILE_BYTES:
+        raise ValueError(f"{what} must hold one secret of 1 to {MAX_SECRET_FILE_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not UTF-8 text") from None
+
+
+def read_key_file(path: Path, what: str) -> str:
+    """One 32-byte hex key from file `path`, as 0x hex; ValueError naming `what`, never a byte of it."""
+    text = read_secret_file(path, what)
+    if not re.fullmatch(r"(0x)?[0-9a-fA-F]{64}", text):
+        raise ValueError(f"{what} must hold one 32-byte hex key")
+    return text if text.startswith("0x") else "0x" + text

@@ -37,7 +37,7 @@ import httpx
 import structlog
 import typer
 from eth_account import Account
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from web3 import Web3
 
@@ -67,7 +67,12 @@ class VerifierAgentSettings(BaseSettings):
         pattern=r"^0x[0-9a-fA-F]{40}$",
         description="The escrow of the API's deployment its directory and queue requests are signed for",
     )
-    wallet_key: SecretStr = Field(description="0x key of its wallet: signs requests and completeVerification")
+    wallet_key: SecretStr | None = Field(
+        default=None, description="0x key of its wallet: signs requests and completeVerification"
+    )
+    wallet_key_file: Path | None = Field(
+        default=None, description="File holding that key (a mounted secret), instead of wallet_key"
+    )
     encryption_key: SecretStr | None = Field(
         default=None, description="0x secp256k1 key private briefs are wrapped to (default: a key derived from the wallet key)"
     )
@@ -76,6 +81,21 @@ class VerifierAgentSettings(BaseSettings):
     gas_limit: int = Field(default=300_000, gt=21_000, description="Gas limit of completeVerification")
     receipt_timeout_seconds: float = Field(default=120.0, gt=0, description="Longest wait for a receipt")
     request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
+
+    @model_validator(mode="after")
+    def _one_wallet_key(self) -> VerifierAgentSettings:
+        if (self.wallet_key is None) == (self.wallet_key_file is None):
+            raise ValueError("set exactly one of wallet_key and wallet_key_file")
+        return self
+
+    def wallet(self) -> str:
+        """The wallet's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
+        if self.wallet_key is not None:
+            return self.wallet_key.get_secret_value().strip()
+        assert self.wallet_key_file is not None
+        from runtime.config_file import read_key_file
+
+        return read_key_file(self.wallet_key_file, "wallet_key_file")
 
     @field_validator("api_url", "rpc_url")
     @classmethod
@@ -107,7 +127,7 @@ class VerifierAgent:
 
     def __init__(self, settings: VerifierAgentSettings, model: ModelClient, *, http: httpx.AsyncClient | None = None) -> None:
         self.settings = settings
-        wallet = settings.wallet_key.get_secret_value().strip()
+        wallet = settings.wallet()
         register_secret(wallet)
         self._wallet = wallet
         self.account = Account.from_key(wallet)
@@ -313,6 +333,7 @@ def verifier_agent(
     configure_logging(json=log_json)
     try:
         settings, model_settings = load_agent_settings(config)
+        settings.wallet()  # a missing or malformed key file stops here, in one line
         if model_settings.url is None:
             raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:

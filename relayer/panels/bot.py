@@ -32,7 +32,7 @@ from typing import Annotated, Any
 import aiohttp
 import structlog
 import typer
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relayer.api.auth import Deployment, sign_request
@@ -55,13 +55,46 @@ class BotSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
     api_url: str = Field(description="Base URL of the escrowd API")
-    verifier_key: SecretStr = Field(description="0x hex key of this verifier (its address is its id)")
+    verifier_key: SecretStr | None = Field(default=None, description="0x hex key of this verifier (its address is its id)")
+    verifier_key_file: Path | None = Field(
+        default=None, description="File holding that key (a mounted secret), instead of verifier_key"
+    )
     operator_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$", description="Who runs this verifier")
     verifier_chains: list[int] = Field(min_length=1, description="Chains this verifier judges")
     scorer: str = Field(description="plugin:module:callable, endpoint:URL or chat:BASE_URL:MODEL")
     scorer_api_key: SecretStr | None = Field(default=None, description="Bearer key for a chat scorer")
+    scorer_api_key_file: Path | None = Field(
+        default=None, description="File holding that bearer key, instead of scorer_api_key"
+    )
     scorer_timeout: float = Field(default=60.0, gt=0, le=600, description="Seconds per scoring call")
     poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="Seconds between assignment polls")
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> BotSettings:
+        if (self.verifier_key is None) == (self.verifier_key_file is None):
+            raise ValueError("set exactly one of verifier_key and verifier_key_file")
+        if self.scorer_api_key is not None and self.scorer_api_key_file is not None:
+            raise ValueError("set at most one of scorer_api_key and scorer_api_key_file")
+        return self
+
+    def signing_key(self) -> str:
+        """The verifier's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
+        if self.verifier_key is not None:
+            return self.verifier_key.get_secret_value()
+        assert self.verifier_key_file is not None
+        from runtime.config_file import read_key_file
+
+        return read_key_file(self.verifier_key_file, "verifier_key_file")
+
+    def scorer_key(self) -> str | None:
+        """The chat scorer's bearer key, if any (from the file, whitespace removed)."""
+        if self.scorer_api_key_file is not None:
+            from runtime.config_file import read_secret_file
+
+            return read_secret_file(self.scorer_api_key_file, "scorer_api_key_file")
+        return None if self.scorer_api_key is None else self.scorer_api_key.get_secret_value()
+
+
 
 
 BOT_SECTION = "verifier_bot"
@@ -157,7 +190,7 @@ class VerifierBot:
         self.settings = settings
         self.scorer = scorer
         self.session = session
-        self._key = settings.verifier_key.get_secret_value()
+        self._key = settings.signing_key()
         self.address = str(Account.from_key(self._key).address)
         self.attested = 0
         self._served: Deployment | None = None
@@ -256,10 +289,8 @@ def verifier_bot(
 
     try:
         settings = load_bot_settings(config)
-        scorer = load_scorer(
-            settings.scorer, timeout=settings.scorer_timeout,
-            api_key=None if settings.scorer_api_key is None else settings.scorer_api_key.get_secret_value(),
-        )
+        settings.signing_key()  # a missing or malformed key file stops here, in one line
+        scorer = load_scorer(settings.scorer, timeout=settings.scorer_timeout, api_key=settings.scorer_key())
     except Exception as exc:
         # One line naming the field, never a value (the key, the scorer's bearer key).
         typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)

@@ -289,3 +289,32 @@ def test_the_shipped_examples_pass_config_check(tmp_path: Path) -> None:
                       "verifier_agent", "verifier_bot")  # fmt: skip
     assert verifier.returncode == 0, verifier.stderr
     assert "verifier_agent: ok" in verifier.stdout and "verifier_bot: ok" in verifier.stdout
+
+
+# ------------------------------------------------------------------------ keys as files
+
+
+def test_keys_as_files_are_read_and_never_echoed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "verifier-key"
+    key_file.write_text(SECRET_HEX + "\n", encoding="utf-8")
+    config = _write(tmp_path, BOT.replace("verifier_key: ${BOT_KEY}", f"verifier_key_file: {key_file}")
+                    + AGENT.replace("wallet_key: ${AGENT_WALLET_KEY}", f"wallet_key_file: {key_file}"))  # fmt: skip
+    assert load_bot_settings(config).signing_key() == SECRET
+    agent, _ = load_agent_settings(config)
+    assert agent.wallet() == SECRET
+
+    key_file.write_text(SECRET_HEX[:-2] + "zz\n", encoding="utf-8")  # malformed: its bytes never printed
+    for argv, field in ((["verifier-bot", "--once"], "verifier_key_file"), (["verifier-agent"], "wallet_key_file")):
+        proc = _run([*argv, "--config", str(config)], BASE_ENV, tmp_path)
+        _assert_refused(proc, field)
+        assert SECRET_HEX[:16] not in proc.stdout + proc.stderr
+    missing = _run(["verifier-bot", "--once", "--config", str(config)],
+                   {**BASE_ENV, "ESCROWD_VERIFIER_KEY_FILE": "/nonexistent/bot-key"}, tmp_path)  # fmt: skip
+    _assert_refused(missing, "/nonexistent/bot-key")  # the environment wins over the file's path
+
+
+def test_a_key_and_its_file_together_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOT_KEY", SECRET)
+    config = _write(tmp_path, BOT + "  verifier_key_file: /run/secrets/verifier-key\n")
+    proc = _check(config, {**BASE_ENV, "BOT_KEY": SECRET}, tmp_path, "verifier_bot")
+    _assert_refused(proc, "verifier_bot: ", "exactly one of verifier_key and verifier_key_file")

@@ -132,15 +132,19 @@ def reputation(
 
 @app.command()
 def panels(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `panels:` section)"),
+    ] = None,
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
     from relayer.panels.service import PanelConfig, build_consumer
-    from relayer.panels.settings import PanelSettings
+    from relayer.panels.settings import load_panel_settings
     from runtime.logging import configure_logging
 
     try:
-        settings = PanelSettings()
+        settings = load_panel_settings(config)
         secret = settings.read_secret()
         signing_key = settings.signing_key()
     except Exception as exc:
@@ -149,7 +153,7 @@ def panels(
         typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=log_json)
-    config = PanelConfig(
+    panel_config = PanelConfig(
         secret=secret,
         secret_version=settings.panel_secret_version,
         ruling_key=signing_key,
@@ -159,7 +163,7 @@ def panels(
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,
         database_url=settings.database_url,
-        config=config,
+        config=panel_config,
         events_topic=settings.events_topic,
         dlq_topic=settings.dead_letter_topic,
         idle_interval=settings.panel_idle_interval,

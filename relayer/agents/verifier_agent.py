@@ -30,12 +30,14 @@ import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import httpx
 import structlog
+import typer
 from eth_account import Account
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from web3 import Web3
 
@@ -53,7 +55,8 @@ _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]
 
 
 class VerifierAgentSettings(BaseSettings):
-    """The hosted verifier's settings (`ESCROWD_VERIFIER_*`; the model's are `ESCROWD_MODEL_*`)."""
+    """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
+    the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore")
 
@@ -64,7 +67,12 @@ class VerifierAgentSettings(BaseSettings):
         pattern=r"^0x[0-9a-fA-F]{40}$",
         description="The escrow of the API's deployment its directory and queue requests are signed for",
     )
-    wallet_key: SecretStr = Field(description="0x key of its wallet: signs requests and completeVerification")
+    wallet_key: SecretStr | None = Field(
+        default=None, description="0x key of its wallet: signs requests and completeVerification"
+    )
+    wallet_key_file: Path | None = Field(
+        default=None, description="File holding that key (a mounted secret), instead of wallet_key"
+    )
     encryption_key: SecretStr | None = Field(
         default=None, description="0x secp256k1 key private briefs are wrapped to (default: a key derived from the wallet key)"
     )
@@ -73,6 +81,21 @@ class VerifierAgentSettings(BaseSettings):
     gas_limit: int = Field(default=300_000, gt=21_000, description="Gas limit of completeVerification")
     receipt_timeout_seconds: float = Field(default=120.0, gt=0, description="Longest wait for a receipt")
     request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
+
+    @model_validator(mode="after")
+    def _one_wallet_key(self) -> VerifierAgentSettings:
+        if (self.wallet_key is None) == (self.wallet_key_file is None):
+            raise ValueError("set exactly one of wallet_key and wallet_key_file")
+        return self
+
+    def wallet(self) -> str:
+        """The wallet's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
+        if self.wallet_key is not None:
+            return self.wallet_key.get_secret_value().strip()
+        assert self.wallet_key_file is not None
+        from runtime.config_file import read_key_file
+
+        return read_key_file(self.wallet_key_file, "wallet_key_file")
 
     @field_validator("api_url", "rpc_url")
     @classmethod
@@ -104,7 +127,7 @@ class VerifierAgent:
 
     def __init__(self, settings: VerifierAgentSettings, model: ModelClient, *, http: httpx.AsyncClient | None = None) -> None:
         self.settings = settings
-        wallet = settings.wallet_key.get_secret_value().strip()
+        wallet = settings.wallet()
         register_secret(wallet)
         self._wallet = wallet
         self.account = Account.from_key(wallet)
@@ -282,22 +305,40 @@ async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: Mo
         await agent.close()
 
 
+AGENT_SECTION = "verifier_agent"
+"""Section of the configuration file read by `escrowd verifier-agent`; its model: `verifier_agent.model`."""
+MODEL_KEY = "model"
+
+
+def load_agent_settings(config_file: Path | None = None) -> tuple[VerifierAgentSettings, ModelSettings]:
+    """`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section, `ESCROWD_MODEL_*` over its `model:`."""
+    from runtime.config_file import load
+
+    settings = load(VerifierAgentSettings, AGENT_SECTION, config_file, nested=frozenset({MODEL_KEY}))
+    model_settings = load(ModelSettings, f"{AGENT_SECTION}.{MODEL_KEY}", config_file)
+    return settings, model_settings
+
+
 def verifier_agent(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_agent:` section)"),
+    ] = None,
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
-    import typer
-
+    from runtime.errors import safe_message
     from runtime.logging import configure_logging
 
     configure_logging(json=log_json)
     try:
-        settings = VerifierAgentSettings()
-        model_settings = ModelSettings()
+        settings, model_settings = load_agent_settings(config)
+        settings.wallet()  # a missing or malformed key file stops here, in one line
         if model_settings.url is None:
-            raise ValueError("ESCROWD_MODEL_URL is required")
+            raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
+        # One line naming the field, never a value (the wallet key, the model's key).
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     asyncio.run(run_verifier_agent(settings, model_settings))
 

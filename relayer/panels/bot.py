@@ -26,12 +26,13 @@ import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
 import structlog
 import typer
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from relayer.api.auth import Deployment, sign_request
@@ -49,18 +50,62 @@ class CannotJudge(Exception):
 
 
 class BotSettings(BaseSettings):
-    """`escrowd verifier-bot` (`ESCROWD_*` environment variables); the keys are never logged."""
+    """`escrowd verifier-bot` (`ESCROWD_*` over the file's `verifier_bot:` section); the keys are never logged."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
     api_url: str = Field(description="Base URL of the escrowd API")
-    verifier_key: SecretStr = Field(description="0x hex key of this verifier (its address is its id)")
+    verifier_key: SecretStr | None = Field(default=None, description="0x hex key of this verifier (its address is its id)")
+    verifier_key_file: Path | None = Field(
+        default=None, description="File holding that key (a mounted secret), instead of verifier_key"
+    )
     operator_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$", description="Who runs this verifier")
     verifier_chains: list[int] = Field(min_length=1, description="Chains this verifier judges")
     scorer: str = Field(description="plugin:module:callable, endpoint:URL or chat:BASE_URL:MODEL")
     scorer_api_key: SecretStr | None = Field(default=None, description="Bearer key for a chat scorer")
+    scorer_api_key_file: Path | None = Field(
+        default=None, description="File holding that bearer key, instead of scorer_api_key"
+    )
     scorer_timeout: float = Field(default=60.0, gt=0, le=600, description="Seconds per scoring call")
     poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="Seconds between assignment polls")
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> BotSettings:
+        if (self.verifier_key is None) == (self.verifier_key_file is None):
+            raise ValueError("set exactly one of verifier_key and verifier_key_file")
+        if self.scorer_api_key is not None and self.scorer_api_key_file is not None:
+            raise ValueError("set at most one of scorer_api_key and scorer_api_key_file")
+        return self
+
+    def signing_key(self) -> str:
+        """The verifier's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
+        if self.verifier_key is not None:
+            return self.verifier_key.get_secret_value()
+        assert self.verifier_key_file is not None
+        from runtime.config_file import read_key_file
+
+        return read_key_file(self.verifier_key_file, "verifier_key_file")
+
+    def scorer_key(self) -> str | None:
+        """The chat scorer's bearer key, if any (from the file, whitespace removed)."""
+        if self.scorer_api_key_file is not None:
+            from runtime.config_file import read_secret_file
+
+            return read_secret_file(self.scorer_api_key_file, "scorer_api_key_file")
+        return None if self.scorer_api_key is None else self.scorer_api_key.get_secret_value()
+
+
+
+
+BOT_SECTION = "verifier_bot"
+"""Section of the configuration file read by `escrowd verifier-bot`."""
+
+
+def load_bot_settings(config_file: Path | None = None, **overrides: Any) -> BotSettings:
+    """`ESCROWD_*` over the file's `verifier_bot:` section."""
+    from runtime.config_file import load
+
+    return load(BotSettings, BOT_SECTION, config_file, **overrides)
 
 
 def _pair(answer: Any) -> tuple[float, float]:
@@ -145,7 +190,7 @@ class VerifierBot:
         self.settings = settings
         self.scorer = scorer
         self.session = session
-        self._key = settings.verifier_key.get_secret_value()
+        self._key = settings.signing_key()
         self.address = str(Account.from_key(self._key).address)
         self.attested = 0
         self._served: Deployment | None = None
@@ -231,20 +276,24 @@ class VerifierBot:
 
 def verifier_bot(
     once: Annotated[bool, typer.Option("--once", help="Register, attest what is assigned, exit")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_bot:` section)"),
+    ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
     import signal
 
+    from runtime.errors import safe_message
     from runtime.logging import configure_logging
 
     try:
-        settings = BotSettings()
-        scorer = load_scorer(
-            settings.scorer, timeout=settings.scorer_timeout,
-            api_key=None if settings.scorer_api_key is None else settings.scorer_api_key.get_secret_value(),
-        )
+        settings = load_bot_settings(config)
+        settings.signing_key()  # a missing or malformed key file stops here, in one line
+        scorer = load_scorer(settings.scorer, timeout=settings.scorer_timeout, api_key=settings.scorer_key())
     except Exception as exc:
-        typer.echo(f"invalid configuration: {exc}", err=True)
+        # One line naming the field, never a value (the key, the scorer's bearer key).
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=True)
 

@@ -1,9 +1,10 @@
-"""Settings of the panel service (`ESCROWD_*` environment variables)."""
+"""Settings of the panel service (`ESCROWD_*` over the configuration file's `panels:` section)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -66,3 +67,14 @@ class PanelSettings(BaseSettings):
         if not MIN_SECRET_BYTES <= len(raw) <= MAX_SECRET_BYTES:
             raise ValueError(f"the panel secret must hold {MIN_SECRET_BYTES}–{MAX_SECRET_BYTES} bytes")
         return raw
+
+
+PANELS_SECTION = "panels"
+"""Section of the configuration file read by `escrowd consume panels`."""
+
+
+def load_panel_settings(config_file: Path | None = None, **overrides: Any) -> PanelSettings:
+    """The settings of `escrowd consume panels`: `ESCROWD_*` over the file's `panels:` section."""
+    from runtime.config_file import load
+
+    return load(PanelSettings, PANELS_SECTION, config_file, **overrides)

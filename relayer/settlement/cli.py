@@ -56,18 +56,23 @@ def run(
 
 
 @app.command("rulings")
-def rulings() -> None:
+def rulings(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `rulings:` section)"),
+    ] = None,
+) -> None:
     """Send signed panel rulings as resolveDispute from the arbiter key, until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
     from relayer.settlement.keys import KeyLoadError
-    from relayer.settlement.rulings import RulingRelaySettings, run_ruling_relay
-    from runtime.errors import safe_message
+    from relayer.settlement.rulings import load_ruling_settings, run_ruling_relay
+    from runtime.errors import StartupError, safe_message
     from runtime.logging import configure_logging
 
     try:
-        settings = RulingRelaySettings()
-    except ValidationError as exc:
+        settings = load_ruling_settings(config)
+    except (ValidationError, StartupError) as exc:
         # One line naming the field; never a value of the input (the key, the database URL).
         typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None

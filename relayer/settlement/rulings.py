@@ -673,7 +673,7 @@ def public_test_key_refused(address: str, chain_id: int) -> bool:
 
 
 class RulingRelaySettings(BaseSettings):
-    """`escrowd relay rulings` (`ESCROWD_*` environment variables). The key is never logged.
+    """`escrowd relay rulings` (`ESCROWD_*` over the file's `rulings:` section). The key is never logged.
 
     The arbiter key must not be the marketplace verifier key of `escrowd relay run`: each
     path keeps its own nonce counter for its own address. Give the key as an encrypted
@@ -750,6 +750,17 @@ class RulingRelaySettings(BaseSettings):
             )
         assert self.ruling_arbiter_key is not None
         return SecretKey.from_hex(self.ruling_arbiter_key.get_secret_value())
+
+
+RULINGS_SECTION = "rulings"
+"""Section of the configuration file read by `escrowd relay rulings`."""
+
+
+def load_ruling_settings(config_file: Path | None = None, **overrides: Any) -> RulingRelaySettings:
+    """The settings of `escrowd relay rulings`: `ESCROWD_*` over the file's `rulings:` section."""
+    from runtime.config_file import load
+
+    return load(RulingRelaySettings, RULINGS_SECTION, config_file, **overrides)
 
 
 async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -> None:

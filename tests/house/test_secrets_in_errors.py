@@ -110,6 +110,28 @@ CASES = {
         ["consume", "verification", "check"], None,
         {"ESCROWD_DATABASE_URL": BAD_DB_URL, "ESCROWD_KAFKA_BOOTSTRAP": "127.0.0.1:1"}, "database_url",
     ),
+    "ruling arbiter key (unquoted 0x in the rulings section)": (
+        ["relay", "rulings", "--config", "{config}"], f"rulings:\n  ruling_arbiter_key: {KEY:#066x}\n", {},
+        "ruling_arbiter_key",
+    ),
+    "panel signing key under a misspelt name": (
+        ["consume", "panels", "--config", "{config}"], f"panels:\n  panel_signing_kye: '{KEY:#066x}'\n", {},
+        "panel_signing_kye",
+    ),
+    "verifier agent wallet key in the file": (
+        ["verifier-agent", "--config", "{config}"], f"verifier_agent:\n  wallet_key: {KEY:#066x}\n", {},
+        "wallet_key",
+    ),
+    "verifier bot key pasted as a key name": (
+        ["verifier-bot", "--config", "{config}"], f"verifier_bot:\n  {KEY:#066x}: 1\n", {}, "unknown key",
+    ),
+    "verifier agent model URL with a password": (
+        ["verifier-agent"], None,
+        {"ESCROWD_VERIFIER_API_URL": "http://127.0.0.1:1", "ESCROWD_VERIFIER_RPC_URL": "http://127.0.0.1:1",
+         "ESCROWD_VERIFIER_CHAIN_ID": "31337", "ESCROWD_VERIFIER_ESCROW_ADDRESS": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
+         "ESCROWD_VERIFIER_WALLET_KEY": f"{KEY:#066x}", "ESCROWD_MODEL_URL": f"ftp://judge:{DB_PASSWORD}@model.example/v1"},
+        "url",
+    ),
 }  # fmt: skip
 
 

@@ -74,6 +74,15 @@ class RelayerSettings(BaseSettings):
     relayer_consumer_max_records: int = Field(
         default=500, ge=1, description="Verdicts per consumer transaction at most"
     )
+    relayer_consumer_fetch_max_wait_ms: int = Field(
+        default=20,
+        ge=1,
+        le=500,
+        description=(
+            "Longest a Kafka fetch waits for new verdicts; the broker may answer a fetch only at this"
+            " bound, so it is also the worst added latency (aiokafka's default is 500)"
+        ),
+    )
 
     relayer_key: SecretStr | None = Field(default=None, description="Raw 0x key (devnet only)")
     relayer_keystore: Path | None = Field(default=None, description="Encrypted keystore file")

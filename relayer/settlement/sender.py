@@ -178,7 +178,7 @@ class SenderOptions:
     recheck_interval: float = 5.0
     track_interval: float = 0.1  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
-    dispatch_coalesce: float = 0.02  # seconds to let queued verdicts accumulate
+    dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:

@@ -11,7 +11,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-import rlp
 from eth_abi.abi import decode as abi_decode
 from eth_utils.crypto import keccak
 
@@ -119,6 +118,31 @@ class SignedTx:
         return "0x" + self.raw.hex()
 
 
+def _rlp_length(length: int, offset: int) -> bytes:
+    if length < 56:
+        return bytes([offset + length])
+    size = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([offset + 55 + len(size)]) + size
+
+
+def _rlp(item: int | bytes | list[Any]) -> bytes:
+    """RLP of an unsigned integer, a byte string or a list of those (what a transaction holds).
+
+    By hand: `rlp.encode` infers a serializer per item and was a third of the signing time.
+    The unit tests compare the signed bytes with `eth_account`'s.
+    """
+    if isinstance(item, list):
+        payload = b"".join(_rlp(x) for x in item)
+        return _rlp_length(len(payload), 0xC0) + payload
+    if isinstance(item, int):
+        if item < 0:
+            raise ValueError("RLP integers are unsigned")
+        item = item.to_bytes((item.bit_length() + 7) // 8, "big")  # 0 -> b""
+    if len(item) == 1 and item[0] < 0x80:
+        return item
+    return _rlp_length(len(item), 0x80) + item
+
+
 def sign_eip1559(
     key: SecretKey,
     *,
@@ -142,9 +166,9 @@ def sign_eip1559(
         data,
         [],
     ]
-    digest = keccak(b"\x02" + rlp.encode(fields))
+    digest = keccak(b"\x02" + _rlp(fields))
     y_parity, r, s = key.sign_digest(digest)
-    raw = b"\x02" + rlp.encode([*fields, y_parity, r, s])
+    raw = b"\x02" + _rlp([*fields, y_parity, r, s])
     return SignedTx(
         raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
     )

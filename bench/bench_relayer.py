@@ -61,6 +61,8 @@ from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key,
 POLL = 0.02  # both measurements poll for completion at the same rate
 OVERRIDES: dict[str, Any] = {}  # relayer settings from --set name=value (experiments only)
 RESTART_MODES = ["group", "direct"]  # --restart-modes
+VARIANTS: dict[str, dict[str, Any]] = {"relayer": {}}  # --variant name:k=v,k=v (A/B in one run)
+TASK_CHUNK = 600  # tasks per set-up batch: larger ones fill blocks and drive the base fee up until sends fail
 
 
 def _encode(fn: str, types: list[str], args: list[Any]) -> str:
@@ -211,7 +213,13 @@ async def publish(producer: Any, topic: str, verdicts: list[Any]) -> None:
 
 
 async def relayer_rate(
-    devnet: Devnet, database_url: str, bootstrap: str, tasks: list[tuple[int, str]], warmup: tuple[int, str], run_no: int
+    devnet: Devnet,
+    database_url: str,
+    bootstrap: str,
+    tasks: list[tuple[int, str]],
+    warmup: tuple[int, str],
+    run_no: int,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     signer = devnet.spare[0]
 
@@ -249,7 +257,7 @@ async def relayer_rate(
         relayer_trusted_signers=[signer.address],
         relayer_poll_interval=1.0,
         relayer_port=free_port(),
-        **OVERRIDES,
+        **{**OVERRIDES, **(overrides or {})},
     )
     from aiokafka import AIOKafkaProducer
 
@@ -428,15 +436,19 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
         # raw sends one request per transaction (16 in flight); raw_batched sends JSON-RPC
         # batches of 16 (16 in flight), as the relayer does: on anvil's automine that also
         # packs more transactions per block. Every relayer run sits between raw runs.
-        plan = ["raw", "raw_batched"] + ["relayer", "raw", "raw_batched"] * rounds if rounds else []
+        # With several --variant, each round runs every variant back to back, then the raw pair.
+        plan = ["raw", "raw_batched"] + ([*VARIANTS, "raw", "raw_batched"] * rounds) if rounds else []
         setup = time.perf_counter()
-        tasks = make_tasks(devnet, sum(verdicts + (kind == "relayer") for kind in plan) + 4, "bench")
+        needed = sum(verdicts + (kind in VARIANTS) for kind in plan) + 4
+        tasks = []
+        for start in range(0, needed, TASK_CHUNK):
+            tasks += make_tasks(devnet, min(TASK_CHUNK, needed - start), f"bench{start}")
         await index(devnet, database_url)
         setup_s = time.perf_counter() - setup
         key = SecretKey.from_hex(devnet.marketplace_verifier.private_key)
         raw: list[float] = []
         raw_batched: list[float] = []
-        relayed: list[dict[str, float]] = []
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
         for kind in plan:
             if kind in ("raw", "raw_batched"):
                 batch, tasks = tasks[:verdicts], tasks[verdicts:]
@@ -444,7 +456,12 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
                 (raw if kind == "raw" else raw_batched).append(rate)
             else:
                 batch, tasks = tasks[: verdicts + 1], tasks[verdicts + 1 :]
-                relayed.append(await relayer_rate(devnet, database_url, bootstrap, batch[1:], batch[0], len(relayed)))
+                runs[kind].append(
+                    await relayer_rate(
+                        devnet, database_url, bootstrap, batch[1:], batch[0], len(runs[kind]), VARIANTS[kind]
+                    )
+                )
+        relayed = runs[next(iter(VARIANTS))]
         restart = {}
         for mode in RESTART_MODES:
             batch, tasks = tasks[:2], tasks[2:]
@@ -476,11 +493,29 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
             "verdict_to_confirmation_p50_ms": [round(r["latency_p50_ms"], 1) for r in relayed],
             "verdict_to_confirmation_p99_ms": [round(r["latency_p99_ms"], 1) for r in relayed],
             "restart_to_work_s": {mode: round(v, 2) for mode, v in restart.items()},
+            **({"variants": _variants(runs, raw_batched_median)} if len(VARIANTS) > 1 else {}),
             "setup_seconds": round(setup_s, 1),
             "chain_blocks": devnet.block_number(),
         }
     finally:
         anvil.stop()
+
+
+def _variants(runs: dict[str, list[dict[str, float]]], raw_batched_median: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, results in runs.items():
+        median = statistics.median(r["rate"] for r in results)
+        out[name] = {
+            "settings": VARIANTS[name],
+            "verdicts_per_s": [round(r["rate"], 1) for r in results],
+            "median": round(median, 1),
+            "ratio_vs_raw_batched": round(median / raw_batched_median, 3),
+            "stages_s": [
+                {k.removeprefix("stage_").removesuffix("_s"): round(v, 3) for k, v in r.items() if k.startswith("stage_")}
+                for r in results
+            ],
+        }
+    return out
 
 
 def cli() -> None:
@@ -491,7 +526,18 @@ def cli() -> None:
     parser.add_argument(
         "--restart-modes", default="group,direct", help="consumer modes of the restart figure ('' for none)"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="name:setting=value,... a relayer configuration to run in each round (repeatable; A/B in one run)",
+    )
     args = parser.parse_args()
+    if args.variant:
+        VARIANTS.clear()
+        for item in args.variant:
+            name, _, spec = item.partition(":")
+            VARIANTS[name] = dict(pair.split("=", 1) for pair in spec.split(",") if pair)
     RESTART_MODES[:] = [m for m in args.restart_modes.split(",") if m]
     for item in args.set:
         name, _, value = item.partition("=")

@@ -110,7 +110,7 @@ class RelayerSettings(BaseSettings):
         default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"
     )
     relayer_track_interval: float = Field(
-        default=0.1, ge=0, description="Least seconds between two receipt rounds (coalesces fast blocks)"
+        default=0.02, ge=0, description="Least seconds between two receipt rounds (coalesces fast blocks)"
     )
     relayer_reorg_watch_blocks: int = Field(
         default=64, ge=1, description="Blocks a confirmed tx is still watched for reorgs"

@@ -176,7 +176,7 @@ class SenderOptions:
     replace_after: float = 30.0
     watch_blocks: int = 64
     recheck_interval: float = 5.0
-    track_interval: float = 0.1  # at most one receipts round per this many seconds
+    track_interval: float = 0.02  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
     dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
 
@@ -470,47 +470,45 @@ class ChainSender:
         rows = [r for r in rows if r.id not in live]
         if not rows:
             return 0
-        calls: list[tuple[str, list[Any]]] = []
-        for row in rows:
-            calls.append(
-                ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
-            )
-            if self._opt.simulate:
-                calls.append(
-                    (
-                        "eth_call",
-                        [
-                            {
-                                "from": self.address,
-                                "to": row.escrow,
-                                "gas": hex(self._opt.gas_limit),
-                                "data": "0x" + self._calldata(row).hex(),
-                            },
-                            "latest",
-                        ],
-                    )
+        # One JSON-RPC batch: with the simulation on, it alone answers (an attempt judged
+        # already reverts with AlreadyJudged); without it, `isJudged` of each attempt.
+        if self._opt.simulate:
+            calls = [
+                (
+                    "eth_call",
+                    [
+                        {
+                            "from": self.address,
+                            "to": row.escrow,
+                            "gas": hex(self._opt.gas_limit),
+                            "data": "0x" + self._calldata(row).hex(),
+                        },
+                        "latest",
+                    ],
                 )
+                for row in rows
+            ]
+        else:
+            calls = [
+                ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
+                for row in rows
+            ]
         results = await self._rpc.batch(calls)
-        step = 2 if self._opt.simulate else 1
         ready: list[VerdictRow] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         key_refused = False
-        for i, row in enumerate(rows):
-            judged = results[step * i]
-            simulated = results[step * i + 1] if self._opt.simulate else "0x"
-            if isinstance(judged, Exception) or (
-                isinstance(simulated, Exception) and not isinstance(simulated, Reverted)
-            ):
-                continue  # transient: stays queued for the next round
-            if int(str(judged), 16) != 0:
-                outcomes.append((row, "already_judged", None))
-            elif isinstance(simulated, Reverted):
-                error = decode_revert(simulated.revert_data)
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Reverted) and self._opt.simulate:
+                error = decode_revert(result.revert_data)
                 kind = revert_outcome(error)
                 if kind == "key_refused":
                     key_refused = True
                 else:
                     outcomes.append((row, kind, error))
+            elif isinstance(result, Exception):
+                continue  # transient: stays queued for the next round
+            elif not self._opt.simulate and int(str(result), 16) != 0:
+                outcomes.append((row, "already_judged", None))
             else:
                 ready.append(row)
         if outcomes:

@@ -100,10 +100,22 @@ def fold_indexed_task(rows: Sequence[tuple[str, Any]]) -> IndexedTask | None:
     return IndexedTask(verifier, attempt, evidence, frozenset(judged))
 
 
+_EVENT_FIELDS = (
+    "event_name, args->>'verifier' AS verifier, args->>'attempt' AS attempt,"
+    " args->>'evidenceHash' AS evidence_hash"
+)
+
+
+def _event(r: asyncpg.Record) -> tuple[str, dict[str, Any]]:
+    # Only the three fields the fold reads, as text: no JSON decoding of whole `args`.
+    args = {"verifier": r["verifier"], "attempt": r["attempt"], "evidenceHash": r["evidence_hash"]}
+    return str(r["event_name"]), {k: v for k, v in args.items() if v is not None}
+
+
 async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, task_id: int) -> IndexedTask | None:
     """Fold the task's indexed TaskCreated / EvidenceSubmitted / VerificationCompleted events."""
     rows = await conn.fetch(
-        "SELECT event_name, args FROM escrow_events"
+        f"SELECT {_EVENT_FIELDS} FROM escrow_events"
         " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = $3"
         "   AND event_name = ANY($4::text[])"
         " ORDER BY block_number, log_index",
@@ -112,7 +124,7 @@ async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, tas
         escrow.lower(),
         list(_INDEXED_EVENTS),
     )
-    return fold_indexed_task([(r["event_name"], r["args"]) for r in rows])
+    return fold_indexed_task([_event(r) for r in rows])
 
 
 TaskKey = tuple[int, str, int]
@@ -125,7 +137,8 @@ async def indexed_tasks(conn: asyncpg.Connection, keys: Sequence[TaskKey]) -> di
     if not unique:
         return {}
     rows = await conn.fetch(
-        "SELECT e.chain_id, k.escrow, e.task_id, e.event_name, e.args"
+        "SELECT e.chain_id, k.escrow, e.task_id, e.event_name, e.args->>'verifier' AS verifier,"
+        " e.args->>'attempt' AS attempt, e.args->>'evidenceHash' AS evidence_hash"
         " FROM unnest($1::bigint[], $2::text[], $3::numeric[]) AS k(chain_id, escrow, task_id)"
         " JOIN escrow_events e ON e.chain_id = k.chain_id AND e.task_id = k.task_id"
         "   AND lower(e.escrow_address) = k.escrow"
@@ -138,9 +151,7 @@ async def indexed_tasks(conn: asyncpg.Connection, keys: Sequence[TaskKey]) -> di
     )
     grouped: dict[TaskKey, list[tuple[str, Any]]] = {}
     for r in rows:
-        grouped.setdefault((int(r["chain_id"]), str(r["escrow"]), int(r["task_id"])), []).append(
-            (r["event_name"], r["args"])
-        )
+        grouped.setdefault((int(r["chain_id"]), str(r["escrow"]), int(r["task_id"])), []).append(_event(r))
     return {key: task for key, events in grouped.items() if (task := fold_indexed_task(events)) is not None}
 
 

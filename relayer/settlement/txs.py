@@ -78,6 +78,28 @@ def complete_verification_data(
     )
 
 
+VerdictItem = tuple[int, int, str, bool, int]
+"""(task id, attempt, evidence hash 0x hex, passed, score): one `completeVerificationBatch` item."""
+
+
+def complete_verification_batch_data(items: list[VerdictItem]) -> bytes:
+    """Calldata of `completeVerificationBatch((taskId, attempt, evidenceHash, passed, score)[])`."""
+    from eth_abi.abi import encode
+
+    values = [
+        (task_id, attempt, bytes.fromhex(evidence.removeprefix("0x")), passed, score)
+        for task_id, attempt, evidence, passed, score in items
+    ]
+    return selector("completeVerificationBatch") + encode(["(uint256,uint8,bytes32,bool,uint8)[]"], [values])
+
+
+def decode_batch_refusals(data: bytes) -> list[DecodedError | None]:
+    """The return value of `completeVerificationBatch` (an `eth_call`): per item, None when it
+    would settle, else the escrow's decoded refusal."""
+    (refusals,) = abi_decode(["bytes[]"], data)
+    return [decode_revert(bytes(r)) if r else None for r in refusals]
+
+
 def is_judged_data(task_id: int, attempt: int) -> bytes:
     """Calldata of `isJudged(taskId, attempt)`."""
     return selector("isJudged") + _word(task_id) + _word(attempt)

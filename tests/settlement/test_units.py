@@ -421,6 +421,30 @@ def test_hand_signed_transactions_equal_eth_account_for_any_fields(nonce: int, t
     assert ours.raw == bytes(ref.raw_transaction)
 
 
+def test_batch_calldata_and_refusals_round_trip() -> None:
+    """`completeVerificationBatch` calldata is the ABI encoding of the items; its return value
+    decodes to one refusal (or None) per item."""
+    from eth_abi.abi import decode, encode
+    from eth_utils.crypto import keccak
+
+    from relayer.settlement.txs import (
+        complete_verification_batch_data,
+        decode_batch_refusals,
+        selector,
+    )
+
+    items = [(7, 1, "0x" + "ab" * 32, True, 90), (2**200, 3, "0x" + "00" * 32, False, 0)]
+    data = complete_verification_batch_data(items)
+    assert data[:4] == selector("completeVerificationBatch")
+    assert data[:4] == keccak(text="completeVerificationBatch((uint256,uint8,bytes32,bool,uint8)[])")[:4]
+    (decoded,) = decode(["(uint256,uint8,bytes32,bool,uint8)[]"], data[4:])
+    assert [(t, a, "0x" + e.hex(), p, s) for t, a, e, p, s in decoded] == items
+    already = keccak(text="AlreadyJudged(uint8)")[:4] + encode(["uint8"], [1])
+    refusals = decode_batch_refusals(encode(["bytes[]"], [[b"", already]]))
+    assert refusals[0] is None
+    assert refusals[1] is not None and (refusals[1].name, refusals[1].args) == ("AlreadyJudged", (1,))
+
+
 def test_escrow_errors_decode_by_name() -> None:
     """Custom errors decode to their names and arguments; unknown data is kept."""
     from eth_abi.abi import encode

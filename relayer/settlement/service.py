@@ -116,6 +116,8 @@ class Relayer:
                 recheck_interval=max(s.relayer_poll_interval, 5.0),
                 track_interval=s.relayer_track_interval,
                 simulate=s.relayer_preflight_simulation,
+                settle_batch=s.relayer_settle_batch_size,
+                settle_batch_min=s.relayer_settle_batch_min,
             )
             for chain in s.chains:
                 self.senders[chain.chain_id] = ChainSender(

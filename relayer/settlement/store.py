@@ -58,6 +58,7 @@ class SlotRow:
     state: str
     verdict: VerdictRow | None
     versions: list[TxVersion] = field(default_factory=list)
+    items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in order
     mined_hash: str | None = None
     block_number: int | None = None
     block_hash: str | None = None
@@ -411,11 +412,15 @@ async def set_verdict_outcome(
     *,
     error: str | None = None,
     error_args: Sequence[Any] | None = None,
+    only_if_sent: bool = False,
 ) -> None:
-    """Final (or re-queued) status of a verdict, with the escrow's error when refused."""
+    """Final (or re-queued) status of a verdict, with the escrow's error when refused.
+
+    `only_if_sent`: leave it alone unless it is `sent` (a batch's refusals read again after a
+    restart must not overwrite what happened since)."""
     await conn.execute(
         "UPDATE settlement_verdicts SET status = $2, error = $3, error_args = $4::text::jsonb,"
-        " updated_at = now() WHERE id = $1",
+        " updated_at = now() WHERE id = $1" + (" AND status = 'sent'" if only_if_sent else ""),
         verdict_id,
         status,
         error,
@@ -482,8 +487,12 @@ async def record_new_slots(
     sender: str,
     slots: Sequence[tuple[SignedTx, int | None, str]],
     next_nonce: int,
+    batch_items: Sequence[tuple[int, Sequence[int]]] = (),
 ) -> None:
-    """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter."""
+    """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter.
+
+    `batch_items`: (nonce, verdict ids in calldata order) of each 'batch' slot among them.
+    """
     address = sender.lower()
     # One statement per table (unnest), not one per row: a round of hundreds of verdicts
     # is stored in four round trips.
@@ -512,6 +521,18 @@ async def record_new_slots(
         [tx.gas_limit for tx, _, _ in slots],
     )
     verdict_ids = [verdict_id for _, verdict_id, kind in slots if verdict_id is not None and kind == "verdict"]
+    items = [(nonce, position, v) for nonce, ids in batch_items for position, v in enumerate(ids)]
+    if items:
+        await conn.execute(
+            "INSERT INTO settlement_batch_items (chain_id, sender, nonce, position, verdict_id)"
+            " SELECT $1, $2, n, p, v FROM unnest($3::bigint[], $4::integer[], $5::bigint[]) AS u(n, p, v)",
+            chain_id,
+            address,
+            [n for n, _, _ in items],
+            [p for _, p, _ in items],
+            [v for _, _, v in items],
+        )
+        verdict_ids += [v for _, _, v in items]
     if verdict_ids:
         await conn.execute(
             "UPDATE settlement_verdicts SET status = 'sent', sent_at = now(), updated_at = now()"
@@ -622,12 +643,24 @@ async def reorged_verdicts(conn: asyncpg.Connection, verdict_ids: Sequence[int])
     )
 
 
-async def requeue_verdict(conn: asyncpg.Connection, verdict_id: int, reason: str) -> None:
+async def requeue_verdict(conn: asyncpg.Connection, verdict_id: int, reason: str, *, only_if_sent: bool = False) -> None:
     """The verdict's nonce went elsewhere (or it reverted for a reason that may pass): queue it."""
     await conn.execute(
-        "UPDATE settlement_verdicts SET status = 'queued', error = $2, updated_at = now() WHERE id = $1",
+        "UPDATE settlement_verdicts SET status = 'queued', error = $2, updated_at = now() WHERE id = $1"
+        + (" AND status = 'sent'" if only_if_sent else ""),
         verdict_id,
         reason,
+    )
+
+
+async def remove_batch_item(conn: asyncpg.Connection, chain_id: int, sender: str, nonce: int, verdict_id: int) -> None:
+    """A batch did not settle this item and it is queued again: it is no longer the slot's."""
+    await conn.execute(
+        "DELETE FROM settlement_batch_items WHERE chain_id = $1 AND sender = $2 AND nonce = $3 AND verdict_id = $4",
+        chain_id,
+        sender.lower(),
+        nonce,
+        verdict_id,
     )
 
 
@@ -669,6 +702,17 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
         sender.lower(),
         list(slots),
     )
+    batch_nonces = [n for n, slot in slots.items() if slot.kind == "batch"]
+    if batch_nonces:
+        for r in await conn.fetch(
+            "SELECT b.nonce, v.id, v.chain_id, v.escrow, v.task_id, v.attempt, v.evidence_hash, v.passed,"
+            " v.score, v.received_at FROM settlement_batch_items b JOIN settlement_verdicts v ON v.id = b.verdict_id"
+            " WHERE b.chain_id = $1 AND b.sender = $2 AND b.nonce = ANY($3::bigint[]) ORDER BY b.nonce, b.position",
+            chain_id,
+            sender.lower(),
+            batch_nonces,
+        ):
+            slots[r["nonce"]].items.append(_verdict_row(r))
     for v in versions:
         slots[v["nonce"]].versions.append(
             TxVersion(

@@ -100,6 +100,28 @@ def decode_batch_refusals(data: bytes) -> list[DecodedError | None]:
     return [decode_revert(bytes(r)) if r else None for r in refusals]
 
 
+@functools.cache
+def _verification_completed_topic() -> str:
+    entry = next(e for e in escrow_abi() if e.get("type") == "event" and e["name"] == "VerificationCompleted")
+    return "0x" + keccak(text=_signature(entry)).hex()
+
+
+def settled_attempts(logs: list[dict[str, Any]], escrow: str, verifier: str) -> set[tuple[int, int]]:
+    """(task id, attempt) of every `VerificationCompleted` that `verifier` caused at `escrow`
+    in a receipt's logs: which items of a `completeVerificationBatch` settled."""
+    topic = _verification_completed_topic()
+    out: set[tuple[int, int]] = set()
+    for entry in logs:
+        topics = [str(t).lower() for t in entry.get("topics") or []]
+        if len(topics) < 3 or topics[0] != topic or str(entry.get("address", "")).lower() != escrow.lower():
+            continue
+        if int(topics[2], 16) != int(verifier, 16):
+            continue
+        data = bytes.fromhex(str(entry.get("data", "0x"))[2:])
+        out.add((int(topics[1], 16), int.from_bytes(data[:32], "big")))
+    return out
+
+
 def is_judged_data(task_id: int, attempt: int) -> bytes:
     """Calldata of `isJudged(taskId, attempt)`."""
     return selector("isJudged") + _word(task_id) + _word(attempt)

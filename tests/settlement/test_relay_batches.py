@@ -1,0 +1,233 @@
+"""The relayer packing verdicts into `completeVerificationBatch` (`relayer_settle_batch_size`).
+
+- a refused item in a mined batch (the task was disputed between the preflight and the
+  block) is recorded like a refused single send, and every other verdict is confirmed;
+- kill -9 at every crash point and at random instants with packing on: every attempt judged
+  exactly once on chain, no relayer transaction reverted, no nonce gap, every verdict in
+  exactly one live slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from eth_abi.abi import decode as abi_decode
+
+from escrowd.devnet import Devnet
+from relayer.settlement.crash import POINTS
+from relayer.settlement.txs import decode_complete_verification, selector
+from tests.settlement.conftest import (
+    IndexerRun,
+    RelayerRun,
+    fetch,
+    fetchval,
+    on_chain,
+    publish,
+    relayer_env,
+    settings_from_env,
+    signed_verdicts,
+    submit_tasks,
+    verdict_events,
+    verdict_statuses,
+    wait_until,
+)
+from tests.settlement.test_relay_crash import (
+    kill9,
+    progress,
+    relayer_transactions,
+    spawn,
+    wait_exit,
+)
+
+
+def _attempts_of(tx: dict) -> list[tuple[int, int]]:
+    """(task, attempt) of each verdict a relayer transaction carries (single or batch)."""
+    data = bytes.fromhex(tx["input"][2:])
+    single = decode_complete_verification(data)
+    if single is not None:
+        return [(single[0], single[1])]
+    assert data[:4] == selector("completeVerificationBatch"), tx["hash"]
+    (items,) = abi_decode(["(uint256,uint8,bytes32,bool,uint8)[]"], data[4:])
+    return [(int(t), int(a)) for t, a, *_ in items]
+
+
+@pytest.mark.timeout(180)
+async def test_a_refused_item_is_recorded_and_the_others_confirmed(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 20)
+    await indexer.caught_up()
+    env = relayer_env(
+        devnet=devnet,
+        database_url=database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        trusted=[service_signer.address],
+        relayer_settle_batch_size=8,
+        relayer_settle_batch_min=2,
+    )
+    run = RelayerRun(settings_from_env(env))
+    await run.start()
+    disputed = items[3]
+    try:
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+
+        async def all_sent() -> bool:
+            run.check_alive()
+            statuses = await verdict_statuses(database_url)
+            return len(statuses) == len(items) and set(statuses.values()) == {"sent"}
+
+        await wait_until(all_sent, timeout=60, what="every verdict signed and in the pool")
+        # The poster disputes one task with a higher tip: it is mined before the batches.
+        poster = devnet.posters[3 % len(devnet.posters)]
+        await on_chain(
+            devnet.rpc,
+            "eth_sendTransaction",
+            {
+                "from": poster.address,
+                "to": devnet.escrow_address,
+                "data": devnet._codec.encode_call("raiseDispute", [disputed.task_id]),
+                "gas": hex(300_000),
+                "maxPriorityFeePerGas": hex(200 * 10**9),
+                "maxFeePerGas": hex(400 * 10**9),
+            },
+        )
+        await on_chain(devnet.rpc, "evm_mine")
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+
+        async def settled() -> bool:
+            run.check_alive()
+            await on_chain(devnet.mine)
+            statuses = await verdict_statuses(database_url)
+            return statuses.get(disputed.task_id) == "reverted" and sum(v == "confirmed" for v in statuses.values()) == 19
+
+        await wait_until(settled, timeout=60, what="19 confirmed, the disputed one refused")
+        row = (await fetch(database_url, "SELECT error, error_args FROM settlement_verdicts WHERE task_id = $1", disputed.task_id))[0]
+        assert row["error"] == "WrongStatus" and json.loads(row["error_args"]) == [5]
+        events = await on_chain(verdict_events, devnet)
+        assert events == {(i.task_id, 1): 1 for i in items if i is not disputed}
+        kinds = Counter(r["kind"] for r in await fetch(database_url, "SELECT kind FROM settlement_transactions"))
+        assert kinds["batch"] >= 1
+        packed = await fetchval(database_url, "SELECT count(*) FROM settlement_batch_items")
+        assert packed + kinds["verdict"] == len(items)
+        assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions WHERE state <> 'confirmed'") == 0
+    finally:
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await run.stop()
+
+
+@pytest.mark.timeout(600)
+async def test_kill_nine_with_packing_keeps_exactly_once(
+    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path: Path
+) -> None:
+    rng = random.Random(7)
+    items = await on_chain(submit_tasks, devnet, 120, prefix="pack")
+    await indexer.caught_up(timeout=120)
+    signed = signed_verdicts(devnet, items, service_signer)
+    env = relayer_env(
+        devnet=devnet,
+        database_url=database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        trusted=[service_signer.address],
+        relayer_batch_size=24,
+        relayer_settle_batch_size=6,
+        relayer_settle_batch_min=2,
+        relayer_broadcast_concurrency=4,
+        relayer_replace_after_seconds=2,
+    )
+    topic = env["ESCROWD_VERDICTS_TOPIC"]
+    log_file = tmp_path / "relayer.log"
+    first_block = (await on_chain(devnet.block_number)) + 1
+    await publish(kafka_bootstrap, topic, signed[:60])
+    schedule = [("point", p) for p in POINTS] + [("external", "")] * 5
+    rng.shuffle(schedule)
+    kills: Counter[str] = Counter()
+    for index, (kind, point) in enumerate(schedule):
+        if index == 2:
+            await publish(kafka_bootstrap, topic, signed[60:])
+        run_env = dict(env)
+        if kind == "point":
+            run_env["ESCROWD_RELAYER_FAULT_INJECTION"] = f"{point}:1"
+        start = await progress(database_url)
+        proc = spawn(run_env, log_file)
+        try:
+            if kind == "point":
+                if await wait_exit(proc, 25):
+                    assert proc.returncode == -signal.SIGKILL, f"relayer exited with {proc.returncode}: see {log_file}"
+                    kills[f"point:{point}"] += 1
+                else:
+                    kill9(proc)
+                    kills["external"] += 1
+            else:
+                target = start + rng.randint(1, 4)
+                deadline = time.monotonic() + 25
+                while time.monotonic() < deadline and proc.poll() is None and await progress(database_url) < target:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(rng.random() * 0.2)
+                assert proc.poll() is None, f"relayer died on its own ({proc.returncode}): see {log_file}"
+                kill9(proc)
+                kills["external"] += 1
+        finally:
+            if proc.poll() is None:
+                kill9(proc)
+
+    proc = spawn(env, log_file)
+    try:
+
+        async def all_confirmed() -> bool:
+            assert proc.poll() is None, f"relayer exited with {proc.returncode}: see {log_file}"
+            statuses = await verdict_statuses(database_url)
+            return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+        await wait_until(all_confirmed, timeout=120, interval=0.2, what="every verdict confirmed")
+        proc.send_signal(signal.SIGTERM)
+        assert await wait_exit(proc, 15), "relayer did not stop on SIGTERM"
+    finally:
+        if proc.poll() is None:
+            kill9(proc)
+
+    relayer = devnet.marketplace_verifier.address
+    # Every attempt judged exactly once on chain.
+    events = await on_chain(verdict_events, devnet)
+    assert events == {(i.task_id, 1): 1 for i in items}
+    # No relayer transaction reverted; a verdict carried by several transactions (a batch
+    # resent after a crash is the same bytes) settled once: the escrow refuses a second.
+    txs = await on_chain(relayer_transactions, devnet, relayer, first_block)
+    carried: Counter[tuple[int, int]] = Counter()
+    for tx in txs:
+        assert tx["status"] == 1, f"reverted relayer tx {tx['hash']}"
+        if tx["to"].lower() == relayer.lower():
+            continue  # a filler
+        carried.update(_attempts_of(tx))
+    assert set(carried) == {(i.task_id, 1) for i in items}
+    assert sum(1 for tx in txs if _is_batch(tx)) >= 1
+    # No nonce gap, no drift.
+    latest = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest"), 16)
+    pending = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "pending"), 16)
+    assert latest == pending == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces") == len(txs)
+    # Every verdict in exactly one live slot (its own, or as an item of a batch).
+    live = await fetch(
+        database_url,
+        "SELECT verdict_id, count(*) AS n FROM ("
+        " SELECT verdict_id FROM settlement_transactions WHERE kind = 'verdict' AND state <> 'lost'"
+        " UNION ALL SELECT b.verdict_id FROM settlement_batch_items b JOIN settlement_transactions t"
+        "   USING (chain_id, sender, nonce) WHERE t.kind = 'batch' AND t.state <> 'lost') s"
+        " GROUP BY verdict_id",
+    )
+    assert len(live) == len(items) and all(r["n"] == 1 for r in live)
+    text = log_file.read_text(errors="replace").lower()
+    assert devnet.marketplace_verifier.private_key.lower().removeprefix("0x") not in text
+    assert sum(kills.values()) == len(schedule)
+
+
+def _is_batch(tx: dict) -> bool:
+    return tx["input"].startswith("0x" + selector("completeVerificationBatch").hex())

@@ -316,6 +316,7 @@ async def relayer_rate(
                 run.result()
             await asyncio.sleep(0.01)
         batch = [signed(t) for t in tasks]
+        first_nonce = int(devnet.rpc("eth_getTransactionCount", devnet.marketplace_verifier.address, "latest"), 16)
         db_start = await conn.fetchval("SELECT clock_timestamp()")
         cpu_start = time.process_time()
         started = time.perf_counter()
@@ -344,7 +345,13 @@ async def relayer_rate(
             warmup[0],
             tasks[-1][0],
         )
+        mined = await conn.fetch(
+            "SELECT mined_hash FROM settlement_transactions WHERE nonce >= $1 AND mined_hash IS NOT NULL", first_nonce
+        )
+        gas = sum(int(devnet.rpc("eth_getTransactionReceipt", r["mined_hash"])["gasUsed"], 16) for r in mined)
         return {
+            "gas_per_verdict": gas / len(tasks),
+            "transactions": float(len(mined)),
             "cpu_ms_per_verdict": 1000 * cpu / len(tasks),
             "stage_consumed_s": float(stages["consumed"]),
             "stage_signed_s": float(stages["signed"]),
@@ -529,6 +536,7 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
                 for r in relayed
             ],
             "relayer_process_cpu_ms_per_verdict": [round(r["cpu_ms_per_verdict"], 2) for r in relayed],
+            "relayer_gas_per_verdict": [round(r["gas_per_verdict"]) for r in relayed],
             "verdict_to_confirmation_p50_ms": [round(r["latency_p50_ms"], 1) for r in relayed],
             "verdict_to_confirmation_p99_ms": [round(r["latency_p99_ms"], 1) for r in relayed],
             "restart_to_work_s": {mode: round(v, 2) for mode, v in restart.items()},
@@ -559,6 +567,8 @@ def _variants(runs: dict[str, list[dict[str, float]]], raw_batched_median: float
             "verdicts_per_s": [round(r["rate"], 1) for r in results],
             "median": round(median, 1),
             "ratio_vs_raw_batched": round(median / raw_batched_median, 3),
+            "gas_per_verdict": [round(r["gas_per_verdict"]) for r in results],
+            "transactions": [int(r["transactions"]) for r in results],
             "stages_s": [
                 {k.removeprefix("stage_").removesuffix("_s"): round(v, 3) for k, v in r.items() if k.startswith("stage_")}
                 for r in results

@@ -2,6 +2,9 @@
 
 - a refused item in a mined batch (the task was disputed between the preflight and the
   block) is recorded like a refused single send, and every other verdict is confirmed;
+- a stuck batch is replaced with a fee bump (same items), and only one version lands;
+- a reorg removing a confirmed batch puts its items back to `sent`; the batch is resent and
+  every item confirmed again, each attempt judged once;
 - kill -9 at every crash point and at random instants with packing on: every attempt judged
   exactly once on chain, no relayer transaction reverted, no nonce gap, every verdict in
   exactly one live slot.
@@ -45,6 +48,7 @@ from tests.settlement.test_relay_crash import (
     spawn,
     wait_exit,
 )
+from tests.settlement.test_relay_faults import start_relayer
 
 
 def _attempts_of(tx: dict) -> list[tuple[int, int]]:
@@ -121,6 +125,107 @@ async def test_a_refused_item_is_recorded_and_the_others_confirmed(
         assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions WHERE state <> 'confirmed'") == 0
     finally:
         await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await run.stop()
+
+
+PACKED = {"relayer_settle_batch_size": 4, "relayer_settle_batch_min": 2}
+
+
+async def _batch_nonces(database_url: str) -> list[int]:
+    return [r["nonce"] for r in await fetch(database_url, "SELECT nonce FROM settlement_transactions WHERE kind = 'batch'")]
+
+
+@pytest.mark.timeout(180)
+async def test_a_stuck_batch_is_replaced_and_only_one_version_lands(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 4)
+    await indexer.caught_up()
+    run, env = await start_relayer(
+        devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address],
+        relayer_replace_after_seconds=1, **PACKED,
+    )  # fmt: skip
+    try:
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+
+        async def replaced() -> bool:
+            run.check_alive()
+            return bool(
+                await fetchval(
+                    database_url,
+                    "SELECT count(*) FROM settlement_tx_versions WHERE kind = 'batch' AND version >= 1",
+                )
+            )
+
+        await wait_until(replaced, timeout=60, what="a batch replaced")
+        versions = await fetch(
+            database_url,
+            "SELECT tx_hash, nonce, version, max_fee_per_gas FROM settlement_tx_versions WHERE kind = 'batch'"
+            " ORDER BY nonce, version",
+        )
+        nonce = next(v["nonce"] for v in versions if v["version"] >= 1)
+        same = [v for v in versions if v["nonce"] == nonce]
+        assert same[1]["max_fee_per_gas"] * 100 >= same[0]["max_fee_per_gas"] * 110
+        raws = {
+            v["tx_hash"]: await on_chain(devnet.rpc, "eth_getTransactionByHash", v["tx_hash"]) for v in same[:2]
+        }
+        inputs = {tx["input"] for tx in raws.values() if tx is not None}
+        assert len(inputs) <= 1, "a replacement carries the same items"
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await on_chain(devnet.mine)
+
+        async def confirmed() -> bool:
+            run.check_alive()
+            await on_chain(devnet.mine)
+            statuses = await verdict_statuses(database_url)
+            return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+        await wait_until(confirmed, timeout=60, what="every verdict confirmed")
+        landed = [v for v in same if await on_chain(devnet.rpc, "eth_getTransactionReceipt", v["tx_hash"])]
+        assert len(landed) == 1
+        assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
+    finally:
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await run.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_reorg_under_a_confirmed_batch_resends_it(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 4)
+    await indexer.caught_up()
+    run, env = await start_relayer(
+        devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], confirmations=2, **PACKED
+    )
+    try:
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+
+        async def confirmed() -> bool:
+            run.check_alive()
+            await on_chain(devnet.mine)
+            statuses = await verdict_statuses(database_url)
+            return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+        await wait_until(confirmed, timeout=60, what="first confirmation")
+        assert await _batch_nonces(database_url), "the verdicts went out packed"
+        first_block = await fetchval(database_url, "SELECT min(block_number) FROM settlement_verdicts")
+        depth = (await on_chain(devnet.block_number)) - first_block + 1
+        await on_chain(devnet.reorg, depth)  # every verdict transaction is gone
+        assert not any([await on_chain(devnet.is_judged, i.task_id, 1) for i in items])
+
+        async def resent() -> bool:
+            run.check_alive()
+            await on_chain(devnet.mine)
+            rows = await fetch(database_url, "SELECT status, reorgs FROM settlement_verdicts")
+            return all(r["status"] == "confirmed" and r["reorgs"] >= 1 for r in rows)
+
+        await wait_until(resent, timeout=60, what="the batch resent after the reorg")
+        assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
+        total = await fetchval(database_url, "SELECT count(*) FROM settlement_transactions")
+        assert total == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
+    finally:
         await run.stop()
 
 

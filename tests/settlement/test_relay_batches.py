@@ -5,6 +5,10 @@
 - a stuck batch is replaced with a fee bump (same items), and only one version lands;
 - a reorg removing a confirmed batch puts its items back to `sent`; the batch is resent and
   every item confirmed again, each attempt judged once;
+- a key rotation mined just before a batch: its items leave it and are queued again behind
+  the closed gate, then sent once the key matches again;
+- a batch's nonce taken by another transaction: the slot is lost, its items queued again and
+  sent under a new nonce;
 - kill -9 at every crash point and at random instants with packing on: every attempt judged
   exactly once on chain, no relayer transaction reverted, no nonce gap, every verdict in
   exactly one live slot.
@@ -226,6 +230,106 @@ async def test_a_reorg_under_a_confirmed_batch_resends_it(
         total = await fetchval(database_url, "SELECT count(*) FROM settlement_transactions")
         assert total == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
     finally:
+        await run.stop()
+
+
+async def _all_sent(run: RelayerRun, database_url: str, count: int) -> None:
+    async def sent() -> bool:
+        run.check_alive()
+        statuses = await verdict_statuses(database_url)
+        return len(statuses) == count and set(statuses.values()) == {"sent"}
+
+    await wait_until(sent, timeout=60, what="every verdict signed and in the pool")
+
+
+async def _all_confirmed(run: RelayerRun, devnet: Devnet, database_url: str, count: int, timeout: float = 60) -> None:
+    async def confirmed() -> bool:
+        run.check_alive()
+        await on_chain(devnet.mine)
+        statuses = await verdict_statuses(database_url)
+        return len(statuses) == count and set(statuses.values()) == {"confirmed"}
+
+    await wait_until(confirmed, timeout=timeout, what="every verdict confirmed")
+
+
+def _urgent(devnet: Devnet, sender: str, to: str, data: str, nonce: int | None = None) -> None:
+    """Send a transaction that outbids the relayer's in the pool (mined first, or replacing)."""
+    tx = {
+        "from": sender,
+        "to": to,
+        "data": data,
+        "gas": hex(300_000),
+        "maxPriorityFeePerGas": hex(200 * 10**9),
+        "maxFeePerGas": hex(400 * 10**9),
+    }
+    if nonce is not None:
+        tx["nonce"] = hex(nonce)
+    devnet.rpc("eth_sendTransaction", tx)
+
+
+@pytest.mark.timeout(180)
+async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 4)
+    await indexer.caught_up()
+    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], **PACKED)
+    try:
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await _all_sent(run, database_url, len(items))
+        first_batches = await _batch_nonces(database_url)
+        assert first_batches
+        rotate = devnet._codec.encode_call("setMarketplaceVerifier", [devnet.spare[2].address])
+        await on_chain(_urgent, devnet, devnet.owner.address, devnet.escrow_address, rotate)
+        await on_chain(devnet.rpc, "evm_mine")
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+
+        async def requeued() -> bool:
+            run.check_alive()
+            statuses = await verdict_statuses(database_url)
+            return set(statuses.values()) == {"queued"}
+
+        await wait_until(requeued, timeout=60, what="items queued again behind the closed gate")
+        assert not run.relayer.gates[devnet.chain_id].is_open
+        left = await fetchval(
+            database_url, "SELECT count(*) FROM settlement_batch_items WHERE nonce = ANY($1::bigint[])", first_batches
+        )
+        assert left == 0, "refused items left their batch"
+        assert not any([await on_chain(devnet.is_judged, i.task_id, 1) for i in items])
+        await on_chain(devnet.set_marketplace_verifier, devnet.marketplace_verifier)
+        await _all_confirmed(run, devnet, database_url, len(items))
+        assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
+    finally:
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await run.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_batch_nonce_taken_by_another_transaction_is_sent_again(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 4)
+    await indexer.caught_up()
+    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], **PACKED)
+    relayer = devnet.marketplace_verifier.address
+    try:
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await _all_sent(run, database_url, len(items))
+        (nonce, *_) = sorted(await _batch_nonces(database_url))
+        # Someone else with the relayer's key (an operator's wallet) takes that nonce.
+        await on_chain(_urgent, devnet, relayer, relayer, "0x", nonce)
+        await on_chain(devnet.rpc, "evm_mine")
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await _all_confirmed(run, devnet, database_url, len(items))
+        state = await fetchval(database_url, "SELECT state FROM settlement_transactions WHERE nonce = $1", nonce)
+        assert state == "lost"
+        assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
+        latest = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest"), 16)
+        assert latest == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
+    finally:
+        await on_chain(devnet.rpc, "evm_setAutomine", True)
         await run.stop()
 
 

@@ -18,6 +18,12 @@ On one fresh anvil (automine, as the devnet runs), in the same run:
 - raw_batched: the same, but sent as JSON-RPC batches of 16 (16 in flight), as the
   relayer itself sends; on anvil's automine this packs many more transactions per block.
 
+- raw_settle_batch: the same verdicts presigned as `completeVerificationBatch` transactions
+  of `--settle-batch` items each (JSON-RPC batches of 16, 16 in flight): what packing verdicts
+  into one transaction gives on this chain, next to the single sends, with the gas per
+  verdict of both (from the receipts, after the clock stops). The relayer does not pack yet:
+  this is the ceiling such a sender would work against.
+
 - restart: the relayer CLI as a subprocess relays one verdict, is killed with SIGKILL, a
   new verdict is published, and the relayer is started again: the figure is the time from
   the new start to that verdict being consumed (its row in `settlement_verdicts`), start-up
@@ -50,7 +56,11 @@ from relayer.settlement.config import ChainSettings, RelayerSettings
 from relayer.settlement.fees import Fees
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.service import Relayer
-from relayer.settlement.txs import complete_verification_data, sign_eip1559
+from relayer.settlement.txs import (
+    complete_verification_batch_data,
+    complete_verification_data,
+    sign_eip1559,
+)
 from runtime.logging import configure_logging
 from runtime.services.anvil import AnvilProcess
 from runtime.services.kafka import start_kafka
@@ -61,6 +71,9 @@ from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key,
 POLL = 0.02  # both measurements poll for completion at the same rate
 OVERRIDES: dict[str, Any] = {}  # relayer settings from --set name=value (experiments only)
 RESTART_MODES = ["group", "direct"]  # --restart-modes
+VARIANTS: dict[str, dict[str, Any]] = {"relayer": {}}  # --variant name:k=v,k=v (A/B in one run)
+SETTLE_BATCH = [50]  # --settle-batch: items per completeVerificationBatch in raw_settle_batch (0: skip)
+TASK_CHUNK = 600  # tasks per set-up batch: larger ones fill blocks and drive the base fee up until sends fail
 
 
 def _encode(fn: str, types: list[str], args: list[Any]) -> str:
@@ -110,23 +123,39 @@ def make_tasks(devnet: Devnet, count: int, tag: str) -> list[tuple[int, str]]:
     return [(task_id, "0x" + e.hex()) for task_id, e in zip(ids, evidence, strict=True)]
 
 
-async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]], *, batched: bool) -> float:
+GAS_USED: dict[str, list[float]] = {}  # kind -> gas per verdict of each raw run
+
+
+async def raw_rate(
+    devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]], *, batched: bool, settle_batch: int = 0
+) -> float:
+    """Verdicts per second of presigned sends: one `completeVerification` per transaction, or
+    (`settle_batch` > 0) `completeVerificationBatch` transactions of that many items."""
     rpc = devnet.rpc_url
     start_nonce = int(devnet.rpc("eth_getTransactionCount", key.address, "latest"), 16)
     base = int(devnet.rpc("eth_getBlockByNumber", "latest", False)["baseFeePerGas"], 16)
     fees = Fees(max_fee_per_gas=4 * base + 10**9, max_priority_fee_per_gas=10**9)
-    raws = [
+    if settle_batch:
+        groups = [tasks[i : i + settle_batch] for i in range(0, len(tasks), settle_batch)]
+        payloads = [
+            (complete_verification_batch_data([(t, 1, e, True, 90) for t, e in group]), 60_000 * len(group) + 100_000)
+            for group in groups
+        ]
+    else:
+        payloads = [(complete_verification_data(t, 1, e, True, 90), 300_000) for t, e in tasks]
+    signed = [
         sign_eip1559(
             key,
             chain_id=devnet.chain_id,
             nonce=start_nonce + i,
             to=devnet.escrow_address,
-            data=complete_verification_data(task_id, 1, evidence, True, 90),
-            gas_limit=300_000,
+            data=data,
+            gas_limit=gas,
             fees=fees,
-        ).raw_hex
-        for i, (task_id, evidence) in enumerate(tasks)
+        )
+        for i, (data, gas) in enumerate(payloads)
     ]
+    raws = [tx.raw_hex for tx in signed]
     end_nonce = start_nonce + len(raws)
     async with aiohttp.ClientSession() as session:
         gate = asyncio.Semaphore(16)
@@ -163,7 +192,14 @@ async def raw_rate(devnet: Devnet, key: SecretKey, tasks: list[tuple[int, str]],
             await asyncio.gather(*(send(i, raw) for i, raw in enumerate(raws)))
         while await mined_count() < end_nonce:  # noqa: ASYNC110 -- polling the node is the measurement
             await asyncio.sleep(POLL)
-        return len(raws) / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+    receipts = [devnet.rpc("eth_getTransactionReceipt", tx.tx_hash) for tx in signed]
+    assert all(int(r["status"], 16) == 1 for r in receipts), "a raw transaction reverted"
+    judged = [devnet.is_judged(t, 1) for t, _ in (tasks[0], tasks[-1])]
+    assert all(judged), "raw verdicts not settled"
+    kind = f"settle_batch_{settle_batch}" if settle_batch else ("raw_batched" if batched else "raw")
+    GAS_USED.setdefault(kind, []).append(sum(int(r["gasUsed"], 16) for r in receipts) / len(tasks))
+    return len(tasks) / elapsed
 
 
 async def index(devnet: Devnet, database_url: str) -> None:
@@ -211,7 +247,13 @@ async def publish(producer: Any, topic: str, verdicts: list[Any]) -> None:
 
 
 async def relayer_rate(
-    devnet: Devnet, database_url: str, bootstrap: str, tasks: list[tuple[int, str]], warmup: tuple[int, str], run_no: int
+    devnet: Devnet,
+    database_url: str,
+    bootstrap: str,
+    tasks: list[tuple[int, str]],
+    warmup: tuple[int, str],
+    run_no: int,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     signer = devnet.spare[0]
 
@@ -249,7 +291,7 @@ async def relayer_rate(
         relayer_trusted_signers=[signer.address],
         relayer_poll_interval=1.0,
         relayer_port=free_port(),
-        **OVERRIDES,
+        **{**OVERRIDES, **(overrides or {})},
     )
     from aiokafka import AIOKafkaProducer
 
@@ -274,6 +316,7 @@ async def relayer_rate(
                 run.result()
             await asyncio.sleep(0.01)
         batch = [signed(t) for t in tasks]
+        first_nonce = int(devnet.rpc("eth_getTransactionCount", devnet.marketplace_verifier.address, "latest"), 16)
         db_start = await conn.fetchval("SELECT clock_timestamp()")
         cpu_start = time.process_time()
         started = time.perf_counter()
@@ -302,7 +345,13 @@ async def relayer_rate(
             warmup[0],
             tasks[-1][0],
         )
+        mined = await conn.fetch(
+            "SELECT mined_hash FROM settlement_transactions WHERE nonce >= $1 AND mined_hash IS NOT NULL", first_nonce
+        )
+        gas = sum(int(devnet.rpc("eth_getTransactionReceipt", r["mined_hash"])["gasUsed"], 16) for r in mined)
         return {
+            "gas_per_verdict": gas / len(tasks),
+            "transactions": float(len(mined)),
             "cpu_ms_per_verdict": 1000 * cpu / len(tasks),
             "stage_consumed_s": float(stages["consumed"]),
             "stage_signed_s": float(stages["signed"]),
@@ -428,23 +477,37 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
         # raw sends one request per transaction (16 in flight); raw_batched sends JSON-RPC
         # batches of 16 (16 in flight), as the relayer does: on anvil's automine that also
         # packs more transactions per block. Every relayer run sits between raw runs.
-        plan = ["raw", "raw_batched"] + ["relayer", "raw", "raw_batched"] * rounds if rounds else []
+        # With several --variant, each round runs every variant back to back, then the raw pair.
+        settle = ["raw_settle_batch"] if SETTLE_BATCH[0] else []
+        plan = ["raw", "raw_batched"] + ([*VARIANTS, "raw", "raw_batched", *settle] * rounds) if rounds else []
         setup = time.perf_counter()
-        tasks = make_tasks(devnet, sum(verdicts + (kind == "relayer") for kind in plan) + 4, "bench")
+        needed = sum(verdicts + (kind in VARIANTS) for kind in plan) + 4
+        tasks = []
+        for start in range(0, needed, TASK_CHUNK):
+            tasks += make_tasks(devnet, min(TASK_CHUNK, needed - start), f"bench{start}")
         await index(devnet, database_url)
         setup_s = time.perf_counter() - setup
         key = SecretKey.from_hex(devnet.marketplace_verifier.private_key)
         raw: list[float] = []
         raw_batched: list[float] = []
-        relayed: list[dict[str, float]] = []
+        settle_batched: list[float] = []
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
         for kind in plan:
-            if kind in ("raw", "raw_batched"):
+            if kind == "raw_settle_batch":
+                batch, tasks = tasks[:verdicts], tasks[verdicts:]
+                settle_batched.append(await raw_rate(devnet, key, batch, batched=True, settle_batch=SETTLE_BATCH[0]))
+            elif kind in ("raw", "raw_batched"):
                 batch, tasks = tasks[:verdicts], tasks[verdicts:]
                 rate = await raw_rate(devnet, key, batch, batched=kind == "raw_batched")
                 (raw if kind == "raw" else raw_batched).append(rate)
             else:
                 batch, tasks = tasks[: verdicts + 1], tasks[verdicts + 1 :]
-                relayed.append(await relayer_rate(devnet, database_url, bootstrap, batch[1:], batch[0], len(relayed)))
+                runs[kind].append(
+                    await relayer_rate(
+                        devnet, database_url, bootstrap, batch[1:], batch[0], len(runs[kind]), VARIANTS[kind]
+                    )
+                )
+        relayed = runs[next(iter(VARIANTS))]
         restart = {}
         for mode in RESTART_MODES:
             batch, tasks = tasks[:2], tasks[2:]
@@ -473,14 +536,45 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
                 for r in relayed
             ],
             "relayer_process_cpu_ms_per_verdict": [round(r["cpu_ms_per_verdict"], 2) for r in relayed],
+            "relayer_gas_per_verdict": [round(r["gas_per_verdict"]) for r in relayed],
             "verdict_to_confirmation_p50_ms": [round(r["latency_p50_ms"], 1) for r in relayed],
             "verdict_to_confirmation_p99_ms": [round(r["latency_p99_ms"], 1) for r in relayed],
             "restart_to_work_s": {mode: round(v, 2) for mode, v in restart.items()},
+            **({"variants": _variants(runs, raw_batched_median)} if len(VARIANTS) > 1 else {}),
+            **(
+                {
+                    "settle_batch_items": SETTLE_BATCH[0],
+                    "raw_settle_batch_verdicts_per_s": [round(r, 1) for r in settle_batched],
+                    "raw_settle_batch_vs_raw_batched": round(statistics.median(settle_batched) / raw_batched_median, 2),
+                }
+                if settle_batched
+                else {}
+            ),
+            "gas_per_verdict": {kind: round(statistics.median(v)) for kind, v in GAS_USED.items()},
             "setup_seconds": round(setup_s, 1),
             "chain_blocks": devnet.block_number(),
         }
     finally:
         anvil.stop()
+
+
+def _variants(runs: dict[str, list[dict[str, float]]], raw_batched_median: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, results in runs.items():
+        median = statistics.median(r["rate"] for r in results)
+        out[name] = {
+            "settings": VARIANTS[name],
+            "verdicts_per_s": [round(r["rate"], 1) for r in results],
+            "median": round(median, 1),
+            "ratio_vs_raw_batched": round(median / raw_batched_median, 3),
+            "gas_per_verdict": [round(r["gas_per_verdict"]) for r in results],
+            "transactions": [int(r["transactions"]) for r in results],
+            "stages_s": [
+                {k.removeprefix("stage_").removesuffix("_s"): round(v, 3) for k, v in r.items() if k.startswith("stage_")}
+                for r in results
+            ],
+        }
+    return out
 
 
 def cli() -> None:
@@ -491,7 +585,22 @@ def cli() -> None:
     parser.add_argument(
         "--restart-modes", default="group,direct", help="consumer modes of the restart figure ('' for none)"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="name:setting=value,... a relayer configuration to run in each round (repeatable; A/B in one run)",
+    )
+    parser.add_argument(
+        "--settle-batch", type=int, default=50, help="items per completeVerificationBatch of the raw batch figure (0: skip)"
+    )
     args = parser.parse_args()
+    SETTLE_BATCH[0] = args.settle_batch
+    if args.variant:
+        VARIANTS.clear()
+        for item in args.variant:
+            name, _, spec = item.partition(":")
+            VARIANTS[name] = dict(pair.split("=", 1) for pair in spec.split(",") if pair)
     RESTART_MODES[:] = [m for m in args.restart_modes.split(",") if m]
     for item in args.set:
         name, _, value = item.partition("=")

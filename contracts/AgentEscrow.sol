@@ -40,6 +40,8 @@ contract AgentEscrow {
     uint16 public constant FEE_BPS = 1000; // 10% of every amount paid to an agent
     uint16 public constant BPS_DENOMINATOR = 10_000;
     uint8 public constant MAX_SCORE = 100;
+    /// @notice Most items one `completeVerificationBatch` accepts (a bound on calldata and gas).
+    uint256 public constant MAX_BATCH = 256;
     /// @dev After the deadline the verifier has this long to judge delivered work before
     ///      anyone (not only the poster) may escalate it.
     uint64 public constant JUDGING_GRACE = 7 days;
@@ -48,6 +50,15 @@ contract AgentEscrow {
     uint256 public constant MAX_REWARD = type(uint256).max / BPS_DENOMINATOR;
 
     // ------------------------------------------------------------------ storage
+    /// @notice One item of `completeVerificationBatch`: the arguments of `completeVerification`.
+    struct VerdictItem {
+        uint256 taskId;
+        uint8 attempt;
+        bytes32 evidenceHash;
+        bool passed;
+        uint8 score;
+    }
+
     /// @dev Packed into 6 slots. `verifier` is zero for marketplace-verified tasks.
     ///      `judgedMask` bit (n-1) is set once attempt n received a verdict.
     struct Task {
@@ -184,6 +195,7 @@ contract AgentEscrow {
     error EscalationNotMature(uint64 collectibleAt);
     error Reentrancy();
     error TokenTransferFailed();
+    error BatchTooLarge(uint256 maxItems);
 
     // ------------------------------------------------------------------ modifiers
     modifier nonReentrant() {
@@ -310,19 +322,62 @@ contract AgentEscrow {
         external
         nonReentrant
     {
-        Task storage t = _task(taskId);
-        if (msg.sender != _judgeOf(t)) revert NotVerifier();
-        if (msg.sender == t.agent) revert VerifierIsWorker();
-        // Only reachable when the marketplace key is rotated to the poster's address.
-        if (msg.sender == t.poster) revert VerifierIsPoster();
-        if (attempt >= 1 && attempt <= MAX_SUBMISSIONS && (t.judgedMask & (uint8(1) << (attempt - 1))) != 0) {
-            revert AlreadyJudged(attempt);
-        }
-        if (t.status != STATUS_SUBMITTED) revert WrongStatus(t.status);
-        if (attempt != t.attempts) revert WrongAttempt(t.attempts, attempt);
-        if (evidenceHash != t.lastEvidenceHash) revert EvidenceMismatch();
-        if (score > MAX_SCORE) revert InvalidScore(score);
+        bytes memory refusal = _verdictRefusal(taskId, attempt, evidenceHash, score);
+        if (refusal.length != 0) _rethrow(refusal);
+        _settleVerdict(taskId, attempt, evidenceHash, passed, score);
+    }
 
+    /// @notice Many verdicts in one transaction. Each item is checked exactly as
+    ///         `completeVerification` from the same sender would check it, on the state the
+    ///         items before it left (a task named twice: the second is `AlreadyJudged`). A
+    ///         settled item emits its usual `VerificationCompleted` and pays as usual; a
+    ///         refused item changes nothing, emits nothing and does not stop the others.
+    /// @return refusals Per item, empty when it settled, else the ABI encoding of the custom
+    ///         error `completeVerification` would have reverted with (e.g. `AlreadyJudged(1)`).
+    function completeVerificationBatch(VerdictItem[] calldata items)
+        external
+        nonReentrant
+        returns (bytes[] memory refusals)
+    {
+        if (items.length > MAX_BATCH) revert BatchTooLarge(MAX_BATCH);
+        refusals = new bytes[](items.length);
+        for (uint256 i = 0; i < items.length; ++i) {
+            VerdictItem calldata v = items[i];
+            bytes memory refusal = _verdictRefusal(v.taskId, v.attempt, v.evidenceHash, v.score);
+            if (refusal.length != 0) {
+                refusals[i] = refusal;
+                continue;
+            }
+            _settleVerdict(v.taskId, v.attempt, v.evidenceHash, v.passed, v.score);
+        }
+    }
+
+    /// @dev Why `msg.sender` may not judge this attempt now (the custom error's encoding), or
+    ///      empty bytes. The order of the checks is the order of `completeVerification`'s reverts.
+    function _verdictRefusal(uint256 taskId, uint8 attempt, bytes32 evidenceHash, uint8 score)
+        private
+        view
+        returns (bytes memory)
+    {
+        if (taskId == 0 || taskId > _taskCount) return abi.encodeWithSelector(TaskNotFound.selector, taskId);
+        Task storage t = _tasks[taskId];
+        if (msg.sender != _judgeOf(t)) return abi.encodeWithSelector(NotVerifier.selector);
+        if (msg.sender == t.agent) return abi.encodeWithSelector(VerifierIsWorker.selector);
+        // Only reachable when the marketplace key is rotated to the poster's address.
+        if (msg.sender == t.poster) return abi.encodeWithSelector(VerifierIsPoster.selector);
+        if (attempt >= 1 && attempt <= MAX_SUBMISSIONS && (t.judgedMask & (uint8(1) << (attempt - 1))) != 0) {
+            return abi.encodeWithSelector(AlreadyJudged.selector, attempt);
+        }
+        if (t.status != STATUS_SUBMITTED) return abi.encodeWithSelector(WrongStatus.selector, t.status);
+        if (attempt != t.attempts) return abi.encodeWithSelector(WrongAttempt.selector, t.attempts, attempt);
+        if (evidenceHash != t.lastEvidenceHash) return abi.encodeWithSelector(EvidenceMismatch.selector);
+        if (score > MAX_SCORE) return abi.encodeWithSelector(InvalidScore.selector, score);
+        return "";
+    }
+
+    /// @dev The effects of an accepted verdict (checked by `_verdictRefusal` just before).
+    function _settleVerdict(uint256 taskId, uint8 attempt, bytes32 evidenceHash, bool passed, uint8 score) private {
+        Task storage t = _tasks[taskId];
         t.judgedMask |= uint8(1) << (attempt - 1);
         address agent = t.agent;
         if (passed) {
@@ -339,6 +394,13 @@ contract AgentEscrow {
             emit VerificationCompleted(
                 taskId, msg.sender, attempt, evidenceHash, false, score, agent, 0, 0, nowTs, STATUS_FAILED
             );
+        }
+    }
+
+    /// @dev Revert with already-encoded error data (a custom error from `_verdictRefusal`).
+    function _rethrow(bytes memory data) private pure {
+        assembly ("memory-safe") {
+            revert(add(data, 32), mload(data))
         }
     }
 

@@ -74,6 +74,15 @@ class RelayerSettings(BaseSettings):
     relayer_consumer_max_records: int = Field(
         default=500, ge=1, description="Verdicts per consumer transaction at most"
     )
+    relayer_consumer_fetch_max_wait_ms: int = Field(
+        default=20,
+        ge=1,
+        le=500,
+        description=(
+            "Longest a Kafka fetch waits for new verdicts; the broker may answer a fetch only at this"
+            " bound, so it is also the worst added latency (aiokafka's default is 500)"
+        ),
+    )
 
     relayer_key: SecretStr | None = Field(default=None, description="Raw 0x key (devnet only)")
     relayer_keystore: Path | None = Field(default=None, description="Encrypted keystore file")
@@ -93,6 +102,18 @@ class RelayerSettings(BaseSettings):
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
     relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
+    relayer_settle_batch_size: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description=(
+            "Verdicts per completeVerificationBatch transaction when a round is deep enough; 0 or 1:"
+            " one completeVerification per verdict (the default: see docs/relayer.md)"
+        ),
+    )
+    relayer_settle_batch_min: int = Field(
+        default=16, ge=2, description="Verdicts ready in one dispatch round before they are packed"
+    )
     relayer_preflight_simulation: bool = Field(
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"
     )
@@ -101,7 +122,7 @@ class RelayerSettings(BaseSettings):
         default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"
     )
     relayer_track_interval: float = Field(
-        default=0.1, ge=0, description="Least seconds between two receipt rounds (coalesces fast blocks)"
+        default=0.02, ge=0, description="Least seconds between two receipt rounds (coalesces fast blocks)"
     )
     relayer_reorg_watch_blocks: int = Field(
         default=64, ge=1, description="Blocks a confirmed tx is still watched for reorgs"

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,10 +58,12 @@ from relayer.settlement.txs import (
     FILLER_GAS,
     DecodedError,
     SignedTx,
+    complete_verification_batch_data,
     complete_verification_data,
     decode_revert,
     is_judged_data,
     marketplace_verifier_data,
+    settled_attempts,
     sign_eip1559,
 )
 
@@ -157,6 +159,8 @@ class Slot:
     block_hash: str | None = None
     receipt_status: int | None = None
     reverted_handled: bool = False
+    items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in calldata order
+    settled: set[int] | None = None  # a mined batch: ids of the items its logs show settled
 
     @property
     def latest(self) -> TxVersion:
@@ -176,9 +180,13 @@ class SenderOptions:
     replace_after: float = 30.0
     watch_blocks: int = 64
     recheck_interval: float = 5.0
-    track_interval: float = 0.1  # at most one receipts round per this many seconds
+    track_interval: float = 0.02  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
-    dispatch_coalesce: float = 0.02  # seconds to let queued verdicts accumulate
+    dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
+    settle_batch: int = 0  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
+    settle_batch_min: int = 16  # pack only rounds with at least this many verdicts ready
+    batch_gas_per_item: int = 60_000
+    batch_gas_base: int = 100_000
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
@@ -226,6 +234,7 @@ class ChainSender:
         self._background: set[asyncio.Task[None]] = set()
         self._priority: tuple[float, int] | None = None  # (monotonic time read, suggested tip)
         self._lock_conn: asyncpg.Connection | None = None
+        self._refusals: dict[int, tuple[int, VerdictRow]] = {}  # verdict id -> (nonce, item) to record
         self.last_error: str | None = None
         self.started = asyncio.Event()
 
@@ -283,6 +292,7 @@ class ChainSender:
                 block_hash=row.block_hash,
                 receipt_status=row.receipt_status,
                 reverted_handled=row.receipt_status == 0,
+                items=row.items,
             )
         await self._reconcile("startup")
         log.info(
@@ -466,51 +476,49 @@ class ChainSender:
             s.verdict.id
             for s in self.slots.values()
             if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
-        }
+        } | {v.id for s in self.slots.values() if s.kind == "batch" and s.receipt_status != 0 for v in s.items}
         rows = [r for r in rows if r.id not in live]
         if not rows:
             return 0
-        calls: list[tuple[str, list[Any]]] = []
-        for row in rows:
-            calls.append(
-                ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
-            )
-            if self._opt.simulate:
-                calls.append(
-                    (
-                        "eth_call",
-                        [
-                            {
-                                "from": self.address,
-                                "to": row.escrow,
-                                "gas": hex(self._opt.gas_limit),
-                                "data": "0x" + self._calldata(row).hex(),
-                            },
-                            "latest",
-                        ],
-                    )
+        # One JSON-RPC batch: with the simulation on, it alone answers (an attempt judged
+        # already reverts with AlreadyJudged); without it, `isJudged` of each attempt.
+        if self._opt.simulate:
+            calls = [
+                (
+                    "eth_call",
+                    [
+                        {
+                            "from": self.address,
+                            "to": row.escrow,
+                            "gas": hex(self._opt.gas_limit),
+                            "data": "0x" + self._calldata(row).hex(),
+                        },
+                        "latest",
+                    ],
                 )
+                for row in rows
+            ]
+        else:
+            calls = [
+                ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
+                for row in rows
+            ]
         results = await self._rpc.batch(calls)
-        step = 2 if self._opt.simulate else 1
         ready: list[VerdictRow] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         key_refused = False
-        for i, row in enumerate(rows):
-            judged = results[step * i]
-            simulated = results[step * i + 1] if self._opt.simulate else "0x"
-            if isinstance(judged, Exception) or (
-                isinstance(simulated, Exception) and not isinstance(simulated, Reverted)
-            ):
-                continue  # transient: stays queued for the next round
-            if int(str(judged), 16) != 0:
-                outcomes.append((row, "already_judged", None))
-            elif isinstance(simulated, Reverted):
-                error = decode_revert(simulated.revert_data)
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Reverted) and self._opt.simulate:
+                error = decode_revert(result.revert_data)
                 kind = revert_outcome(error)
                 if kind == "key_refused":
                     key_refused = True
                 else:
                     outcomes.append((row, kind, error))
+            elif isinstance(result, Exception):
+                continue  # transient: stays queued for the next round
+            elif not self._opt.simulate and int(str(result), 16) != 0:
+                outcomes.append((row, "already_judged", None))
             else:
                 ready.append(row)
         if outcomes:
@@ -552,37 +560,64 @@ class ChainSender:
                 error=str(error) if error else None,
             )
 
+    def _groups(self, rows: Sequence[VerdictRow]) -> list[list[VerdictRow]]:
+        """One transaction per group: packed into batches when enabled and the round is deep
+        enough, and only verdicts of one escrow together."""
+        size = self._opt.settle_batch
+        if size <= 1 or len(rows) < self._opt.settle_batch_min:
+            return [[row] for row in rows]
+        by_escrow: dict[str, list[VerdictRow]] = {}
+        for row in rows:
+            by_escrow.setdefault(row.escrow.lower(), []).append(row)
+        groups = []
+        for same in by_escrow.values():
+            groups += [same[i : i + size] for i in range(0, len(same), size)]
+        return groups
+
+    def _batch_call(self, items: Sequence[VerdictRow]) -> tuple[str, bytes, int]:
+        data = complete_verification_batch_data(
+            [(v.task_id, v.attempt, v.evidence_hash, v.passed, v.score) for v in items]
+        )
+        return items[0].escrow, data, self._opt.batch_gas_base + self._opt.batch_gas_per_item * len(items)
+
     async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> None:
         fees = await self._fees_now()
+        groups = self._groups(rows)
         self._crash.maybe_crash("before_sign")
         async with self._pool.acquire() as conn, conn.transaction():
             first = await store.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
-            signed = [
-                sign_eip1559(
-                    self._key,
-                    chain_id=self.chain_id,
-                    nonce=first + i,
-                    to=row.escrow,
-                    data=self._calldata(row),
-                    gas_limit=self._opt.gas_limit,
-                    fees=fees,
+            signed: list[tuple[SignedTx, list[VerdictRow]]] = []
+            for i, group in enumerate(groups):
+                if len(group) == 1:
+                    to, data, gas = group[0].escrow, self._calldata(group[0]), self._opt.gas_limit
+                else:
+                    to, data, gas = self._batch_call(group)
+                tx = sign_eip1559(
+                    self._key, chain_id=self.chain_id, nonce=first + i, to=to, data=data, gas_limit=gas, fees=fees
                 )
-                for i, row in enumerate(rows)
-            ]
+                signed.append((tx, group))
             self._crash.maybe_crash("after_sign")
             await store.record_new_slots(
                 conn,
                 self.chain_id,
                 self.address,
-                [(tx, row.id, "verdict") for tx, row in zip(signed, rows, strict=True)],
+                [(tx, g[0].id if len(g) == 1 else None, "verdict" if len(g) == 1 else "batch") for tx, g in signed],
                 first + len(signed),
+                batch_items=[(tx.nonce, [v.id for v in g]) for tx, g in signed if len(g) > 1],
             )
         self._crash.maybe_crash("after_persist")
         metrics.NEXT_NONCE.labels(self._label).set(first + len(signed))
         slots = []
         now = time.monotonic()
-        for tx, row in zip(signed, rows, strict=True):
-            slot = Slot(nonce=tx.nonce, kind="verdict", verdict=row, versions=[_version(tx, 0, "verdict")])
+        for tx, group in signed:
+            kind = "verdict" if len(group) == 1 else "batch"
+            slot = Slot(
+                nonce=tx.nonce,
+                kind=kind,
+                verdict=group[0] if kind == "verdict" else None,
+                versions=[_version(tx, 0, kind)],
+                items=list(group) if kind == "batch" else [],
+            )
             slot.last_broadcast = now
             slot.in_flight = True
             self.slots[tx.nonce] = slot
@@ -737,6 +772,8 @@ class ChainSender:
             elif receipt["blockHash"] != slot.block_hash:
                 self._set_mined(slot, receipt)  # re-included in another block: count depth again
                 newly_mined.append(slot)
+            elif slot.kind == "batch" and slot.settled is None:
+                self._set_settled(slot, receipt)  # loaded at start-up: read which items settled
         current = self.head or head
         confirmed = [
             s
@@ -744,10 +781,13 @@ class ChainSender:
             if s.state == "mined"
             and s.block_number is not None
             and current.number - s.block_number + 1 >= self.chain.depth
+            and (s.kind != "batch" or s.settled is not None)
         ]
         if newly_mined:
             self._crash.maybe_crash("after_mined")
-        reverted = [s for s in newly_mined if s.receipt_status == 0 and s.kind == "verdict" and not s.reverted_handled]
+        reverted = [
+            s for s in newly_mined if s.receipt_status == 0 and s.kind in ("verdict", "batch") and not s.reverted_handled
+        ]
         for slot in confirmed:
             slot.state = "confirmed"
         for slot in reorged:
@@ -757,6 +797,7 @@ class ChainSender:
             slot.last_broadcast = None
             slot.resend_reason = "reorg"
             slot.reverted_handled = False
+            slot.settled = None
         updates = [
             MinedUpdate(s.nonce, s.state, s.mined_hash, s.block_number, s.block_hash, s.receipt_status)
             for s in {id(s): s for s in [*newly_mined, *confirmed, *reorged]}.values()
@@ -765,12 +806,20 @@ class ChainSender:
             (s.verdict.id, s.mined_hash or "", s.block_number or 0, s.block_hash or "")
             for s in confirmed
             if s.verdict is not None and s.kind == "verdict" and s.receipt_status == 1
+        ] + [
+            (v.id, s.mined_hash or "", s.block_number or 0, s.block_hash or "")
+            for s in confirmed
+            if s.kind == "batch" and s.receipt_status == 1
+            for v in s.items
+            if v.id in (s.settled or set())
         ]
         async with self._pool.acquire() as conn, conn.transaction():
             await store.update_slots(conn, self.chain_id, self.address, updates)
             if confirmations:
                 await store.confirm_verdicts(conn, confirmations)
-            reorged_verdicts = [s.verdict.id for s in reorged if s.verdict is not None and s.kind == "verdict"]
+            reorged_verdicts = [s.verdict.id for s in reorged if s.verdict is not None and s.kind == "verdict"] + [
+                v.id for s in reorged if s.kind == "batch" for v in s.items
+            ]
             if reorged_verdicts:
                 await store.reorged_verdicts(conn, reorged_verdicts)
         now = datetime.now(UTC)
@@ -780,6 +829,13 @@ class ChainSender:
                 metrics.CONFIRMATION_SECONDS.labels(self._label).observe(
                     max(0.0, (now - slot.verdict.received_at).total_seconds())
                 )
+            elif slot.kind == "batch" and slot.receipt_status == 1:
+                for item in slot.items:
+                    if item.id in (slot.settled or set()):
+                        metrics.TX_CONFIRMED.labels(self._label).inc()
+                        metrics.CONFIRMATION_SECONDS.labels(self._label).observe(
+                            max(0.0, (now - item.received_at).total_seconds())
+                        )
         if reorged:
             metrics.REORGS.labels(self._label).inc()
             log.warning(
@@ -792,6 +848,8 @@ class ChainSender:
             await self._handle_reverted(reverted)
         if lost:
             await self._handle_lost(lost)
+        if self._refusals:
+            await self._handle_refused_items()
         self._prune(current)
         self._update_gauges()
 
@@ -806,6 +864,20 @@ class ChainSender:
         mined = next((v for v in slot.versions if v.tx_hash == slot.mined_hash), None)
         if mined is not None:
             slot.kind = mined.kind
+        if slot.kind == "batch":
+            self._set_settled(slot, receipt)
+
+    def _set_settled(self, slot: Slot, receipt: dict[str, Any]) -> None:
+        """Which items of a mined batch its logs show settled; the others are refusals to
+        record (`_handle_refused_items`)."""
+        if int(receipt["status"], 16) != 1:
+            slot.settled = set()
+            return  # a reverted batch: `_handle_reverted` records every item
+        done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
+        slot.settled = {v.id for v in slot.items if (v.task_id, v.attempt) in done}
+        for item in slot.items:
+            if item.id not in slot.settled:
+                self._refusals[item.id] = (slot.nonce, item)
 
     def _prune(self, head: Head) -> None:
         horizon = head.number - self._opt.watch_blocks
@@ -816,7 +888,88 @@ class ChainSender:
         ]:
             del self.slots[nonce]
 
+    async def _handle_refused_items(self) -> None:
+        """Items a mined batch did not settle: what the single call says about each now (one
+        JSON-RPC batch of simulations), recorded like a refused single send. Only verdicts
+        still `sent` are touched (a restart reads a batch's logs again)."""
+        pending = list(self._refusals.values())
+        replies = await self._rpc.batch(
+            [
+                (
+                    "eth_call",
+                    [
+                        {
+                            "from": self.address,
+                            "to": item.escrow,
+                            "gas": hex(self._opt.gas_limit),
+                            "data": "0x" + self._calldata(item).hex(),
+                        },
+                        "latest",
+                    ],
+                )
+                for _, item in pending
+            ]
+        )
+        outcomes: list[tuple[int, VerdictRow, str, DecodedError | None]] = []
+        for (nonce, item), reply in zip(pending, replies, strict=True):
+            if isinstance(reply, Reverted):
+                refusal = decode_revert(reply.revert_data)
+                outcomes.append((nonce, item, revert_outcome(refusal), refusal))
+            elif isinstance(reply, Exception):
+                continue  # transient: looked at again next round
+            else:
+                # It would settle now (e.g. the key matches again): send it again.
+                outcomes.append((nonce, item, "requeue", None))
+        if not outcomes:
+            return
+        async with self._pool.acquire() as conn, conn.transaction():
+            for nonce, item, kind, why in outcomes:
+                if kind in ("key_refused", "requeue"):
+                    # Out of this slot (its items are what it may still settle), queued again.
+                    await store.remove_batch_item(conn, self.chain_id, self.address, nonce, item.id)
+                    await store.requeue_verdict(conn, item.id, "not settled by its batch; queued again", only_if_sent=True)
+                else:
+                    await store.set_verdict_outcome(
+                        conn, item.id, kind, error=why.name if why else None,
+                        error_args=why.args if why else None, only_if_sent=True,
+                    )  # fmt: skip
+        for nonce, item, kind, why in outcomes:
+            self._refusals.pop(item.id, None)
+            slot = self.slots.get(nonce)
+            if kind in ("key_refused", "requeue") and slot is not None:
+                slot.items = [v for v in slot.items if v.id != item.id]
+            if kind == "already_judged":
+                metrics.ALREADY_JUDGED.labels(self._label).inc()
+            elif kind not in ("key_refused", "requeue"):
+                metrics.TX_REVERTED.labels(self._label, why.name if why else "unknown").inc()
+            log.info(
+                "batch_item_refused",
+                chain_id=self.chain_id,
+                nonce=nonce,
+                task_id=item.task_id,
+                attempt=item.attempt,
+                outcome=kind,
+                error=str(why) if why else None,
+            )
+        if any(kind == "key_refused" for _, _, kind, _ in outcomes):
+            self.gate.close("the escrow refused our key (NotVerifier)")
+            self._on_key_refused()
+        if any(kind in ("key_refused", "requeue") for _, _, kind, _ in outcomes):
+            self._wake.set()
+
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
+        batches = [s for s in slots if s.kind == "batch"]
+        if batches:
+            # A whole batch reverted (out of gas, too large): nothing settled; every item is
+            # recorded with the error, as a reverted single send is (never retried blindly).
+            batch_outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
+            for slot in batches:
+                slot.reverted_handled = True
+                data = await self._rpc.revert_data(slot.mined_hash or "")
+                error = decode_revert(data) if data is not None else DecodedError("Reverted")
+                batch_outcomes += [(item, "reverted", error) for item in slot.items]
+            await self._record_outcomes(batch_outcomes, stage="mined")
+            slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         requeue: list[Slot] = []
         for slot in slots:
@@ -855,6 +1008,8 @@ class ChainSender:
             for slot in slots:
                 if slot.verdict is not None and slot.kind == "verdict":
                     await store.requeue_verdict(conn, slot.verdict.id, "nonce used by another transaction")
+                for item in slot.items if slot.kind == "batch" else []:
+                    await store.requeue_verdict(conn, item.id, "nonce used by another transaction")
         for slot in slots:
             del self.slots[slot.nonce]
         log.warning("nonces_lost", chain_id=self.chain_id, nonces=[s.nonce for s in slots])
@@ -958,6 +1113,10 @@ class ChainSender:
         verdict = slot.verdict
         if kind == "verdict" and verdict is not None:
             to, data, gas = verdict.escrow, self._calldata(verdict), self._opt.gas_limit
+        elif kind == "batch" and slot.items:
+            # The same items in the same order: the calldata of every version is identical.
+            to, data, _ = self._batch_call(slot.items)
+            gas = slot.latest.gas_limit
         else:
             to, data, gas = self.address, b"", FILLER_GAS
         tx = sign_eip1559(

@@ -1,7 +1,8 @@
 """`run_relayer(settings)`: wires the key, the database, Kafka, the chains and the HTTP port.
 
 Tasks of one relayer process:
-- the verdict consumer (`IdempotentConsumer` + `VerdictHandler`);
+- the verdict consumer (`VerdictConsumer`, the shared runtime with a batch fast path, +
+  `VerdictHandler`);
 - an admission loop for verdicts waiting for their attempt to be indexed (woken by the
   indexer's outbox notifications, and every poll interval);
 - one `ChainSender` per chain (woken by `escrowd_settlement` notifications);
@@ -25,14 +26,13 @@ from fastapi import FastAPI
 from relayer.probes import router as probes_router
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
-from relayer.settlement.consumer import VerdictHandler
+from relayer.settlement.consumer import VerdictConsumer, VerdictHandler
 from relayer.settlement.crash import CrashPoints
 from relayer.settlement.health import BridgeHealthChecker, HealthMonitor
 from relayer.settlement.keys import SecretKey, load_key
 from relayer.settlement.routes import metrics_router, router
 from relayer.settlement.rpc import EthRpc
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
-from runtime.consumer import IdempotentConsumer
 from runtime.db import connect, create_pool, is_connection_error, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
@@ -81,7 +81,7 @@ class Relayer:
         }
         self.senders: dict[int, ChainSender] = {}
         self.monitor: HealthMonitor | None = None
-        self.consumer: IdempotentConsumer | None = None
+        self.consumer: VerdictConsumer | None = None
         self.handler = VerdictHandler(
             consumer_name=settings.relayer_consumer_group,
             trusted_signers=frozenset(settings.relayer_trusted_signers),
@@ -116,6 +116,8 @@ class Relayer:
                 recheck_interval=max(s.relayer_poll_interval, 5.0),
                 track_interval=s.relayer_track_interval,
                 simulate=s.relayer_preflight_simulation,
+                settle_batch=s.relayer_settle_batch_size,
+                settle_batch_min=s.relayer_settle_batch_min,
             )
             for chain in s.chains:
                 self.senders[chain.chain_id] = ChainSender(
@@ -128,7 +130,7 @@ class Relayer:
                     crash=crash,
                     on_key_refused=self.monitor.request_check,
                 )
-            self.consumer = IdempotentConsumer(
+            self.consumer = VerdictConsumer(
                 name=s.relayer_consumer_group,
                 topics=[s.verdicts_topic],
                 bootstrap=s.kafka_bootstrap,
@@ -137,6 +139,7 @@ class Relayer:
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
                 max_records=s.relayer_consumer_max_records,
+                fetch_max_wait_ms=s.relayer_consumer_fetch_max_wait_ms,
                 # Verdicts are signed and only stored here; the relayer is killed at random
                 # instants by design (kill -9 tests, crash points): a death in a handler is
                 # far likelier to be one of those than a poison verdict, so it takes two.

@@ -58,6 +58,7 @@ class SlotRow:
     state: str
     verdict: VerdictRow | None
     versions: list[TxVersion] = field(default_factory=list)
+    items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in order
     mined_hash: str | None = None
     block_number: int | None = None
     block_hash: str | None = None
@@ -77,26 +78,18 @@ class IndexedTask:
 # ---------------------------------------------------------------------------- indexed state
 
 
-async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, task_id: int) -> IndexedTask | None:
-    """Fold the task's indexed TaskCreated / EvidenceSubmitted / VerificationCompleted events."""
-    rows = await conn.fetch(
-        "SELECT event_name, args FROM escrow_events"
-        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = $3"
-        "   AND event_name IN ('TaskCreated', 'EvidenceSubmitted', 'VerificationCompleted')"
-        " ORDER BY block_number, log_index",
-        chain_id,
-        task_id,
-        escrow.lower(),
-    )
+_INDEXED_EVENTS = ("TaskCreated", "EvidenceSubmitted", "VerificationCompleted")
+
+
+def fold_indexed_task(rows: Sequence[tuple[str, Any]]) -> IndexedTask | None:
+    """Fold one task's (event name, args) rows, in chain order, into what the checks need."""
     if not rows:
         return None
     verifier: str | None = None
     attempt = 0
     evidence: str | None = None
     judged: set[int] = set()
-    for row in rows:
-        args = row["args"]
-        name = row["event_name"]
+    for name, args in rows:
         if name == "TaskCreated":
             named = str(args.get("verifier") or ZERO_ADDRESS)
             verifier = None if int(named, 16) == 0 else named
@@ -106,6 +99,61 @@ async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, tas
         elif name == "VerificationCompleted":
             judged.add(int(args["attempt"]))
     return IndexedTask(verifier, attempt, evidence, frozenset(judged))
+
+
+_EVENT_FIELDS = (
+    "event_name, args->>'verifier' AS verifier, args->>'attempt' AS attempt,"
+    " args->>'evidenceHash' AS evidence_hash"
+)
+
+
+def _event(r: asyncpg.Record) -> tuple[str, dict[str, Any]]:
+    # Only the three fields the fold reads, as text: no JSON decoding of whole `args`.
+    args = {"verifier": r["verifier"], "attempt": r["attempt"], "evidenceHash": r["evidence_hash"]}
+    return str(r["event_name"]), {k: v for k, v in args.items() if v is not None}
+
+
+async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, task_id: int) -> IndexedTask | None:
+    """Fold the task's indexed TaskCreated / EvidenceSubmitted / VerificationCompleted events."""
+    rows = await conn.fetch(
+        f"SELECT {_EVENT_FIELDS} FROM escrow_events"
+        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = $3"
+        "   AND event_name = ANY($4::text[])"
+        " ORDER BY block_number, log_index",
+        chain_id,
+        task_id,
+        escrow.lower(),
+        list(_INDEXED_EVENTS),
+    )
+    return fold_indexed_task([_event(r) for r in rows])
+
+
+TaskKey = tuple[int, str, int]
+"""(chain id, lower-case escrow, task id)."""
+
+
+async def indexed_tasks(conn: asyncpg.Connection, keys: Sequence[TaskKey]) -> dict[TaskKey, IndexedTask]:
+    """`indexed_task` for many tasks in one statement; tasks with no indexed event are absent."""
+    unique = sorted(set(keys))
+    if not unique:
+        return {}
+    rows = await conn.fetch(
+        "SELECT e.chain_id, k.escrow, e.task_id, e.event_name, e.args->>'verifier' AS verifier,"
+        " e.args->>'attempt' AS attempt, e.args->>'evidenceHash' AS evidence_hash"
+        " FROM unnest($1::bigint[], $2::text[], $3::numeric[]) AS k(chain_id, escrow, task_id)"
+        " JOIN escrow_events e ON e.chain_id = k.chain_id AND e.task_id = k.task_id"
+        "   AND lower(e.escrow_address) = k.escrow"
+        " WHERE e.event_name = ANY($4::text[])"
+        " ORDER BY e.chain_id, k.escrow, e.task_id, e.block_number, e.log_index",
+        [k[0] for k in unique],
+        [k[1] for k in unique],
+        [k[2] for k in unique],
+        list(_INDEXED_EVENTS),
+    )
+    grouped: dict[TaskKey, list[tuple[str, Any]]] = {}
+    for r in rows:
+        grouped.setdefault((int(r["chain_id"]), str(r["escrow"]), int(r["task_id"])), []).append(_event(r))
+    return {key: task for key, events in grouped.items() if (task := fold_indexed_task(events)) is not None}
 
 
 async def indexer_cursor(conn: asyncpg.Connection, chain_id: int) -> int | None:
@@ -160,6 +208,67 @@ async def insert_verdict(
         NOTIFY_CHANNEL,
     )
     return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class NewVerdict:
+    """One idempotency row to insert (see `insert_verdicts`)."""
+
+    chain_id: int
+    escrow: str
+    task_id: int
+    attempt: int
+    evidence_hash: str
+    passed: bool
+    score: int
+    message_id: str
+    signer: str
+    signed_verdict: dict[str, Any]
+    status: str
+    issued_at: datetime
+    wait_until: datetime | None
+
+    @property
+    def key(self) -> tuple[int, str, int, int]:
+        """The idempotency key: (chain id, lower-case escrow, task id, attempt)."""
+        return (self.chain_id, self.escrow.lower(), self.task_id, self.attempt)
+
+
+async def insert_verdicts(conn: asyncpg.Connection, rows: Sequence[NewVerdict]) -> set[tuple[int, str, int, int]]:
+    """`insert_verdict` for many rows in one statement; returns the keys inserted.
+
+    A key already present is skipped (a duplicate attempt). The caller must not pass the
+    same key twice. Each chain with a newly queued verdict gets one wake-up, delivered when
+    the caller's transaction commits.
+    """
+    if not rows:
+        return set()
+    inserted = await conn.fetch(
+        "INSERT INTO settlement_verdicts (chain_id, escrow, task_id, attempt, evidence_hash, passed, score,"
+        " message_id, signer, signed_verdict, status, issued_at, wait_until)"
+        " SELECT c, e, t, a, h, p, s, m, sg, sv::jsonb, st, ia, wu FROM unnest($1::bigint[], $2::text[],"
+        " $3::numeric[], $4::smallint[], $5::text[], $6::boolean[], $7::smallint[], $8::text[], $9::text[],"
+        " $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[])"
+        " AS u(c, e, t, a, h, p, s, m, sg, sv, st, ia, wu)"
+        " ON CONFLICT (chain_id, escrow, task_id, attempt) DO NOTHING"
+        " RETURNING chain_id, escrow, task_id, attempt, status",
+        [r.chain_id for r in rows],
+        [r.escrow.lower() for r in rows],
+        [r.task_id for r in rows],
+        [r.attempt for r in rows],
+        [r.evidence_hash.lower() for r in rows],
+        [r.passed for r in rows],
+        [r.score for r in rows],
+        [r.message_id for r in rows],
+        [r.signer for r in rows],
+        [jsoncodec.dumps_str(r.signed_verdict) for r in rows],
+        [r.status for r in rows],
+        [r.issued_at for r in rows],
+        [r.wait_until for r in rows],
+    )
+    for chain_id in sorted({int(r["chain_id"]) for r in inserted if r["status"] == "queued"}):
+        await notify_sender(conn, chain_id)
+    return {(int(r["chain_id"]), str(r["escrow"]), int(r["task_id"]), int(r["attempt"])) for r in inserted}
 
 
 async def insert_rejection(
@@ -303,11 +412,15 @@ async def set_verdict_outcome(
     *,
     error: str | None = None,
     error_args: Sequence[Any] | None = None,
+    only_if_sent: bool = False,
 ) -> None:
-    """Final (or re-queued) status of a verdict, with the escrow's error when refused."""
+    """Final (or re-queued) status of a verdict, with the escrow's error when refused.
+
+    `only_if_sent`: leave it alone unless it is `sent` (a batch's refusals read again after a
+    restart must not overwrite what happened since)."""
     await conn.execute(
         "UPDATE settlement_verdicts SET status = $2, error = $3, error_args = $4::text::jsonb,"
-        " updated_at = now() WHERE id = $1",
+        " updated_at = now() WHERE id = $1" + (" AND status = 'sent'" if only_if_sent else ""),
         verdict_id,
         status,
         error,
@@ -374,33 +487,52 @@ async def record_new_slots(
     sender: str,
     slots: Sequence[tuple[SignedTx, int | None, str]],
     next_nonce: int,
+    batch_items: Sequence[tuple[int, Sequence[int]]] = (),
 ) -> None:
-    """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter."""
+    """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter.
+
+    `batch_items`: (nonce, verdict ids in calldata order) of each 'batch' slot among them.
+    """
     address = sender.lower()
-    await conn.executemany(
+    # One statement per table (unnest), not one per row: a round of hundreds of verdicts
+    # is stored in four round trips.
+    await conn.execute(
         "INSERT INTO settlement_transactions (chain_id, sender, nonce, verdict_id, kind, state)"
-        " VALUES ($1, $2, $3, $4, $5, 'pending')",
-        [(chain_id, address, tx.nonce, verdict_id, kind) for tx, verdict_id, kind in slots],
+        " SELECT $1, $2, n, v, k, 'pending' FROM unnest($3::bigint[], $4::bigint[], $5::text[]) AS u(n, v, k)",
+        chain_id,
+        address,
+        [tx.nonce for tx, _, _ in slots],
+        [verdict_id for _, verdict_id, _ in slots],
+        [kind for _, _, kind in slots],
     )
-    await conn.executemany(
+    await conn.execute(
         "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
-        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8, $9)",
-        [
-            (
-                tx.tx_hash,
-                chain_id,
-                address,
-                tx.nonce,
-                kind,
-                tx.raw_hex,
-                tx.fees.max_fee_per_gas,
-                tx.fees.max_priority_fee_per_gas,
-                tx.gas_limit,
-            )
-            for tx, _, kind in slots
-        ],
+        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit)"
+        " SELECT h, $1, $2, n, 0, k, r, mf, mp, g FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],"
+        " $7::numeric[], $8::numeric[], $9::bigint[]) AS u(h, n, k, r, mf, mp, g)",
+        chain_id,
+        address,
+        [tx.tx_hash for tx, _, _ in slots],
+        [tx.nonce for tx, _, _ in slots],
+        [kind for _, _, kind in slots],
+        [tx.raw_hex for tx, _, _ in slots],
+        [tx.fees.max_fee_per_gas for tx, _, _ in slots],
+        [tx.fees.max_priority_fee_per_gas for tx, _, _ in slots],
+        [tx.gas_limit for tx, _, _ in slots],
     )
     verdict_ids = [verdict_id for _, verdict_id, kind in slots if verdict_id is not None and kind == "verdict"]
+    items = [(nonce, position, v) for nonce, ids in batch_items for position, v in enumerate(ids)]
+    if items:
+        await conn.execute(
+            "INSERT INTO settlement_batch_items (chain_id, sender, nonce, position, verdict_id)"
+            " SELECT $1, $2, n, p, v FROM unnest($3::bigint[], $4::integer[], $5::bigint[]) AS u(n, p, v)",
+            chain_id,
+            address,
+            [n for n, _, _ in items],
+            [p for _, p, _ in items],
+            [v for _, _, v in items],
+        )
+        verdict_ids += [v for _, _, v in items]
     if verdict_ids:
         await conn.execute(
             "UPDATE settlement_verdicts SET status = 'sent', sent_at = now(), updated_at = now()"
@@ -466,14 +598,20 @@ async def update_slots(conn: asyncpg.Connection, chain_id: int, sender: str, upd
     """Write slot states after receipts were checked."""
     if not updates:
         return
-    await conn.executemany(
-        "UPDATE settlement_transactions SET state = $4, mined_hash = $5, block_number = $6,"
-        " block_hash = $7, receipt_status = $8, updated_at = now()"
-        " WHERE chain_id = $1 AND sender = $2 AND nonce = $3",
-        [
-            (chain_id, sender.lower(), u.nonce, u.state, u.mined_hash, u.block_number, u.block_hash, u.receipt_status)
-            for u in updates
-        ],
+    await conn.execute(
+        "UPDATE settlement_transactions t SET state = u.st, mined_hash = u.h, block_number = u.bn,"
+        " block_hash = u.bh, receipt_status = u.rs, updated_at = now()"
+        " FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::smallint[])"
+        " AS u(n, st, h, bn, bh, rs)"
+        " WHERE t.chain_id = $1 AND t.sender = $2 AND t.nonce = u.n",
+        chain_id,
+        sender.lower(),
+        [u.nonce for u in updates],
+        [u.state for u in updates],
+        [u.mined_hash for u in updates],
+        [u.block_number for u in updates],
+        [u.block_hash for u in updates],
+        [u.receipt_status for u in updates],
     )
 
 
@@ -481,11 +619,17 @@ async def confirm_verdicts(
     conn: asyncpg.Connection, rows: Sequence[tuple[int, str, int, str]]
 ) -> None:
     """(verdict id, tx hash, block number, block hash): the verdict is on chain, deep enough."""
-    await conn.executemany(
-        "UPDATE settlement_verdicts SET status = 'confirmed', tx_hash = $2, block_number = $3,"
-        " block_hash = $4, confirmed_at = now(), error = NULL, error_args = NULL, updated_at = now()"
-        " WHERE id = $1",
-        list(rows),
+    if not rows:
+        return
+    await conn.execute(
+        "UPDATE settlement_verdicts v SET status = 'confirmed', tx_hash = u.h, block_number = u.bn,"
+        " block_hash = u.bh, confirmed_at = now(), error = NULL, error_args = NULL, updated_at = now()"
+        " FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS u(id, h, bn, bh)"
+        " WHERE v.id = u.id",
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
     )
 
 
@@ -499,12 +643,24 @@ async def reorged_verdicts(conn: asyncpg.Connection, verdict_ids: Sequence[int])
     )
 
 
-async def requeue_verdict(conn: asyncpg.Connection, verdict_id: int, reason: str) -> None:
+async def requeue_verdict(conn: asyncpg.Connection, verdict_id: int, reason: str, *, only_if_sent: bool = False) -> None:
     """The verdict's nonce went elsewhere (or it reverted for a reason that may pass): queue it."""
     await conn.execute(
-        "UPDATE settlement_verdicts SET status = 'queued', error = $2, updated_at = now() WHERE id = $1",
+        "UPDATE settlement_verdicts SET status = 'queued', error = $2, updated_at = now() WHERE id = $1"
+        + (" AND status = 'sent'" if only_if_sent else ""),
         verdict_id,
         reason,
+    )
+
+
+async def remove_batch_item(conn: asyncpg.Connection, chain_id: int, sender: str, nonce: int, verdict_id: int) -> None:
+    """A batch did not settle this item and it is queued again: it is no longer the slot's."""
+    await conn.execute(
+        "DELETE FROM settlement_batch_items WHERE chain_id = $1 AND sender = $2 AND nonce = $3 AND verdict_id = $4",
+        chain_id,
+        sender.lower(),
+        nonce,
+        verdict_id,
     )
 
 
@@ -546,6 +702,17 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
         sender.lower(),
         list(slots),
     )
+    batch_nonces = [n for n, slot in slots.items() if slot.kind == "batch"]
+    if batch_nonces:
+        for r in await conn.fetch(
+            "SELECT b.nonce, v.id, v.chain_id, v.escrow, v.task_id, v.attempt, v.evidence_hash, v.passed,"
+            " v.score, v.received_at FROM settlement_batch_items b JOIN settlement_verdicts v ON v.id = b.verdict_id"
+            " WHERE b.chain_id = $1 AND b.sender = $2 AND b.nonce = ANY($3::bigint[]) ORDER BY b.nonce, b.position",
+            chain_id,
+            sender.lower(),
+            batch_nonces,
+        ):
+            slots[r["nonce"]].items.append(_verdict_row(r))
     for v in versions:
         slots[v["nonce"]].versions.append(
             TxVersion(

@@ -384,6 +384,67 @@ def test_hand_signed_transaction_equals_eth_account() -> None:
     assert decode_complete_verification(b"\x00" * 164) is None
 
 
+_rlp_items = st.recursive(
+    st.integers(min_value=0, max_value=2**256 - 1) | st.binary(max_size=300),
+    lambda children: st.lists(children, max_size=6),
+    max_leaves=20,
+)
+
+
+@given(_rlp_items)
+@settings(max_examples=300, deadline=None)
+def test_hand_rolled_rlp_equals_pyrlp(item: object) -> None:
+    """The signer's RLP encoder gives pyrlp's bytes for integers, byte strings and lists."""
+    import rlp
+
+    from relayer.settlement.txs import _rlp
+
+    assert _rlp(item) == rlp.encode(item)  # type: ignore[arg-type]
+
+
+@given(
+    nonce=st.integers(min_value=0, max_value=2**64 - 1),
+    tip=st.integers(min_value=0, max_value=10**12),
+    extra=st.integers(min_value=0, max_value=10**12),
+    data=st.binary(max_size=200),
+)
+@settings(max_examples=40, deadline=None)
+def test_hand_signed_transactions_equal_eth_account_for_any_fields(nonce: int, tip: int, extra: int, data: bytes) -> None:
+    """Across nonces, fees (zero included) and calldata sizes, same bytes as eth_account."""
+    key = SecretKey.from_hex(KEY_A)
+    ours = sign_eip1559(key, chain_id=1, nonce=nonce, to=ESCROW, data=data, gas_limit=21_000, fees=Fees(tip + extra, tip))
+    ref = Account.sign_transaction(
+        {"chainId": 1, "nonce": nonce, "to": ESCROW, "data": data, "gas": 21_000, "maxFeePerGas": tip + extra,
+         "maxPriorityFeePerGas": tip, "type": 2, "value": 0},
+        KEY_A,
+    )  # fmt: skip
+    assert ours.raw == bytes(ref.raw_transaction)
+
+
+def test_batch_calldata_and_refusals_round_trip() -> None:
+    """`completeVerificationBatch` calldata is the ABI encoding of the items; its return value
+    decodes to one refusal (or None) per item."""
+    from eth_abi.abi import decode, encode
+    from eth_utils.crypto import keccak
+
+    from relayer.settlement.txs import (
+        complete_verification_batch_data,
+        decode_batch_refusals,
+        selector,
+    )
+
+    items = [(7, 1, "0x" + "ab" * 32, True, 90), (2**200, 3, "0x" + "00" * 32, False, 0)]
+    data = complete_verification_batch_data(items)
+    assert data[:4] == selector("completeVerificationBatch")
+    assert data[:4] == keccak(text="completeVerificationBatch((uint256,uint8,bytes32,bool,uint8)[])")[:4]
+    (decoded,) = decode(["(uint256,uint8,bytes32,bool,uint8)[]"], data[4:])
+    assert [(t, a, "0x" + e.hex(), p, s) for t, a, e, p, s in decoded] == items
+    already = keccak(text="AlreadyJudged(uint8)")[:4] + encode(["uint8"], [1])
+    refusals = decode_batch_refusals(encode(["bytes[]"], [[b"", already]]))
+    assert refusals[0] is None
+    assert refusals[1] is not None and (refusals[1].name, refusals[1].args) == ("AlreadyJudged", (1,))
+
+
 def test_escrow_errors_decode_by_name() -> None:
     """Custom errors decode to their names and arguments; unknown data is kept."""
     from eth_abi.abi import encode

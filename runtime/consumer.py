@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +127,8 @@ IdleHook = Callable[[asyncpg.Connection, frozenset[TopicPartition]], Awaitable[N
 """Called when every assigned partition is caught up, with the assignment (at most once a second)."""
 
 
-def _from_record(record: ConsumerRecord[bytes, bytes]) -> InboundMessage:
+def from_record(record: ConsumerRecord[bytes, bytes]) -> InboundMessage:
+    """The consumer's view of one Kafka record."""
     return InboundMessage(
         topic=record.topic,
         partition=record.partition,
@@ -139,8 +140,19 @@ def _from_record(record: ConsumerRecord[bytes, bytes]) -> InboundMessage:
     )
 
 
+Where = tuple[str, int, int]
+"""(topic, partition, offset): one message's place."""
+
+
 class IdempotentConsumer:
-    """A consumer group member that applies each message's effects exactly once."""
+    """A consumer group member that applies each message's effects exactly once.
+
+    Subclasses that can apply many ordinary messages with one statement per step set
+    `applies_batches` and override :meth:`handle_batch`; everything else (bounds, the
+    inbox, poison-pill marks, offsets, the commit) stays here.
+    """
+
+    applies_batches = False
 
     def __init__(
         self,
@@ -158,6 +170,7 @@ class IdempotentConsumer:
         max_message_bytes: int = jsonbounds.DEFAULT_MAX_BYTES,
         poison_after_deaths: int = 1,
         assignment: str = "group",
+        fetch_max_wait_ms: int = 500,
     ) -> None:
         if assignment not in ("group", "direct"):
             raise ValueError(f"assignment must be 'group' or 'direct', not {assignment!r}")
@@ -174,6 +187,9 @@ class IdempotentConsumer:
         self._max_message_bytes = max_message_bytes
         self._poison_after_deaths = max(1, poison_after_deaths)
         self._direct = assignment == "direct"
+        # How long a fetch may wait to fill: aiokafka's default is 500 ms, and a broker may
+        # hold an idle fetch that long, which a latency-bound consumer pays per batch.
+        self._fetch_max_wait_ms = fetch_max_wait_ms
         self._stopping = asyncio.Event()
         self.processed = 0
         # Every series exists from the start, at 0: error panels and rate() alerts read 0,
@@ -201,6 +217,7 @@ class IdempotentConsumer:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 metadata_max_age_ms=5000,
+                fetch_max_wait_ms=self._fetch_max_wait_ms,
             )
         return AIOKafkaConsumer(
             *self._topics,
@@ -213,6 +230,7 @@ class IdempotentConsumer:
             heartbeat_interval_ms=max(300, self._session_timeout_ms // 5),
             max_poll_interval_ms=300000,
             metadata_max_age_ms=5000,
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
         )
 
     async def run(self) -> None:
@@ -393,9 +411,20 @@ class IdempotentConsumer:
         batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
     ) -> None:
         async with conn.transaction():
-            for records in batches.values():
-                for record in records:
-                    await self.handle_one(conn, _from_record(record))
+            messages = [from_record(record) for records in batches.values() for record in records]
+            done: Mapping[Where, str] = {}
+            # While a dead run's mark is unresolved, message by message: their marks find the
+            # message that kills. Otherwise one mark (the batch's first message) covers the
+            # batch hook, before it parses any payload.
+            if self.applies_batches and len(messages) > 1 and not self._suspects:
+                await self._mark(messages[0])
+                done = await self.handle_batch(conn, messages)
+                for outcome in done.values():
+                    MESSAGES.labels(self.name, outcome).inc()
+                self.processed += sum(1 for outcome in done.values() if outcome == "processed")
+            for message in messages:
+                if (message.topic, message.partition, message.offset) not in done:
+                    await self.handle_one(conn, message)
             if self._direct:
                 # The offsets commit with the effects: exactly the messages applied are skipped
                 # on restart (the inbox still guards a replay across a change of mode).
@@ -406,6 +435,17 @@ class IdempotentConsumer:
                     [(self.name, tp.topic, tp.partition, records[-1].offset + 1) for tp, records in batches.items()],
                 )
             await self._clear_mark()  # before the commit: a death from here on accuses no message
+
+    async def handle_batch(self, conn: asyncpg.Connection, messages: Sequence[InboundMessage]) -> Mapping[Where, str]:
+        """Apply the ordinary messages of a batch at once, inside the caller's transaction.
+
+        Returns the outcome ("processed" or "duplicate") of each message it applied; the
+        others then go through :meth:`handle_one`, in order. It must leave no effect of a
+        message it does not report (run in a savepoint, return {} on any failure but the
+        connection's), and report only messages whose effects cannot depend on the ones it
+        leaves out. Called only when `applies_batches` is set.
+        """
+        return {}
 
     async def handle_one(self, conn: asyncpg.Connection, message: InboundMessage) -> str:
         """Apply one message inside the caller's transaction; return the outcome."""

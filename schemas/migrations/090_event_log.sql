@@ -82,3 +82,21 @@ UPDATE event_log_watermarks w SET sending_through = GREATEST(w.published_through
      WHERE e.chain_id = w.chain_id), 0));
 DELETE FROM outbox o WHERE o.event_id IS NOT NULL AND o.published_at IS NULL AND o.message_id NOT LIKE '%:removed'
     AND EXISTS (SELECT 1 FROM escrow_events e WHERE e.event_id = o.event_id);
+
+-- Every live log row as the message it is published as, and where it stands: 'published'
+-- (behind the watermark), 'sending' (its send was attempted, the watermark not moved yet)
+-- or 'pending'. For operators and tests; the publisher reads the tables directly.
+CREATE VIEW event_log_messages AS
+SELECT l.chain_id, l.position, l.event_id, l.message_id, l.block_number,
+       CASE WHEN l.position <= COALESCE(w.published_through, 0) THEN 'published'
+            WHEN l.position <= COALESCE(w.sending_through, 0) THEN 'sending'
+            ELSE 'pending' END AS state
+FROM (
+    SELECT e.chain_id, e.position, e.event_id, e.block_number,
+           CASE WHEN r.retractions IS NULL THEN e.event_id ELSE e.event_id || '#' || r.retractions END AS message_id
+    FROM escrow_events e LEFT JOIN event_retractions r ON r.event_id = e.event_id
+    UNION ALL
+    SELECT x.chain_id, x.position, x.event_id, NULL::bigint, x.retracted_as || ':removed'
+    FROM escrow_event_retractions x
+) l
+LEFT JOIN event_log_watermarks w ON w.chain_id = l.chain_id;

@@ -44,7 +44,7 @@ def _events(block: BlockRef, count: int) -> list[DecodedLog]:
             block_number=block.number, block_hash=block.hash, block_timestamp=block.timestamp,
             tx_hash="0x" + f"{i:064x}", tx_index=i, log_index=i, event="TaskAccepted",
             task_id=block.number * 1000 + i, args={"taskId": block.number * 1000 + i, "agent": "0x" + "a" * 40},
-        )  # fmt: skip
+        )
         for i in range(count)
     ]
 

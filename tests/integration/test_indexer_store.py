@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from indexer.decode import DecodedLog
-from indexer.reorg import BlockRef
 import asyncpg
 
+from indexer.decode import DecodedLog
+from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
 from runtime.db import connect
 from runtime.eventlog import read_after

@@ -74,19 +74,37 @@ class LogMessage:
 
 
 class MessageBuilder:
-    """Builds messages from log rows; the header values that repeat are encoded once."""
+    """Builds messages from log rows.
+
+    The CloudEvents headers that depend only on the row's shape (spec version, source, type,
+    content type) are encoded once per (escrow, event) and reused; `ce_time` once per block
+    time. Only the id, the subject and the body are built per row.
+    """
 
     def __init__(self) -> None:
-        self._encoded: dict[str, bytes] = {}
+        self._shapes: dict[tuple[int, str, str], tuple[tuple[str, bytes], ...]] = {}
+        self._times: dict[int, tuple[str, bytes]] = {}
 
-    def _enc(self, value: str) -> bytes:
-        cache = self._encoded
-        encoded = cache.get(value)
-        if encoded is None:
-            if len(cache) > 4096:
-                cache.clear()
-            encoded = cache[value] = value.encode()
-        return encoded
+    def _shape(self, chain_id: int, escrow: str, event_name: str) -> tuple[tuple[str, bytes], ...]:
+        key = (chain_id, escrow, event_name)
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) > 4096:
+                self._shapes.clear()
+            shape = self._shapes[key] = (
+                ("ce_source", f"escrowd/indexer/{chain_id}/{escrow}".encode()),
+                ("ce_type", event_type(event_name).encode()),
+                ("content-type", CONTENT_TYPE.encode()),
+            )
+        return shape
+
+    def _time(self, timestamp: int) -> tuple[str, bytes]:
+        header = self._times.get(timestamp)
+        if header is None:
+            if len(self._times) > 4096:
+                self._times.clear()
+            header = self._times[timestamp] = ("ce_time", iso_time(timestamp).encode())
+        return header
 
     def build(self, chain_id: int, row: asyncpg.Record, incarnation: int) -> LogMessage:
         """The message of one log row (`incarnation`: the event's retractions so far)."""
@@ -95,33 +113,29 @@ class MessageBuilder:
         message_id = retraction_id(retracted_as) if removed else incarnation_id(row["event_id"], incarnation)
         task_id = int(row["task_id"]) if row["task_id"] is not None else None
         escrow = row["escrow_address"]
+        event_name = row["event_name"]
+        timestamp = row["block_timestamp"]
         fields = {
             "id": row["event_id"],
             "chain_id": chain_id,
             "escrow_address": escrow,
             "block_number": row["block_number"],
             "block_hash": row["block_hash"],
-            "block_timestamp": row["block_timestamp"],
+            "block_timestamp": timestamp,
             "tx_hash": row["tx_hash"],
             "tx_index": row["tx_index"],
             "log_index": row["log_index"],
-            "event": row["event_name"],
+            "event": event_name,
             "task_id": task_id,
             "removed": removed,
         }
         # The args are spliced in as PostgreSQL returns them: no parse and re-encode per row.
-        payload = jsoncodec.dumps(fields)[:-1] + b',"args":' + row["args"].encode() + b"}"
-        enc = self._enc
-        headers = [
-            ("ce_specversion", enc(CE_SPECVERSION)),
-            ("ce_id", message_id.encode()),
-            ("ce_source", enc(f"escrowd/indexer/{chain_id}/{escrow}")),
-            ("ce_type", enc(event_type(row["event_name"]))),
-            ("content-type", enc(CONTENT_TYPE)),
-        ]
+        payload = b"%s,\"args\":%s}" % (jsoncodec.dumps(fields)[:-1], row["args"].encode())
+        source, type_, content_type = self._shape(chain_id, escrow, event_name)
+        headers = [_SPECVERSION, ("ce_id", message_id.encode()), source, type_, content_type]
         if task_id is not None:
-            headers.append(("ce_subject", str(task_id).encode()))
-        headers.append(("ce_time", enc(iso_time(row["block_timestamp"]))))
+            headers.append(("ce_subject", b"%d" % task_id))
+        headers.append(self._time(timestamp))
         return LogMessage(
             position=row["position"],
             message_id=message_id,
@@ -130,6 +144,9 @@ class MessageBuilder:
             headers=headers,
             block_number=None if removed else row["block_number"],
         )
+
+
+_SPECVERSION = ("ce_specversion", CE_SPECVERSION.encode())
 
 
 async def read_after(

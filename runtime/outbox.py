@@ -36,10 +36,6 @@ log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "escrowd_outbox"
 _PUBLISHER_LOCK = 0x6F757462  # "outb"
-SENDING_LOCK = 0x6F757473  # "outs"
-"""Held shared by the publisher from reading a batch until it is marked published. A writer
-that must know whether rows were sent (a reorg rollback) takes it exclusively first, so it
-never mistakes a batch in flight for unpublished rows."""
 
 OUTBOX_PUBLISHED = Counter(
     "escrowd_outbox_published_total", "Outbox messages sent to Kafka and marked published", ["topic"]
@@ -116,7 +112,7 @@ async def enqueue(conn: asyncpg.Connection, messages: list[OutboxMessage], *, no
 
 
 async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessage]) -> None:
-    """Bulk-insert outbox rows with COPY (ids must be new: the indexer's are, by construction)."""
+    """Bulk-insert outbox rows with COPY (the ids must be new)."""
     if not messages:
         return
     await conn.copy_records_to_table(
@@ -219,17 +215,17 @@ class OutboxPublisher:
     async def publish_cycle(self, conn: asyncpg.Connection, *, max_batches: int | None = None) -> int:
         """Send batches back to back; the acks and marking of one overlap the next's send.
 
-        Rows go out in `seq` order (one producer keeps per-partition order). A cycle only
-        moves forward in `seq`, so a row held back by confirmations and released meanwhile
-        waits for the next cycle; the shared lock keeps a reorg rollback from deleting rows
-        while they are in flight.
+        Outbox rows go out in `seq` order (one producer keeps per-partition order). A cycle
+        only moves forward in `seq`, so a row held back by confirmations and released
+        meanwhile waits for the next cycle. Then each chain's event log, past its watermark
+        (`publish_logs`). (Outbox rows are never deleted unsent: the reorg rollback that did
+        works on the event log, under the watermark row's lock.)
         """
         limit = max_batches or self._batches_per_cycle
         total = await self._publish_outbox(conn, limit)
         return total + await self.publish_logs(conn, max_batches=limit)
 
     async def _publish_outbox(self, conn: asyncpg.Connection, limit: int) -> int:
-        await conn.execute("SELECT pg_advisory_lock_shared($1)", SENDING_LOCK)
         in_flight: deque[tuple[list[asyncpg.Record], asyncio.Future[Any], float]] = deque()
         total = 0
         after = 0
@@ -249,8 +245,6 @@ class OutboxPublisher:
             for _, acks, _ in in_flight:  # after a failure: collect, never leave them unawaited
                 with contextlib.suppress(BaseException):
                     await acks
-            with contextlib.suppress(Exception):  # a dead connection has released it already
-                await conn.execute("SELECT pg_advisory_unlock_shared($1)", SENDING_LOCK)
         return total
 
     def _headers(self, raw: str) -> list[tuple[str, bytes]]:

@@ -321,18 +321,20 @@ class OutboxPublisher:
                 async with conn.transaction():
                     # The rollback of a reorg takes the same row lock: a batch is read and marked
                     # as being sent either wholly before a rollback or wholly after it.
-                    mark = await conn.fetchrow(
-                        "SELECT w.published_through, c.block_number - c.confirmations AS line"
-                        " FROM event_log_watermarks w JOIN chain_cursor c ON c.chain_id = w.chain_id"
-                        " WHERE w.chain_id = $1 FOR UPDATE OF w",
+                    published = await conn.fetchval(
+                        "SELECT published_through FROM event_log_watermarks WHERE chain_id = $1 FOR UPDATE",
                         chain_id,
                     )
-                    if mark is None:
+                    # Read once the lock is held: after a rollback, its cursor (and line).
+                    line = await conn.fetchval(
+                        "SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", chain_id
+                    )
+                    if published is None or line is None:
                         break
                     if after is None:
-                        after = mark["published_through"]
+                        after = published
                     messages = await read_after(
-                        conn, chain_id, after, self._batch_size, line=mark["line"], builder=self._builder
+                        conn, chain_id, after, self._batch_size, line=line, builder=self._builder
                     )
                     if not messages:
                         break

@@ -70,16 +70,16 @@ CREATE TABLE event_log_watermarks (
 -- the same message ids (`<event id>#<n>` from `event_retractions`, as before). Rows whose
 -- send was attempted are behind `sending_through`, so a reorg still retracts them.
 INSERT INTO event_log_watermarks (chain_id, published_through, sending_through)
-SELECT c.chain_id,
-       COALESCE((SELECT min(e.position) - 1 FROM escrow_events e JOIN outbox o
-                 ON o.event_id = e.event_id AND o.published_at IS NULL AND o.message_id NOT LIKE '%:removed'
-                 WHERE e.chain_id = c.chain_id), c.log_position),
-       0
-FROM chain_cursor c;
-UPDATE event_log_watermarks w SET sending_through = GREATEST(w.published_through, COALESCE(
-    (SELECT max(e.position) FROM escrow_events e JOIN outbox o
-     ON o.event_id = e.event_id AND o.send_attempts > 0 AND o.message_id NOT LIKE '%:removed'
-     WHERE e.chain_id = w.chain_id), 0));
+SELECT chain_id, published, GREATEST(published, attempted) FROM (
+    SELECT c.chain_id,
+           COALESCE((SELECT min(e.position) - 1 FROM escrow_events e JOIN outbox o
+                     ON o.event_id = e.event_id AND o.published_at IS NULL AND o.message_id NOT LIKE '%:removed'
+                     WHERE e.chain_id = c.chain_id), c.log_position) AS published,
+           COALESCE((SELECT max(e.position) FROM escrow_events e JOIN outbox o
+                     ON o.event_id = e.event_id AND o.send_attempts > 0 AND o.message_id NOT LIKE '%:removed'
+                     WHERE e.chain_id = c.chain_id), 0) AS attempted
+    FROM chain_cursor c
+) handed_over;
 DELETE FROM outbox o WHERE o.event_id IS NOT NULL AND o.published_at IS NULL AND o.message_id NOT LIKE '%:removed'
     AND EXISTS (SELECT 1 FROM escrow_events e WHERE e.event_id = o.event_id);
 

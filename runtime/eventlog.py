@@ -37,8 +37,8 @@ _LOG_COLUMNS = (
 
 LOG_AFTER_SQL = f"""
 SELECT * FROM (
-    (SELECT e.position, {_LOG_COLUMNS.replace("event_id,", "e.event_id,", 1)}, NULL::text AS retracted_as
-     FROM escrow_events e WHERE e.chain_id = $1 AND e.position > $2 ORDER BY e.position LIMIT $3)
+    (SELECT position, {_LOG_COLUMNS}, NULL::text AS retracted_as
+     FROM escrow_events WHERE chain_id = $1 AND position > $2 ORDER BY position LIMIT $3)
     UNION ALL
     (SELECT position, {_LOG_COLUMNS}, retracted_as
      FROM escrow_event_retractions WHERE chain_id = $1 AND position > $2 ORDER BY position LIMIT $3)

@@ -54,6 +54,7 @@ from escrowd.harness import (
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.logging import configure_logging
+from runtime.outbox import unpublished
 from runtime.services.anvil import AnvilProcess, anvil_binary
 from runtime.services.kafka import KafkaService, start_kafka
 from runtime.services.postgres import PostgresService, start_postgres
@@ -165,11 +166,9 @@ async def measure_indexer(
             if row is not None and row["block_number"] >= head and t_db is None:
                 t_db = now
             if t_db is not None:
-                # EXISTS stops at the first pending row: a count(*) of a large outbox every
-                # poll would load PostgreSQL enough to skew what is measured.
-                pending = await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
-                )
+                # EXISTS stops at the first row past the watermark: a count(*) of a large
+                # backlog every poll would load PostgreSQL enough to skew what is measured.
+                pending = await unpublished(conn)
                 if not pending:
                     t_all = time.perf_counter()
             if now - launched > 1800:
@@ -177,7 +176,8 @@ async def measure_indexer(
             await asyncio.sleep(0.05)
         stored = await conn.fetchval("SELECT count(*) FROM escrow_events")
         published = await conn.fetchval(
-            "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
+            "SELECT count(*) FROM escrow_events e JOIN event_log_watermarks w"
+            " ON w.chain_id = e.chain_id AND e.position <= w.published_through"
         )
     finally:
         process.terminate()
@@ -354,29 +354,25 @@ class BlockLoad(threading.Thread):
 
 
 async def outbox_stages(database_url: str, mined_wall: dict[int, float]) -> dict[str, float]:
-    """Median wall-clock time from mining to the outbox insert (the indexer's transaction
-    start) and to `published_at` (after the broker acked), per block."""
+    """Median wall-clock time from mining to the event rows' insert (the indexer's
+    transaction start), per block. (The log keeps no per-row publish time: the time to
+    Kafka is the latency measured above.)"""
     conn = await connect(database_url)
     try:
         rows = await conn.fetch(
-            "SELECT block_number, extract(epoch FROM max(created_at))::float8 AS stored,"
-            " extract(epoch FROM max(published_at))::float8 AS published"
-            " FROM outbox WHERE block_number IS NOT NULL GROUP BY block_number"
+            "SELECT block_number, extract(epoch FROM max(indexed_at))::float8 AS stored"
+            " FROM escrow_events GROUP BY block_number"
         )
     finally:
         await conn.close()
-    stored, published = [], []
+    stored = []
     for row in rows:
         mined = mined_wall.get(row["block_number"])
-        if mined is not None and row["published"] is not None:
+        if mined is not None:
             stored.append((row["stored"] - mined) * 1000.0)
-            published.append((row["published"] - mined) * 1000.0)
     if not stored:
         return {}
-    return {
-        "mined_to_indexer_commit_start": round(statistics.median(stored), 2),
-        "mined_to_published": round(statistics.median(published), 2),
-    }
+    return {"mined_to_indexer_commit_start": round(statistics.median(stored), 2)}
 
 
 async def measure_head_latency(

@@ -150,7 +150,8 @@ class Pipeline:
         assert self._conn is not None
         row = await self._conn.fetchrow(
             "SELECT (SELECT count(*) FROM escrow_events) AS events,"
-            " (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_pending,"
+            " (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
+            " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published') AS outbox_pending,"
             " (SELECT coalesce(max(head_number - block_number), 0) FROM chain_cursor) AS lag,"
             " (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed_block,"
             " (SELECT count(*) FROM escrow_events WHERE event_name = 'VerificationCompleted') AS verdicts"
@@ -178,7 +179,8 @@ class Pipeline:
         while True:
             row = await self._conn.fetchrow(
                 "SELECT (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed,"
-                " (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS pending"
+                " (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
+                " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published') AS pending"
             )
             assert row is not None
             if row["indexed"] >= block and row["pending"] == 0:

@@ -1,7 +1,12 @@
-"""The indexer's SQL: cursor, block hashes, events and their outbox rows, and rollbacks.
+"""The indexer's SQL: cursor, block hashes, the event log, and rollbacks.
 
 Every write here runs in one transaction with the cursor move, so the database always
-holds exactly the events of the blocks up to the cursor.
+holds exactly the events of the blocks up to the cursor. The events table is the log the
+publisher reads (`runtime.eventlog`): each row gets the chain's next position from the
+counter on the cursor row, which the transaction locks first and holds until it commits,
+so positions become visible in commit order and the publisher's watermark can never pass
+a position whose transaction has not committed. A reorg deletes the rows past the common
+ancestor and appends a retraction row for each one that may have been sent.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncpg
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from runtime.kafka import cloudevent_headers, iso_time
-from runtime.outbox import NOTIFY_CHANNEL, OUTBOX_COLUMNS, SENDING_LOCK, OutboxMessage
+from runtime.outbox import NOTIFY_CHANNEL, OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_type, incarnation_id, message_key, retraction_id
 
@@ -31,7 +36,10 @@ EVENT_COLUMNS = (
     "event_name",
     "task_id",
     "args",
+    "position",
 )
+
+_TAIL_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -129,9 +137,34 @@ class IndexerStore:
         confirmations: int,
         head: BlockRef | None,
     ) -> None:
-        """Store a window: its events, their outbox rows, its block hashes, and the new cursor."""
+        """Store a window: its events (the log rows), its block hashes, and the new cursor.
+
+        The cursor row is written first: its `log_position` counter hands this window's
+        events their positions, and its row lock keeps the next window's positions until
+        this one has committed.
+        """
+        head_number = head.number if head is not None else tip.number
+        head_timestamp = head.timestamp if head is not None else tip.timestamp
         async with conn.transaction():
+            last = await conn.fetchval(
+                "INSERT INTO chain_cursor (chain_id, block_number, block_hash, confirmations, head_number,"
+                " head_timestamp, log_position, topic, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())"
+                " ON CONFLICT (chain_id) DO UPDATE SET block_number = EXCLUDED.block_number,"
+                " block_hash = EXCLUDED.block_hash, confirmations = EXCLUDED.confirmations,"
+                " head_number = EXCLUDED.head_number, head_timestamp = EXCLUDED.head_timestamp,"
+                " log_position = chain_cursor.log_position + EXCLUDED.log_position, topic = EXCLUDED.topic,"
+                " updated_at = now() RETURNING log_position",
+                self.chain_id,
+                tip.number,
+                tip.hash,
+                confirmations,
+                max(head_number, tip.number),
+                head_timestamp,
+                len(events),
+                self.topic,
+            )
             if events:
+                first = last - len(events) + 1
                 await conn.copy_records_to_table(
                     "escrow_events",
                     columns=EVENT_COLUMNS,
@@ -149,17 +182,9 @@ class IndexerStore:
                             e.event,
                             e.task_id,
                             _args_json(e.args),
+                            first + i,
                         )
-                        for e in events
-                    ],
-                )
-                returns = await self._returns(conn, events)
-                await conn.copy_records_to_table(
-                    "outbox",
-                    columns=OUTBOX_COLUMNS,
-                    records=[
-                        event_message(e, self.topic, message_id=incarnation_id(e.id, returns.get(e.id, 0))).as_record()
-                        for e in events
+                        for i, e in enumerate(events)
                     ],
                 )
             if blocks:
@@ -168,111 +193,124 @@ class IndexerStore:
                     columns=("chain_id", "block_number", "block_hash", "parent_hash", "timestamp"),
                     records=[(self.chain_id, b.number, b.hash, b.parent_hash, b.timestamp) for b in blocks],
                 )
-            head_number = head.number if head is not None else tip.number
-            head_timestamp = head.timestamp if head is not None else tip.timestamp
-            await conn.execute(
-                "INSERT INTO chain_cursor (chain_id, block_number, block_hash, confirmations, head_number,"
-                " head_timestamp, updated_at) VALUES ($1, $2, $3, $4, $5, $6, now())"
-                " ON CONFLICT (chain_id) DO UPDATE SET block_number = EXCLUDED.block_number,"
-                " block_hash = EXCLUDED.block_hash, confirmations = EXCLUDED.confirmations,"
-                " head_number = EXCLUDED.head_number, head_timestamp = EXCLUDED.head_timestamp,"
-                " updated_at = now()",
-                self.chain_id,
-                tip.number,
-                tip.hash,
-                confirmations,
-                max(head_number, tip.number),
-                head_timestamp,
-            )
             if tip.number % 64 == 0 or len(blocks) > 64:
                 await conn.execute(
                     "DELETE FROM chain_blocks WHERE chain_id = $1 AND block_number < $2",
                     self.chain_id,
                     tip.number - self.keep_blocks,
                 )
+            # Also without events: a deeper cursor may release rows held back by confirmations.
             await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
 
-    async def _returns(self, conn: asyncpg.Connection, events: Sequence[DecodedLog]) -> dict[str, int]:
-        """How many times each event was retracted before (non-zero only after A → B → A reorgs)."""
-        rows = await conn.fetch(
-            "SELECT event_id, retractions FROM event_retractions WHERE event_id = ANY($1::text[])",
-            [e.id for e in events],
-        )
-        return {row["event_id"]: row["retractions"] for row in rows}
+    async def _tail(self, conn: asyncpg.Connection, above_block: int) -> list[asyncpg.Record]:
+        """The log's events of blocks above `above_block`, newest first.
+
+        Block numbers never decrease along the log (windows are appended in block order and a
+        rollback deletes a whole tail), so they are its last rows: read backwards by position.
+        """
+        found: list[asyncpg.Record] = []
+        before = 2**63 - 1
+        while True:
+            rows = await conn.fetch(
+                "SELECT e.position, e.event_id, e.chain_id, e.escrow_address, e.block_number, e.block_hash,"
+                " e.block_timestamp, e.tx_hash, e.tx_index, e.log_index, e.event_name, e.task_id, e.args"
+                " FROM escrow_events e WHERE e.chain_id = $1 AND e.position < $2"
+                " ORDER BY e.position DESC LIMIT $3",
+                self.chain_id,
+                before,
+                _TAIL_BATCH,
+            )
+            for row in rows:
+                if row["block_number"] <= above_block:
+                    return found
+                found.append(row)
+            if len(rows) < _TAIL_BATCH:
+                return found
+            before = rows[-1]["position"]
 
     async def rollback_to(self, conn: asyncpg.Connection, ancestor: BlockRef) -> tuple[int, int]:
-        """Forget everything past `ancestor`; retract what was published.
+        """Forget everything past `ancestor`; retract what may have been published.
 
         Returns (events removed, retractions queued).
         """
         async with conn.transaction():
-            # Wait for a publisher batch in flight: its rows count as published once marked.
-            # Without this, rows being sent looked unpublished and were deleted unretracted.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", SENDING_LOCK)
-            rows = await conn.fetch(
-                "SELECT e.event_id, e.chain_id, e.escrow_address, e.block_number, e.block_hash,"
-                " e.block_timestamp, e.tx_hash, e.tx_index, e.log_index, e.event_name, e.task_id, e.args,"
-                " (SELECT o.message_id FROM outbox o WHERE o.event_id = e.event_id AND o.topic = $3"
-                "  AND (o.published_at IS NOT NULL OR o.send_attempts > 0)"
-                "  AND o.message_id NOT LIKE '%:removed'"
-                "  ORDER BY o.seq DESC LIMIT 1) AS published_as"
-                " FROM escrow_events e WHERE e.chain_id = $1 AND e.block_number > $2"
-                " ORDER BY e.block_number DESC, e.log_index DESC",
-                self.chain_id,
-                ancestor.number,
-                self.topic,
+            # The publisher's row: locked, a batch is either wholly read and marked as being
+            # sent before this (then it is behind `sending_through` and retracted below) or
+            # read after this commits (then it no longer holds the removed rows).
+            await conn.execute(
+                "INSERT INTO event_log_watermarks (chain_id) VALUES ($1) ON CONFLICT DO NOTHING", self.chain_id
             )
-            retractions = [
-                event_message(
-                    _row_to_event(row), self.topic, removed=True, message_id=row["published_as"]
-                ).as_record()
-                for row in rows
-                if row["published_as"] is not None
-            ]
+            sending = await conn.fetchval(
+                "SELECT sending_through FROM event_log_watermarks WHERE chain_id = $1 FOR UPDATE", self.chain_id
+            )
+            rows = await self._tail(conn, ancestor.number)
             removed_ids = [row["event_id"] for row in rows]
+            # Rows up to `sending_through` may be on Kafka (sent, or sent and the publisher died
+            # before moving its watermark): each gets a retraction; the rest vanish unseen.
+            maybe_sent = [row for row in rows if row["position"] <= sending]
+            incarnations = await self._returns(conn, [row["event_id"] for row in maybe_sent])
             if removed_ids:
-                # Unpublished rows of removed events vanish. A row whose send was attempted
-                # but never marked (the publisher died before the ack was recorded) may have
-                # reached Kafka: it is retracted above, and must not be sent late either.
                 await conn.execute(
-                    "DELETE FROM outbox WHERE event_id = ANY($1::text[]) AND published_at IS NULL"
-                    " AND topic = $2",
-                    removed_ids,
-                    self.topic,
-                )
-                await conn.execute(
-                    "DELETE FROM escrow_events WHERE chain_id = $1 AND block_number > $2",
+                    "DELETE FROM escrow_events WHERE chain_id = $1 AND position >= $2 AND block_number > $3",
                     self.chain_id,
+                    min(row["position"] for row in rows),
                     ancestor.number,
                 )
-            if removed_ids:
                 # Counted per removal (published or not): a comeback needs an id never used.
                 await conn.execute(
                     "INSERT INTO event_retractions (event_id, retractions) SELECT unnest($1::text[]), 1"
                     " ON CONFLICT (event_id) DO UPDATE SET retractions = event_retractions.retractions + 1",
                     removed_ids,
                 )
-            if retractions:
-                await conn.executemany(
-                    "INSERT INTO outbox (message_id, topic, key, headers, payload, chain_id, block_number,"
-                    " event_id) VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7, $8)"
-                    " ON CONFLICT (topic, message_id) DO NOTHING",
-                    retractions,
-                )
             await conn.execute(
                 "DELETE FROM chain_blocks WHERE chain_id = $1 AND block_number > $2",
                 self.chain_id,
                 ancestor.number,
             )
-            await conn.execute(
-                "UPDATE chain_cursor SET block_number = $2, block_hash = $3, updated_at = now()"
-                " WHERE chain_id = $1",
+            last = await conn.fetchval(
+                "UPDATE chain_cursor SET block_number = $2, block_hash = $3, log_position = log_position + $4,"
+                " updated_at = now() WHERE chain_id = $1 RETURNING log_position",
                 self.chain_id,
                 ancestor.number,
                 ancestor.hash,
+                len(maybe_sent),
             )
+            if maybe_sent:
+                first = last - len(maybe_sent) + 1
+                await conn.copy_records_to_table(
+                    "escrow_event_retractions",
+                    columns=_RETRACTION_COLUMNS,
+                    records=[
+                        (
+                            self.chain_id,
+                            first + i,
+                            incarnation_id(row["event_id"], incarnations.get(row["event_id"], 0)),
+                            row["event_id"],
+                            row["escrow_address"],
+                            row["block_number"],
+                            row["block_hash"],
+                            row["block_timestamp"],
+                            row["tx_hash"],
+                            row["tx_index"],
+                            row["log_index"],
+                            row["event_name"],
+                            row["task_id"],
+                            row["args"],
+                        )
+                        for i, row in enumerate(maybe_sent)
+                    ],
+                )
             await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
-        return len(rows), len(retractions)
+        return len(rows), len(maybe_sent)
+
+    async def _returns(self, conn: asyncpg.Connection, ids: Sequence[str]) -> dict[str, int]:
+        """How many times each event was retracted before (non-zero only after A → B → A reorgs)."""
+        if not ids:
+            return {}
+        rows = await conn.fetch(
+            "SELECT event_id, retractions FROM event_retractions WHERE event_id = ANY($1::text[])", list(ids)
+        )
+        return {row["event_id"]: row["retractions"] for row in rows}
 
     async def block(self, conn: asyncpg.Connection, number: int) -> BlockRef | None:
         """A stored block."""
@@ -287,18 +325,19 @@ class IndexerStore:
         return BlockRef(row["block_number"], row["block_hash"], row["parent_hash"], row["timestamp"])
 
 
-def _row_to_event(row: asyncpg.Record) -> DecodedLog:
-    return DecodedLog(
-        id=row["event_id"],
-        chain_id=row["chain_id"],
-        escrow_address=row["escrow_address"],
-        block_number=row["block_number"],
-        block_hash=row["block_hash"],
-        block_timestamp=row["block_timestamp"],
-        tx_hash=row["tx_hash"],
-        tx_index=row["tx_index"],
-        log_index=row["log_index"],
-        event=row["event_name"],
-        task_id=int(row["task_id"]) if row["task_id"] is not None else None,
-        args=row["args"],
-    )
+_RETRACTION_COLUMNS = (
+    "chain_id",
+    "position",
+    "retracted_as",
+    "event_id",
+    "escrow_address",
+    "block_number",
+    "block_hash",
+    "block_timestamp",
+    "tx_hash",
+    "tx_index",
+    "log_index",
+    "event_name",
+    "task_id",
+    "args",
+)

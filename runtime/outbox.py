@@ -6,6 +6,10 @@ order, awaits every send of a batch, then marks the batch published. A crash bet
 send and the mark republishes the batch: consumers deduplicate on `ce_id`, so the effect is
 exactly once. Rows that carry a chain block wait until that block is `confirmations` deep
 (the depth is the one the indexer stored on its cursor row).
+
+The same publisher drains the indexer's event log (`runtime.eventlog`): each chain's
+`escrow_events` rows by position, behind one watermark row per chain instead of an outbox
+row per event.
 """
 
 from __future__ import annotations
@@ -25,16 +29,13 @@ from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.db import is_connection_error
+from runtime.eventlog import UNPUBLISHED_SQL, LogMessage, MessageBuilder, read_after
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "escrowd_outbox"
 _PUBLISHER_LOCK = 0x6F757462  # "outb"
-SENDING_LOCK = 0x6F757473  # "outs"
-"""Held shared by the publisher from reading a batch until it is marked published. A writer
-that must know whether rows were sent (a reorg rollback) takes it exclusively first, so it
-never mistakes a batch in flight for unpublished rows."""
 
 OUTBOX_PUBLISHED = Counter(
     "escrowd_outbox_published_total", "Outbox messages sent to Kafka and marked published", ["topic"]
@@ -52,6 +53,10 @@ OUTBOX_BATCH_SECONDS = Histogram(
     "Time to send and mark one outbox batch",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+
+
+_Item = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
+"""One message to send: topic, key, payload, encoded headers."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ async def enqueue(conn: asyncpg.Connection, messages: list[OutboxMessage], *, no
 
 
 async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessage]) -> None:
-    """Bulk-insert outbox rows with COPY (ids must be new: the indexer's are, by construction)."""
+    """Bulk-insert outbox rows with COPY (the ids must be new)."""
     if not messages:
         return
     await conn.copy_records_to_table(
@@ -157,6 +162,7 @@ class OutboxPublisher:
         # plain `send` would put them, so a key's order holds across every writer.
         self._partitioner = DefaultPartitioner()
         self._header_values: dict[str, bytes] = {}
+        self._builder = MessageBuilder()
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -209,13 +215,17 @@ class OutboxPublisher:
     async def publish_cycle(self, conn: asyncpg.Connection, *, max_batches: int | None = None) -> int:
         """Send batches back to back; the acks and marking of one overlap the next's send.
 
-        Rows go out in `seq` order (one producer keeps per-partition order). A cycle only
-        moves forward in `seq`, so a row held back by confirmations and released meanwhile
-        waits for the next cycle; the shared lock keeps a reorg rollback from deleting rows
-        while they are in flight.
+        Outbox rows go out in `seq` order (one producer keeps per-partition order). A cycle
+        only moves forward in `seq`, so a row held back by confirmations and released
+        meanwhile waits for the next cycle. Then each chain's event log, past its watermark
+        (`publish_logs`). (Outbox rows are never deleted unsent: the reorg rollback that did
+        works on the event log, under the watermark row's lock.)
         """
         limit = max_batches or self._batches_per_cycle
-        await conn.execute("SELECT pg_advisory_lock_shared($1)", SENDING_LOCK)
+        total = await self._publish_outbox(conn, limit)
+        return total + await self.publish_logs(conn, max_batches=limit)
+
+    async def _publish_outbox(self, conn: asyncpg.Connection, limit: int) -> int:
         in_flight: deque[tuple[list[asyncpg.Record], asyncio.Future[Any], float]] = deque()
         total = 0
         after = 0
@@ -226,7 +236,7 @@ class OutboxPublisher:
                     break
                 after = rows[-1]["seq"]
                 started = time.perf_counter()
-                in_flight.append((rows, await self._send(rows), started))
+                in_flight.append((rows, await self._send([_outbox_item(self, r) for r in rows]), started))
                 if len(in_flight) > 1:
                     total += await self._complete(conn, *in_flight.popleft())
             while in_flight:
@@ -235,8 +245,6 @@ class OutboxPublisher:
             for _, acks, _ in in_flight:  # after a failure: collect, never leave them unawaited
                 with contextlib.suppress(BaseException):
                     await acks
-            with contextlib.suppress(Exception):  # a dead connection has released it already
-                await conn.execute("SELECT pg_advisory_unlock_shared($1)", SENDING_LOCK)
         return total
 
     def _headers(self, raw: str) -> list[tuple[str, bytes]]:
@@ -253,30 +261,124 @@ class OutboxPublisher:
             out.append((name, encoded))
         return out
 
-    async def _send(self, rows: list[asyncpg.Record]) -> asyncio.Future[Any]:
-        """Queue `rows` as one record batch per partition (in `seq` order within each)."""
+    async def _send(self, items: list[_Item]) -> asyncio.Future[Any]:
+        """Queue messages as one record batch per partition (in the given order within each)."""
         producer = self._producer
         partitions: dict[str, list[int]] = {}
-        by_partition: dict[tuple[str, int], list[asyncpg.Record]] = {}
-        for row in rows:
-            topic = row["topic"]
+        by_partition: dict[tuple[str, int], list[_Item]] = {}
+        for item in items:
+            topic = item[0]
             known = partitions.get(topic)
             if known is None:
                 known = partitions[topic] = sorted(await producer.partitions_for(topic))
-            partition = self._partitioner(row["key"], known, known)
-            by_partition.setdefault((topic, partition), []).append(row)
+            partition = self._partitioner(item[1], known, known)
+            by_partition.setdefault((topic, partition), []).append(item)
         futures: list[asyncio.Future[Any]] = []
         for (topic, partition), part in by_partition.items():
             batch = producer.create_batch()
-            for row in part:
-                headers = self._headers(row["headers"])
-                if batch.append(key=row["key"], value=row["payload"], timestamp=None, headers=headers) is None:
+            for _, key, payload, headers in part:
+                if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
                     futures.append(await producer.send_batch(batch, topic, partition=partition))
                     batch = producer.create_batch()
-                    if batch.append(key=row["key"], value=row["payload"], timestamp=None, headers=headers) is None:
-                        raise ValueError(f"outbox row {row['seq']} is larger than the producer's batch size")
+                    if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
+                        raise ValueError(f"a message of {len(payload)} bytes is larger than the producer's batch size")
             futures.append(await producer.send_batch(batch, topic, partition=partition))
         return asyncio.gather(*futures)
+
+    # -- the indexer's event logs -------------------------------------------------------
+
+    async def publish_logs(self, conn: asyncpg.Connection, *, max_batches: int | None = None) -> int:
+        """Publish every chain's event log past its watermark; return how many messages."""
+        chains = await conn.fetch(
+            "SELECT c.chain_id, c.topic, c.log_position, w.published_through FROM chain_cursor c"
+            " LEFT JOIN event_log_watermarks w ON w.chain_id = c.chain_id WHERE c.topic IS NOT NULL"
+        )
+        total = 0
+        for chain in chains:
+            if chain["published_through"] is None:
+                await conn.execute(
+                    "INSERT INTO event_log_watermarks (chain_id) VALUES ($1) ON CONFLICT DO NOTHING", chain["chain_id"]
+                )
+            elif chain["log_position"] <= chain["published_through"]:
+                continue
+            total += await self._publish_log(
+                conn, chain["chain_id"], chain["topic"], max_batches or self._batches_per_cycle
+            )
+        return total
+
+    async def _publish_log(self, conn: asyncpg.Connection, chain_id: int, topic: str, limit: int) -> int:
+        """Batches of one chain's log: mark `sending_through`, send, await, move `published_through`.
+
+        The acks and watermark move of one batch overlap the next batch's send; the watermark
+        only moves forward, batch after batch, in log order.
+        """
+        in_flight: deque[tuple[list[LogMessage], asyncio.Future[Any], float]] = deque()
+        total = 0
+        after: int | None = None
+        try:
+            for _ in range(limit):
+                started = time.perf_counter()
+                async with conn.transaction():
+                    # The rollback of a reorg takes the same row lock: a batch is read and marked
+                    # as being sent either wholly before a rollback or wholly after it.
+                    published = await conn.fetchval(
+                        "SELECT published_through FROM event_log_watermarks WHERE chain_id = $1 FOR UPDATE",
+                        chain_id,
+                    )
+                    # Read once the lock is held: after a rollback, its cursor (and line).
+                    line = await conn.fetchval(
+                        "SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", chain_id
+                    )
+                    if published is None or line is None:
+                        break
+                    if after is None:
+                        after = published
+                    messages = await read_after(
+                        conn, chain_id, after, self._batch_size, line=line, builder=self._builder
+                    )
+                    if not messages:
+                        break
+                    after = messages[-1].position
+                    await conn.execute(
+                        "UPDATE event_log_watermarks SET sending_through = GREATEST(sending_through, $2),"
+                        " updated_at = now() WHERE chain_id = $1",
+                        chain_id,
+                        after,
+                    )
+                acks = await self._send([(topic, m.key, m.payload, m.headers) for m in messages])
+                in_flight.append((messages, acks, started))
+                if len(in_flight) > 1:
+                    total += await self._complete_log(conn, chain_id, topic, *in_flight.popleft())
+            while in_flight:
+                total += await self._complete_log(conn, chain_id, topic, *in_flight.popleft())
+        finally:
+            for _, acks, _ in in_flight:  # after a failure: collect, never leave them unawaited
+                with contextlib.suppress(BaseException):
+                    await acks
+        return total
+
+    async def _complete_log(
+        self,
+        conn: asyncpg.Connection,
+        chain_id: int,
+        topic: str,
+        messages: list[LogMessage],
+        acks: asyncio.Future[Any],
+        started: float,
+    ) -> int:
+        await acks
+        await conn.execute(
+            "UPDATE event_log_watermarks SET published_through = GREATEST(published_through, $2),"
+            " updated_at = now() WHERE chain_id = $1",
+            chain_id,
+            messages[-1].position,
+        )
+        OUTBOX_PUBLISHED.labels(topic).inc(len(messages))
+        blocks = [m.block_number for m in messages if m.block_number is not None]
+        if blocks:
+            PUBLISHED_BLOCK.labels(str(chain_id)).set(max(blocks))
+        OUTBOX_BATCH_SECONDS.observe(time.perf_counter() - started)
+        return len(messages)
 
     async def _complete(
         self, conn: asyncpg.Connection, rows: list[asyncpg.Record], acks: asyncio.Future[Any], started: float
@@ -306,9 +408,28 @@ class OutboxPublisher:
             "SELECT count(*) AS pending, extract(epoch FROM now() - min(created_at)) AS age"
             " FROM outbox WHERE published_at IS NULL"
         )
-        if row is not None:
-            OUTBOX_PENDING.set(row["pending"])
-            OUTBOX_OLDEST_AGE.set(float(row["age"] or 0.0))
+        logs = await conn.fetchrow(
+            "SELECT COALESCE(sum(n), 0) AS pending, extract(epoch FROM now() - min(oldest)) AS age FROM ("
+            " SELECT (SELECT count(*) FROM escrow_events e WHERE e.chain_id = w.chain_id"
+            "   AND e.position > w.published_through) AS n,"
+            " (SELECT e.indexed_at FROM escrow_events e WHERE e.chain_id = w.chain_id"
+            "   AND e.position > w.published_through ORDER BY e.position LIMIT 1) AS oldest"
+            " FROM event_log_watermarks w) p"
+        )
+        if row is not None and logs is not None:
+            OUTBOX_PENDING.set(row["pending"] + logs["pending"])
+            OUTBOX_OLDEST_AGE.set(max(float(row["age"] or 0.0), float(logs["age"] or 0.0)))
+
+
+def _outbox_item(publisher: OutboxPublisher, row: asyncpg.Record) -> _Item:
+    return (row["topic"], row["key"], row["payload"], publisher._headers(row["headers"]))
+
+
+async def unpublished(conn: asyncpg.Connection) -> bool:
+    """Whether anything waits to be published: an outbox row or an event-log row."""
+    if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"):
+        return True
+    return bool(await conn.fetchval(UNPUBLISHED_SQL))
 
 
 def _is_kafka_error(exc: BaseException) -> bool:

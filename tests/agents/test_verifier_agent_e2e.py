@@ -20,6 +20,7 @@ from escrowd.devnet import Actor, Devnet
 from relayer.agents.briefs import b64, open_brief, seal_brief, unb64, unwrap_key, wrap_key
 from relayer.agents.stub_model import StubModel, start_stub
 from relayer.api.app import create_app
+from runtime.eventlog import read_after
 from runtime.services.ports import free_port
 from schemas.task_terms import result_hash
 from tests.verification.conftest import api_settings
@@ -177,8 +178,10 @@ async def test_private_task_judged_by_the_verifier_agent_process(run: Pipeline, 
             for path in (f"/v1/terms/{digest}", "/v1/listings", f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/results"):
                 response = await run.api.call("GET", path)
                 assert response.status_code == 200 and "CONFIDENTIAL" not in response.text
-            payloads = await run.conn.fetch("SELECT payload FROM outbox")
-            assert payloads and all(b"CONFIDENTIAL" not in bytes(p["payload"]) for p in payloads)
+            # Every message published: outbox rows, and the chain events of the indexer's log.
+            payloads = [bytes(p["payload"]) for p in await run.conn.fetch("SELECT payload FROM outbox")]
+            payloads += [m.payload for m in await read_after(run.conn, d.chain_id, 0, 100_000, line=None)]
+            assert payloads and all(b"CONFIDENTIAL" not in p for p in payloads)
 
             # 2. Five failed tries: delivered but never judged, and the agent stops asking.
             stub.script("malformed", "malformed", "malformed", "malformed", "malformed")

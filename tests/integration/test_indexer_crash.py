@@ -124,7 +124,7 @@ async def _kill_loop(
                 cursor = await cursor_of(conn, chain.devnet.chain_id)
                 if before >= chain.head:  # backfill done: kill while publishing instead
                     published = await conn.fetchval(
-                        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
+                        "SELECT count(*) FROM event_log_messages WHERE state = 'published'"
                     )
                     return bool(published > 0)
                 return cursor is not None and cursor[0] >= target
@@ -191,7 +191,7 @@ async def _run_crash_test(
     try:
         logs = await assert_db_matches_chain(conn, devnet, to_block=chain.head)
         assert logs == chain.logs
-        unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        unpublished = await conn.fetchval("SELECT count(*) FROM event_log_messages WHERE state <> 'published'")
         assert unpublished == 0
     finally:
         await conn.close()

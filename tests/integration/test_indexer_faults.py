@@ -216,14 +216,13 @@ async def test_broker_outage_fills_the_outbox_then_drains_it(
                 async def tried() -> bool:
                     return bool(
                         await conn.fetchval(
-                            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
-                            " AND send_attempts > 0"
+                            "SELECT count(*) FROM event_log_messages WHERE state = 'sending'"
                         )
                     )
 
                 await wait_for(tried, timeout=60, what="the publisher tried during the outage")
                 pending = await conn.fetchval(
-                    "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                    "SELECT count(*) FROM event_log_messages WHERE state <> 'published'"
                 )
                 assert pending == 2000
                 assert not broker.listening

@@ -121,7 +121,7 @@ def _reorg(devnet: Devnet, depth: int, region: Region) -> None:
 
 
 async def _published_ids(conn: asyncpg.Connection) -> set[str]:
-    rows = await conn.fetch("SELECT message_id FROM outbox WHERE published_at IS NOT NULL")
+    rows = await conn.fetch("SELECT message_id FROM event_log_messages WHERE state = 'published'")
     return {r["message_id"] for r in rows}
 
 
@@ -132,7 +132,8 @@ async def _settled(conn: asyncpg.Connection, devnet: Devnet) -> bool:
     if cursor != (int(head["number"], 16), head["hash"]):
         return False
     pending = await conn.fetchval(
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND (block_number IS NULL OR block_number <= $1)",
+        "SELECT count(*) FROM event_log_messages WHERE state <> 'published'"
+        " AND (block_number IS NULL OR block_number <= $1)",
         cursor[0] - CONFIRMATIONS,
     )
     return bool(pending == 0)

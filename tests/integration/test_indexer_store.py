@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import asyncpg
+
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
 from runtime.db import connect
+from runtime.eventlog import read_after
 from schemas.events import event_id
 
 CHAIN = 31337
+
+
+async def _mark_sending(conn: asyncpg.Connection) -> list[str]:
+    """What the publisher does before a send: read the log past the watermark, record the attempt."""
+    after = await conn.fetchval(
+        "SELECT COALESCE((SELECT published_through FROM event_log_watermarks WHERE chain_id = $1), 0)", CHAIN
+    )
+    line = await conn.fetchval("SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", CHAIN)
+    messages = await read_after(conn, CHAIN, after, 10_000, line=line)
+    if messages:
+        await conn.execute(
+            "INSERT INTO event_log_watermarks (chain_id, sending_through) VALUES ($1, $2)"
+            " ON CONFLICT (chain_id) DO UPDATE SET sending_through = EXCLUDED.sending_through",
+            CHAIN,
+            messages[-1].position,
+        )
+    return [m.message_id for m in messages]
+
+
+async def _publish(conn: asyncpg.Connection) -> list[str]:
+    """What the publisher does around a send: mark the attempt, then (acked) move the watermark."""
+    ids = await _mark_sending(conn)
+    await conn.execute(
+        "UPDATE event_log_watermarks SET published_through = sending_through WHERE chain_id = $1", CHAIN
+    )
+    return ids
 
 
 def _block(number: int, fork: str = "a") -> BlockRef:
@@ -33,16 +62,16 @@ async def test_event_back_after_reorg_a_b_a_gets_a_new_message_id(database_url: 
         await store.append(conn, events=[], blocks=[base], tip=base, confirmations=0, head=None)
         event = _event(a1, 0, 7)
         await store.append(conn, events=[event], blocks=[a1], tip=a1, confirmations=0, head=None)
-        await conn.execute("UPDATE outbox SET published_at = now()")
+        ids = await _publish(conn)
         removed, retracted = await store.rollback_to(conn, base)
         assert (removed, retracted) == (1, 1)
-        await conn.execute("UPDATE outbox SET published_at = now()")
+        ids += await _publish(conn)
         await store.append(conn, events=[event], blocks=[a1], tip=a1, confirmations=0, head=None)
-        ids = [r["message_id"] for r in await conn.fetch("SELECT message_id FROM outbox ORDER BY seq")]
+        ids += await _mark_sending(conn)
         assert ids == [event.id, f"{event.id}:removed", f"{event.id}#1"]
-        await conn.execute("UPDATE outbox SET published_at = now()")
+        await _publish(conn)
         await store.rollback_to(conn, base)
-        ids = [r["message_id"] for r in await conn.fetch("SELECT message_id FROM outbox ORDER BY seq")]
+        ids += await _publish(conn)
         assert ids[-1] == f"{event.id}#1:removed"
         assert await conn.fetchval("SELECT count(*) FROM escrow_events") == 0
     finally:
@@ -59,9 +88,10 @@ async def test_unpublished_events_vanish_without_retraction(database_url: str) -
         await store.append(
             conn, events=[_event(a1, 0, 1), _event(a2, 0, 2)], blocks=[a1, a2], tip=a2, confirmations=2, head=None
         )
+        assert await _publish(conn) == []  # held back: neither block is two deep
         removed, retracted = await store.rollback_to(conn, base)
         assert (removed, retracted) == (2, 0)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval("SELECT count(*) FROM event_log_messages") == 0
         assert await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", CHAIN) == 1
         assert await conn.fetchval("SELECT count(*) FROM chain_blocks WHERE block_number > 1") == 0
     finally:
@@ -77,10 +107,10 @@ async def test_row_sent_but_never_marked_is_retracted(database_url: str) -> None
         await store.append(conn, events=[], blocks=[base], tip=base, confirmations=0, head=None)
         event = _event(a1, 0, 9)
         await store.append(conn, events=[event], blocks=[a1], tip=a1, confirmations=0, head=None)
-        await conn.execute("UPDATE outbox SET send_attempts = 1")  # what the publisher does before sending
+        assert await _mark_sending(conn) == [event.id]  # what the publisher does before sending
         removed, retracted = await store.rollback_to(conn, base)
         assert (removed, retracted) == (1, 1)
-        ids = [r["message_id"] for r in await conn.fetch("SELECT message_id FROM outbox ORDER BY seq")]
+        ids = await _publish(conn)
         assert ids == [f"{event.id}:removed"], "the unmarked original is not sent late; its retraction is"
     finally:
         await conn.close()

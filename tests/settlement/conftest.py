@@ -301,8 +301,10 @@ class LogIndexer:
         async with conn.transaction():
             await conn.executemany(
                 "INSERT INTO escrow_events (event_id, chain_id, escrow_address, block_number, block_hash,"
-                " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb) ON CONFLICT DO NOTHING",
+                " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args, position)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb,"
+                " (SELECT COALESCE(max(position), 0) + 1 FROM escrow_events WHERE chain_id = $2))"
+                " ON CONFLICT DO NOTHING",
                 rows,
             )
             await conn.execute(

@@ -40,7 +40,7 @@ from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
 from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
-from runtime.outbox import OutboxPublisher
+from runtime.outbox import OutboxPublisher, unpublished
 from schemas.events import event_id
 from tests.support.tcp_proxy import TcpProxy
 
@@ -191,7 +191,7 @@ async def wait_for_cursor(
 async def wait_until_published(
     database_url: str, chain_id: int, block: int, *, timeout: float = 60.0
 ) -> None:
-    """Until the cursor reaches `block` and no outbox row is left unpublished."""
+    """Until the cursor reaches `block` and no outbox or event-log row is left unpublished."""
     conn = await connect(database_url)
     try:
 
@@ -199,10 +199,7 @@ async def wait_until_published(
             cursor = await cursor_of(conn, chain_id)
             if cursor is None or cursor[0] < block:
                 return False
-            pending = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)"
-            )
-            return not pending
+            return not await unpublished(conn)
 
         await wait_for(
             done, timeout=timeout, interval=0.05, what=f"all published up to block {block}"

@@ -478,7 +478,8 @@ async def quiesce(sim: Simulation, conn: asyncpg.Connection, *, timeout: float =
     async def settled() -> bool:
         row = await conn.fetchrow(
             "SELECT (SELECT block_number FROM chain_cursor WHERE chain_id = $1) AS cursor,"
-            " (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS pending,"
+            " (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
+            " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published') AS pending,"
             " (SELECT count(*) FROM settlement_verdicts WHERE status IN ('queued', 'sent')) AS open",
             sim.devnet.chain_id,
         )

@@ -163,8 +163,9 @@ class IndexedChain:
             async with conn.transaction():
                 await conn.execute(
                     "INSERT INTO escrow_events (event_id, chain_id, escrow_address, block_number, block_hash,"
-                    " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, $9, $10)",
+                    " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args, position)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, $9, $10,"
+                    " (SELECT COALESCE(max(position), 0) + 1 FROM escrow_events WHERE chain_id = $2))",
                     event.id, self.chain_id, self.escrow, self.block, block_hash, self.now, event.tx_hash,
                     name, task_id, args,
                 )  # fmt: skip

@@ -18,6 +18,7 @@ from aiohttp import web
 from escrowd.devnet import Devnet
 from relayer.verification.consumer import VerificationHandler
 from runtime.consumer import IdempotentConsumer
+from runtime.eventlog import read_after
 from runtime.kafka import cloudevent_headers, encode_headers, make_producer
 from schemas.task_terms import result_hash
 from schemas.verdict import recover_signer
@@ -120,17 +121,21 @@ async def test_redelivered_events_and_a_replaying_group_produce_no_second_verdic
     assert (await run.finalize(task, d.agents[0], GOOD)).status_code == 200
     await run.verdicts.wait(1)
 
-    # Redeliver every event and request message as it was (same ids, same payloads).
-    rows = await run.conn.fetch(
-        "SELECT topic, key, headers, payload FROM outbox WHERE topic = ANY($1::text[]) ORDER BY seq",
-        [run.topics.events, run.topics.requests],
+    # Redeliver every event and request message as it was (same ids, same payloads): the
+    # events as the publisher builds them from the indexer's log, the requests from the outbox.
+    events = await read_after(run.conn, run.devnet.chain_id, 0, 100_000, line=None)
+    requests = await run.conn.fetch(
+        "SELECT topic, key, headers, payload FROM outbox WHERE topic = $1 ORDER BY seq", run.topics.requests
     )
+    rows = [(run.topics.events, m.key, m.payload, m.headers) for m in events] + [
+        (r["topic"], r["key"], r["payload"], encode_headers(dict(r["headers"]))) for r in requests
+    ]
     assert len(rows) >= 4
     producer = make_producer(run.bootstrap)
     await producer.start()
     try:
-        for row in rows:
-            await producer.send_and_wait(row["topic"], row["payload"], key=row["key"], headers=encode_headers(dict(row["headers"])))
+        for topic, key, payload, headers in rows:
+            await producer.send_and_wait(topic, payload, key=key, headers=headers)
     finally:
         await producer.stop()
 

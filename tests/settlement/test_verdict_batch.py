@@ -119,7 +119,7 @@ async def _seed(url: str) -> None:
         def event(task: int, name: str, args: dict[str, Any]) -> None:
             n = len(rows)
             rows.append(
-                (f"{CHAIN}:0xb{n}:{n}", CHAIN, ESCROW, 10 + n, f"0xb{n}", 0, f"0xt{n}", 0, n, name, task, args)
+                (f"{CHAIN}:0xb{n}:{n}", CHAIN, ESCROW, 10 + n, f"0xb{n}", 0, f"0xt{n}", 0, n, name, task, args, n + 1)
             )
 
         for task in (1, 2, 3, 4, 6, 7, 8, 9):
@@ -128,8 +128,8 @@ async def _seed(url: str) -> None:
         event(3, "VerificationCompleted", {"attempt": 1})
         await conn.executemany(
             "INSERT INTO escrow_events (event_id, chain_id, escrow_address, block_number, block_hash,"
-            " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            " block_timestamp, tx_hash, tx_index, log_index, event_name, task_id, args, position)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             rows,
         )
         await conn.execute(

@@ -8,6 +8,8 @@ directories, so tests never see each other whichever worker runs them.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 pytest_plugins = ["tests.fixtures.services", "tests.fixtures.chain"]
@@ -50,3 +52,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under xdist, the known-slow files first (stable: everything else keeps its order)."""
     if hasattr(config, "workerinput"):
         items.sort(key=_queue_place)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C works in the processes the tests start, however the suite itself was started.
+
+    A shell starts a background job (`make test &`, a CI step run with `&`) with SIGINT
+    ignored, and every child inherits that: the tests that press Ctrl-C on `escrowd devnet`
+    would then wait for an exit that never comes. A handler of ours (unlike SIG_IGN) is reset
+    to the default in every child at exec.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+

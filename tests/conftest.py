@@ -8,7 +8,10 @@ directories, so tests never see each other whichever worker runs them.
 
 from __future__ import annotations
 
+import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -64,4 +67,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The embedded PostgreSQL puts its socket under XDG_RUNTIME_DIR when the data directory's
+    # path is too long for one (a test's private TMPDIR under an xdist worker's basetemp).
+    # runtime.services.postgres sets it on the first start; set it before any test runs, so
+    # an `escrowd run` started by the first test of a worker inherits the short one too.
+    runtime = Path(tempfile.gettempdir()) / f"escrowd-runtime-{os.getuid()}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
 

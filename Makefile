@@ -28,8 +28,13 @@ run: bootstrap
 devnet: bootstrap
 	$(BIN)/escrowd devnet
 
+# The suite on TEST_WORKERS pytest-xdist workers (each with its own PostgreSQL and broker);
+# most tests wait on processes (anvil, escrowd services, Kafka), so more workers than cores
+# pay. `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 4
+
 test: bootstrap
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 soak: bootstrap
 	$(BIN)/python -m pytest -q -m soak $(PYTEST_ARGS)

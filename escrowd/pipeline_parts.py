@@ -253,13 +253,17 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
                     poll_seconds=1.0,
                 )
                 members.append(VerifierBot(settings, scorer, session))
-            for _ in range(100):  # the API starts with the other components
+            # The API starts with the other components (slowly on a loaded machine): retry
+            # until it answers, or until the run stops first.
+            while not stop.is_set():
                 try:
                     for bot in members:
                         await bot.register()
                     break
                 except (aiohttp.ClientError, RuntimeError):
                     await asyncio.sleep(0.2)
+            if stop.is_set():
+                return
             await asyncio.gather(*(bot.run(stop) for bot in members))
 
     parts.append(Component("verifier-bots", bots))

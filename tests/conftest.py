@@ -1,3 +1,77 @@
-"""Shared fixtures: real PostgreSQL, Kafka and anvil, started on demand and always stopped."""
+"""Shared fixtures: real PostgreSQL, Kafka and anvil, started on demand and always stopped.
+
+`make test` runs the suite on several pytest-xdist workers (`-n`); every worker starts its
+own embedded PostgreSQL and Tansu broker (unless `DATABASE_URL` / `KAFKA_BOOTSTRAP` name
+shared ones), and every test gets its own database, topic prefix, ports and temporary
+directories, so tests never see each other whichever worker runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.fixtures.services", "tests.fixtures.chain"]
+
+# The files with the longest tests (whole-system runs, kill -9 campaigns, consumer processes
+# across restarts, stateful runs against anvil), longest first, from `pytest --durations`
+# summed per file. `make test` hands out whole files (`--dist loadfile`, so module fixtures
+# are set up once), in this order first: they run beside the many short files instead of
+# finishing the run alone on one worker. A path that no longer matches only loses its place.
+SLOW_FIRST = (
+    "tests/integration/test_lifecycle_consumers.py",
+    "tests/simulation/test_whole_system.py",
+    "tests/verification/test_consumer_integration.py",
+    "tests/consumers/test_poison_pill.py",
+    "tests/contract/test_escrow_stateful.py",
+    "tests/settlement/test_relay_crash.py",
+    "tests/consumers/test_hostile_messages.py",
+    "tests/unit/test_lifecycle_machine.py",
+    "tests/verification/test_request_trust.py",
+    "tests/house/test_service_signals.py",
+    "tests/integration/test_indexer_crash.py",
+    "tests/integration/test_indexer_faults.py",
+    "tests/verification/test_sandbox_hostile.py",
+    "tests/e2e/test_run_signals.py",
+    "tests/verification/test_registry.py",
+    "tests/verification/test_request_signatures.py",
+    "tests/e2e/test_run_exit.py",
+    "tests/settlement/test_relay_faults.py",
+    "tests/panels/test_panels_e2e.py",
+    "tests/house/test_keys_init.py",
+)
+
+
+def _queue_place(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the known-slow files first (stable: everything else keeps its order)."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=_queue_place)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C works in the processes the tests start, however the suite itself was started.
+
+    A shell starts a background job (`make test &`, a CI step run with `&`) with SIGINT
+    ignored, and every child inherits that: the tests that press Ctrl-C on `escrowd devnet`
+    would then wait for an exit that never comes. A handler of ours (unlike SIG_IGN) is reset
+    to the default in every child at exec.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The embedded PostgreSQL puts its socket under XDG_RUNTIME_DIR when the data directory's
+    # path is too long for one (a test's private TMPDIR under an xdist worker's basetemp).
+    # runtime.services.postgres sets it on the first start; set it before any test runs, so
+    # an `escrowd run` started by the first test of a worker inherits the short one too.
+    runtime = Path(tempfile.gettempdir()) / f"escrowd-runtime-{os.getuid()}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+

@@ -55,7 +55,7 @@ def test_anvil_dies_with_a_killed_owner_and_its_home_is_swept() -> None:
         assert probe._rpc("eth_chainId") == hex(31337)
         owner.kill()  # SIGKILL: no cleanup code runs in the owner
         owner.wait(timeout=10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # generous (loaded CI): ends as soon as anvil is gone
         while True:
             try:
                 probe._rpc("eth_chainId", timeout=0.5)
@@ -173,7 +173,7 @@ def test_devnet_command_prints_json_and_stops_anvil_on_interrupt() -> None:
         escrow_code = ping._rpc("eth_getCode", [doc["contracts"]["escrow"], "latest"])
         assert isinstance(escrow_code, str) and len(escrow_code) > 1000
         proc.send_signal(2)  # SIGINT, as Ctrl-C
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=120) == 0  # generous (loaded CI): returns as soon as it exits
         with pytest.raises(OSError):
             ping._rpc("eth_chainId")
     finally:

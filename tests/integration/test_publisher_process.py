@@ -41,7 +41,7 @@ async def test_publisher_process_drains_the_outbox(database_url: str, kafka_boot
         records = await read_topic(kafka_bootstrap, topic, timeout=20)
         assert sorted(r.id for r in records) == sorted(m.message_id for m in messages)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
+        assert process.wait(timeout=120) == 0  # generous (loaded CI): returns as soon as it exits
     finally:
         if process.poll() is None:
             process.kill()

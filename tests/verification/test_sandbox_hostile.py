@@ -85,7 +85,10 @@ def readable_copy(path: Path, tag: str, only: tuple[str, ...] = ()) -> Path:
         subprocess.run(
             ["find", str(building), "-type", "d", "-exec", "chmod", "755", "{}", "+"], check=True
         )
-        building.rename(mirror)
+        try:
+            building.rename(mirror)
+        except OSError:  # another test process (a parallel worker) built it first
+            subprocess.run(["rm", "-rf", str(building)], check=False)
     return mirror
 
 

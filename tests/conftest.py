@@ -71,7 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # path is too long for one (a test's private TMPDIR under an xdist worker's basetemp).
     # runtime.services.postgres sets it on the first start; set it before any test runs, so
     # an `escrowd run` started by the first test of a worker inherits the short one too.
-    runtime = Path(tempfile.gettempdir()) / f"escrowd-runtime-{os.getuid()}"
+    # One per worker: the embedded PostgreSQL makes the folders on its way traversable
+    # (0755) when it starts, and a process that imports it while the folder is not private
+    # (0700) falls back to a long path. A folder shared by workers would let one worker's
+    # start race another's `escrowd run`.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    runtime = Path(tempfile.gettempdir()) / f"escrowd-runtime-{os.getuid()}-{worker}"
     runtime.mkdir(mode=0o700, exist_ok=True)
+    runtime.chmod(0o700)
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
 

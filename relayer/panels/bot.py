@@ -21,6 +21,7 @@ report; the scorer gets exactly that, never the poster's claim.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -259,8 +260,22 @@ class VerifierBot:
         return accepted
 
     async def run(self, stop: asyncio.Event, *, once: bool = False) -> None:
-        """Register, then poll until stopped."""
-        await self.register()
+        """Register, then poll until stopped.
+
+        The API may not answer yet (it starts beside us) or any more (it stops first on a
+        signal): registration is retried while the connection fails, until it succeeds or
+        `stop` is set; a refusal raises.
+        """
+        while not stop.is_set():
+            try:
+                await self.register()
+                break
+            except (aiohttp.ClientError, TimeoutError) as exc:  # a refusal (HTTP 4xx) raises
+                log.warning("register_failed", error_type=type(exc).__name__)
+                if once:
+                    raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
         while not stop.is_set():
             try:
                 await self.poll_once()

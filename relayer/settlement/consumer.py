@@ -191,52 +191,7 @@ class VerdictHandler:
                 # A copy signed by a key registered later must not count as a duplicate.
                 await store.release_inbox(conn, self._consumer, message.message_id)
             return
-        await self.admit(conn, signed, message.message_id, message.value, bound)
-
-    async def admit(
-        self,
-        conn: asyncpg.Connection,
-        signed: SignedVerdict,
-        message_id: str | None,
-        payload: bytes,
-        bound: structlog.typing.FilteringBoundLogger,
-    ) -> None:
-        """Decide on a correctly signed verdict and store the outcome."""
-        verdict = signed.verdict
-        now = self._clock.now().astimezone()
-        task = await store.indexed_task(conn, verdict.chain_id, verdict.escrow, verdict.task_id)
-        decision = decide(
-            verdict, task, self._served, now=now, received_at=now, wait_limit=self._wait_limit
-        )
-        if isinstance(decision, Reject):
-            await self._reject(conn, message_id_or(message_id, verdict), payload, signed, decision, bound)
-            return
-        status = "awaiting_evidence" if isinstance(decision, Wait) else "queued"
-        if isinstance(decision, Accept) and decision.already_judged:
-            status = "already_judged"
-        inserted = await store.insert_verdict(
-            conn,
-            chain_id=verdict.chain_id,
-            escrow=verdict.escrow,
-            task_id=verdict.task_id,
-            attempt=verdict.attempt,
-            evidence_hash=verdict.evidence_hash,
-            passed=verdict.passed,
-            score=verdict.score,
-            message_id=message_id or verdict_message_id(verdict),
-            signer=signed.signer,
-            signed_verdict=signed.model_dump(mode="json"),
-            status=status,
-            issued_at=verdict.issued_at,
-            wait_until=now + self._wait_limit if status == "awaiting_evidence" else None,
-        )
-        if inserted is None:
-            metrics.VERDICTS_RECEIVED.labels("duplicate").inc()
-            bound.info("verdict_duplicate_attempt")
-            return
-        outcome = "awaiting_evidence" if status == "awaiting_evidence" else "accepted"
-        metrics.VERDICTS_RECEIVED.labels(outcome).inc()
-        bound.info("verdict_accepted", status=status, passed=verdict.passed, score=verdict.score)
+        await self.admit_many(conn, [(message_id_or(message.message_id, verdict), signed, message.value)])
 
     @staticmethod
     def parse(message: InboundMessage) -> SignedVerdict | None:
@@ -254,11 +209,12 @@ class VerdictHandler:
     async def admit_many(
         self, conn: asyncpg.Connection, items: Sequence[tuple[str, SignedVerdict, bytes]]
     ) -> None:
-        """`admit` for many correctly signed verdicts (message id, verdict, payload) at once.
+        """Decide on correctly signed verdicts (message id, verdict, payload) and store the outcomes.
 
-        The caller guarantees that no two items share a message id or an attempt. Same
-        decisions, rows, metrics and log lines as `admit` one by one, in two statements (the
-        indexed state of every task, then every idempotency row) plus one per refusal.
+        The caller guarantees that no two items share a message id or an attempt. Two
+        statements whatever the count (the indexed state of every task, then every
+        idempotency row) plus one per refusal: the per-message path passes one item, the
+        batch path a fetch's ordinary verdicts.
         """
         now = self._clock.now().astimezone()
         tasks = await store.indexed_tasks(

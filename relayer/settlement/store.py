@@ -165,51 +165,6 @@ async def indexer_cursor(conn: asyncpg.Connection, chain_id: int) -> int | None:
 # ---------------------------------------------------------------------------- verdicts in
 
 
-async def insert_verdict(
-    conn: asyncpg.Connection,
-    *,
-    chain_id: int,
-    escrow: str,
-    task_id: int,
-    attempt: int,
-    evidence_hash: str,
-    passed: bool,
-    score: int,
-    message_id: str,
-    signer: str,
-    signed_verdict: dict[str, Any],
-    status: str,
-    issued_at: datetime,
-    wait_until: datetime | None,
-) -> int | None:
-    """Insert the idempotency row (waking the sender when queued); None when the attempt has one."""
-    # One round trip: the insert and, when it queued something, the sender's wake-up
-    # (delivered when the caller's transaction commits).
-    value = await conn.fetchval(
-        "WITH ins AS (INSERT INTO settlement_verdicts (chain_id, escrow, task_id, attempt, evidence_hash,"
-        " passed, score, message_id, signer, signed_verdict, status, issued_at, wait_until)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb, $11, $12, $13)"
-        " ON CONFLICT (chain_id, escrow, task_id, attempt) DO NOTHING RETURNING id, status)"
-        " SELECT id FROM ins, LATERAL (SELECT CASE WHEN ins.status = 'queued'"
-        " THEN pg_notify($14, $1::text) END) AS wake",
-        chain_id,
-        escrow.lower(),
-        task_id,
-        attempt,
-        evidence_hash.lower(),
-        passed,
-        score,
-        message_id,
-        signer,
-        jsoncodec.dumps_str(signed_verdict),
-        status,
-        issued_at,
-        wait_until,
-        NOTIFY_CHANNEL,
-    )
-    return None if value is None else int(value)
-
-
 @dataclass(frozen=True)
 class NewVerdict:
     """One idempotency row to insert (see `insert_verdicts`)."""
@@ -235,7 +190,7 @@ class NewVerdict:
 
 
 async def insert_verdicts(conn: asyncpg.Connection, rows: Sequence[NewVerdict]) -> set[tuple[int, str, int, int]]:
-    """`insert_verdict` for many rows in one statement; returns the keys inserted.
+    """Insert idempotency rows in one statement; returns the keys inserted.
 
     A key already present is skipped (a duplicate attempt). The caller must not pass the
     same key twice. Each chain with a newly queued verdict gets one wake-up, delivered when

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -14,58 +13,15 @@ import pytest
 from escrowd.devnet import Devnet
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc
-from relayer.settlement.rulings import RulingHandler, RulingSender
-from runtime.consumer import IdempotentConsumer, InboundMessage
-from runtime.db import create_pool
-from schemas import panels as msg
+from relayer.settlement.rulings import RulingSender
 from schemas.task_state import TaskStatus
-
-PANEL_KEY = "0x" + "5e" * 32
-OTHER_KEY = "0x" + "6f" * 32
-
-
-def disputed_task(devnet: Devnet) -> int:
-    """A task that failed verification and whose agent disputed it."""
-    poster, agent = devnet.posters[0], devnet.agents[0]
-    task_id = devnet.post_task(poster)
-    devnet.accept_task(task_id, sender=agent)
-    evidence = b"\x11" * 32
-    devnet.submit_evidence(task_id, evidence, sender=agent)
-    devnet.complete_verification(task_id, 1, evidence, False, 10, sender=devnet.marketplace_verifier)
-    devnet.raise_dispute(task_id, sender=agent)
-    assert devnet.get_task(task_id).status == TaskStatus.DISPUTED
-    return task_id
-
-
-def ruling_message(devnet: Devnet, task_id: int, share: int, key: str = PANEL_KEY, offset: int = 0) -> InboundMessage:
-    ruling = msg.Ruling(chain_id=devnet.chain_id, escrow=devnet.escrow_address, task_id=task_id, round=1,
-                        agent_share_bps=share)
-    signed = msg.sign_ruling(ruling, key)
-    return InboundMessage(topic="escrow.panel-rulings.v1", partition=0, offset=offset, key=None,
-                          headers={"ce_id": f"{msg.ruling_message_id(ruling)}:{offset}"},
-                          value=signed.model_dump_json().encode(), timestamp_ms=0)
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await create_pool(database_url)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-def _consumer(devnet: Devnet) -> IdempotentConsumer:
-    trusted = frozenset({msg.sign_ruling(msg.Ruling(chain_id=1, escrow="0x" + "00" * 20, task_id=1, round=1,
-                                                    agent_share_bps=0), PANEL_KEY).signer.lower()})
-    handler = RulingHandler(chain_id=devnet.chain_id, escrow=devnet.escrow_address, trusted_signers=trusted)
-    return IdempotentConsumer(name="escrowd-relayer-rulings", topics=["x"], bootstrap="unused:9092",
-                              database_url="unused", handler=handler)
-
-
-async def _admit(pool: asyncpg.Pool, consumer: IdempotentConsumer, message: InboundMessage) -> str:
-    async with pool.acquire() as conn, conn.transaction():
-        return await consumer.handle_one(conn, message)
+from tests.panels.rulings_support import (
+    OTHER_KEY,
+    admit,
+    disputed_task,
+    ruling_consumer,
+    ruling_message,
+)
 
 
 async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
@@ -82,11 +38,11 @@ async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status:
 
 async def test_a_trusted_ruling_resolves_the_dispute_once(devnet: Devnet, pool: asyncpg.Pool) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    consumer = _consumer(devnet)
+    consumer = ruling_consumer(devnet)
     agent_before = (await asyncio.to_thread(devnet.balances_of, [devnet.agents[0]]))[0]
-    assert await _admit(pool, consumer, ruling_message(devnet, task_id, 6_500)) == "processed"
+    assert await admit(pool, consumer, ruling_message(devnet, task_id, 6_500)) == "processed"
     # A second ruling for the same task (another message) is recorded nowhere new.
-    assert await _admit(pool, consumer, ruling_message(devnet, task_id, 100, offset=1)) == "processed"
+    assert await admit(pool, consumer, ruling_message(devnet, task_id, 100, offset=1)) == "processed"
     rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
     try:
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
@@ -105,8 +61,8 @@ async def test_a_trusted_ruling_resolves_the_dispute_once(devnet: Devnet, pool: 
 
 
 async def test_untrusted_signer_is_dead_lettered(devnet: Devnet, pool: asyncpg.Pool) -> None:
-    consumer = _consumer(devnet)
-    assert await _admit(pool, consumer, ruling_message(devnet, 1, 5_000, key=OTHER_KEY)) == "dead_lettered"
+    consumer = ruling_consumer(devnet)
+    assert await admit(pool, consumer, ruling_message(devnet, 1, 5_000, key=OTHER_KEY)) == "dead_lettered"
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM settlement_rulings") == 0
         reason = await conn.fetchval("SELECT reason FROM dead_letters")
@@ -115,7 +71,7 @@ async def test_untrusted_signer_is_dead_lettered(devnet: Devnet, pool: asyncpg.P
 
 async def test_fail_closed_when_our_key_is_not_the_arbiter(devnet: Devnet, pool: asyncpg.Pool) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 10_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 10_000))
     rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
     try:
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.owner.private_key), devnet.chain_id,
@@ -142,7 +98,7 @@ async def test_crash_between_commit_and_broadcast_resends_the_stored_transaction
     devnet: Devnet, pool: asyncpg.Pool
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 0))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 0))
     rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
     try:
         key = SecretKey.from_hex(devnet.arbiter.private_key)
@@ -163,7 +119,7 @@ async def test_crash_between_commit_and_broadcast_resends_the_stored_transaction
 async def test_a_task_resolved_meanwhile_is_recorded_not_sent(devnet: Devnet, pool: asyncpg.Pool) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
     await asyncio.to_thread(devnet.resolve_dispute, task_id, 5_000)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 10_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 10_000))
     rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
     try:
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
@@ -206,7 +162,7 @@ async def test_a_nonce_taken_by_another_arbiter_transaction_requeues_the_ruling(
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
     other = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 2_500))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 2_500))
     rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
     try:
         key = SecretKey.from_hex(devnet.arbiter.private_key)

@@ -21,7 +21,7 @@ from runtime.kafka import TopicSpec, encode_headers, ensure_topics
 from runtime.services.ports import free_port
 from schemas import panels as msg
 from schemas.task_state import TaskStatus
-from tests.panels.test_ruling_relay import PANEL_KEY, disputed_task
+from tests.panels.rulings_support import PANEL_KEY, disputed_task
 
 ESCROWD = Path(sys.executable).with_name("escrowd")
 

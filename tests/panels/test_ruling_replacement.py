@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -22,27 +21,8 @@ from relayer.settlement.fees import FeePolicy, Fees, is_valid_replacement
 from relayer.settlement.keys import SecretKey
 from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RulingSender
-from runtime.db import create_pool
 from schemas.task_state import TaskStatus
-from tests.panels.test_ruling_relay import _admit, _consumer, disputed_task, ruling_message
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await create_pool(database_url)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def rpc(devnet: Devnet) -> AsyncIterator[EthRpc]:
-    client = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
-    try:
-        yield client
-    finally:
-        await client.close()
+from tests.panels.rulings_support import admit, disputed_task, ruling_consumer, ruling_message
 
 
 def _sender(devnet: Devnet, rpc: EthRpc, **options: object) -> RulingSender:
@@ -103,7 +83,7 @@ async def test_a_ruling_priced_under_the_base_fee_is_replaced_and_lands_once(
     devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 7_500))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 7_500))
     sender = _sender(devnet, rpc, replace_after=3_600.0)  # only the base fee makes it stuck here
     arbiter = sender.key.address
     count_before = await rpc.transaction_count(arbiter, "latest")
@@ -148,7 +128,7 @@ async def test_a_ruling_waiting_too_long_is_replaced_in_the_pool(
 ) -> None:
     """Mining paused: nothing lands; after `replace_after` the pool holds the bumped version only."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 10_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 10_000))
     sender = _sender(devnet, rpc, replace_after=0.01)
     await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
     try:
@@ -180,7 +160,7 @@ async def test_a_receipt_for_an_older_version_counts(devnet: Devnet, pool: async
     """v2 is recorded but never reaches the node (crash); v1 is mined: the ruling is confirmed
     with v1, not requeued as a lost nonce, and nothing else is sent."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 4_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 4_000))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     count_before = await rpc.transaction_count(key.address, "latest")
     await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
@@ -205,7 +185,7 @@ async def test_a_receipt_for_an_older_version_counts(devnet: Devnet, pool: async
 async def test_no_replacement_above_the_fee_cap(devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc) -> None:
     """The cap leaves no valid bump: the live version stays (re-broadcast), none is signed."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 5_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 5_000))
     base_fee = (await rpc.head()).base_fee
     policy = FeePolicy(fee_cap=base_fee * 2 + 10**9)  # room for the first price, not for +12.5 %
     sender = _sender(devnet, rpc, policy=policy, replace_after=0.01)
@@ -233,7 +213,7 @@ async def test_a_reorg_under_a_confirmed_ruling_sends_it_again_with_the_same_non
     devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 6_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 6_000))
     sender = _sender(devnet, rpc, confirmations=2, finality_depth=6)
     arbiter = sender.key.address
     count_before = await rpc.transaction_count(arbiter, "latest")
@@ -273,7 +253,7 @@ async def test_a_reorg_then_the_nonce_taken_by_another_arbiter_transaction_resen
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
     other = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 3_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 3_000))
     sender = _sender(devnet, rpc, confirmations=2, finality_depth=8)
     confirmed = await _confirm(pool, sender, devnet, task_id)
     depth = await asyncio.to_thread(devnet.block_number) - int(confirmed["block_number"]) + 1
@@ -295,7 +275,7 @@ async def test_a_version_at_another_nonce_than_the_live_one_is_refused(
     devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 1_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 1_000))
     await _confirm(pool, _sender(devnet, rpc), devnet, task_id)
     (version,) = await _versions(pool, task_id)
     async with pool.acquire() as conn:
@@ -314,7 +294,7 @@ async def test_after_an_older_version_is_reorged_away_the_ruling_is_replaced_aga
     """v1 mined while v2 was the live version; a reorg takes v1 away: the ruling is pending
     again at the same nonce, and bumping it once more (v3) still works."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 9_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 9_000))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     count_before = await rpc.transaction_count(key.address, "latest")
     await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)

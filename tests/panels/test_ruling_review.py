@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -30,27 +30,8 @@ from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RULINGS, SENDER_PART, RulingSender, resolve_dispute_data
 from relayer.settlement.txs import sign_eip1559
 from runtime import health
-from runtime.db import create_pool
 from schemas.task_state import TaskStatus
-from tests.panels.test_ruling_relay import _admit, _consumer, disputed_task, ruling_message
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await create_pool(database_url)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def rpc(devnet: Devnet) -> AsyncIterator[EthRpc]:
-    client = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
-    try:
-        yield client
-    finally:
-        await client.close()
+from tests.panels.rulings_support import admit, disputed_task, ruling_consumer, ruling_message
 
 
 async def _ruling(pool: asyncpg.Pool, task_id: int) -> asyncpg.Record:
@@ -74,7 +55,7 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
     fills n+1), so the next ruling, for task B at n+2, is mined."""
     task_a = await asyncio.to_thread(disputed_task, devnet)
     task_b = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_a, 7_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_a, 7_000))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
     n = await rpc.transaction_count(key.address, "latest")
@@ -101,7 +82,7 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
     assert await _receipt(devnet, sent["tx_hash"]) is None
     assert await rpc.transaction_count(key.address, "latest") == n + 1
 
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_b, 4_000, offset=1))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_b, 4_000, offset=1))
     for _ in range(30):  # bounded by passes: each pass sends, re-broadcasts or records
         await sender.step(pool)
         statuses = {(await _ruling(pool, t))["status"] for t in (task_a, task_b)}
@@ -147,7 +128,7 @@ async def test_a_ruling_never_moves_to_a_nonce_nothing_of_it_was_signed_at(
     devnet: Devnet, pool: asyncpg.Pool, rpc: EthRpc
 ) -> None:
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 2_500))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 2_500))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
     await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
@@ -228,7 +209,7 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
     """While the node lies the sender is not ready and signs nothing at a bogus nonce; the
     process keeps running, and once the node answers properly the ruling lands once."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 6_500))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 6_500))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     count_before = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
     async with _LyingNode(devnet.rpc_url, method, lie) as node:
@@ -286,7 +267,7 @@ async def test_a_ruling_the_node_refuses_is_counted_and_lands_once_the_cause_is_
     cap, and then the alert named the wrong cause. It is now counted (`broadcast_refused`,
     alert EscrowdRulingBroadcastRefused); a node that already has the transaction is not."""
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    await _admit(pool, _consumer(devnet), ruling_message(devnet, task_id, 8_000))
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 8_000))
     key = SecretKey.from_hex(devnet.arbiter.private_key)
     sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address, replace_after=3_600.0)
     balance = await asyncio.to_thread(devnet.rpc, "eth_getBalance", key.address, "latest")

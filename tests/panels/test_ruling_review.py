@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -220,7 +221,10 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
         health.mark(SENDER_PART, True)
         running = asyncio.create_task(sender.run(pool, stop, interval=0.02))
         try:
-            for _ in range(500):  # until the sender met a few lies (bounded by passes, not time)
+            # Waits end on what they wait for; the deadlines only stop a broken run, and are
+            # generous because a loaded machine may take long to make the sender's passes.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
                 if node.lies >= 3 or running.done():
                     break
                 await asyncio.sleep(0.02)
@@ -233,9 +237,12 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
             assert all(int(r["nonce"]) < 2**32 for r in nonces)
 
             node.lying = False
-            for _ in range(500):
+            # Confirmed, then ready again: the pass that records the confirmation marks the
+            # sender ready when it ends, a moment after the row changed.
+            deadline = time.monotonic() + 120
+            while not running.done() and time.monotonic() < deadline:
                 row = await _ruling(pool, task_id)
-                if row["status"] == "confirmed" or running.done():
+                if row["status"] == "confirmed" and health.readiness()[1][SENDER_PART] is True:
                     break
                 await asyncio.sleep(0.02)
             assert not running.done()

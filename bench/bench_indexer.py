@@ -131,6 +131,49 @@ async def measure_raw(devnet: Devnet, start: int, end: int, events: int) -> dict
 # ---------------------------------------------------------------------------- (b) indexer
 
 
+class ProfiledIndexerProcess(IndexerProcess):
+    """`escrowd index run` under cProfile: the stats go to `profile` when it stops (SIGTERM
+    makes the CLI return normally, so the profiler writes its file)."""
+
+    def __init__(self, config: Path, profile: Path) -> None:
+        super().__init__(config)
+        self.profile = profile
+
+    def start(self) -> ProfiledIndexerProcess:
+        """Start the child under `python -m cProfile -o PROFILE -m escrowd.cli`."""
+        with self.log_path.open("ab") as out:
+            profiler = [sys.executable, "-m", "cProfile", "-o", str(self.profile)]
+            self._proc = subprocess.Popen(
+                [*profiler, "-m", "escrowd.cli", "index", "run", "--config", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        self.starts += 1
+        return self
+
+
+def profile_summary(path: Path, top: int = 25) -> list[dict[str, Any]]:
+    """The `top` functions by own time (tottime) in a cProfile stats file."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    rows = []
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "function": f"{Path(file).name}:{line}({name})",
+                "calls": calls,
+                "tottime_s": round(tottime, 3),
+                "cumtime_s": round(cumtime, 3),
+            }
+        )
+    total = sum(r["tottime_s"] for r in rows)
+    rows.sort(key=lambda r: r["tottime_s"], reverse=True)
+    return [{**r, "share": round(r["tottime_s"] / total, 3)} for r in rows[:top]]
+
+
 def start_publisher(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
     """`escrowd index publish --config FILE` as a child process, output to `log_path`."""
     with log_path.open("wb") as out:
@@ -161,6 +204,7 @@ async def measure_indexer(
     workdir: Path,
     chain: dict[str, Any],
     publisher: str = "inline",
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """`escrowd index run` from an empty database until every event is published.
 
@@ -177,7 +221,7 @@ async def measure_indexer(
         topic_partitions=4,
         run_publisher=publisher == "inline",
     )
-    process = IndexerProcess(config)
+    process = IndexerProcess(config) if profile is None else ProfiledIndexerProcess(config, profile)
     publisher_proc: subprocess.Popen[bytes] | None = None
     publisher_log = workdir / f"publisher-{secrets.token_hex(3)}.log"
     conn = await connect(database_url)
@@ -585,6 +629,19 @@ async def backfill(
                         devnet, database, kafka.bootstrap, head, args.events, workdir, chain, mode
                     )
                 )
+        if args.profile is not None:
+            # One more inline run under cProfile, kept out of the figures above (the
+            # profiler slows the interpreter): where the in-process pipeline spends its time.
+            database = await fresh_database(pg)
+            profiled = await measure_indexer(
+                devnet, database, kafka.bootstrap, head, args.events, workdir, chain, "inline",
+                profile=args.profile,
+            )
+            result["inline_profile"] = {
+                "end_to_end_events_per_s_under_profiler": profiled["end_to_end_events_per_s"],
+                "stats_file": str(args.profile),
+                "top_tottime": profile_summary(args.profile),
+            }
         if args.skip_etl:
             result["ethereum_etl"] = {"skipped": "--skip-etl"}
         else:
@@ -691,6 +748,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--pairs", type=int, default=2, help="inline/process pairs with --publisher both (default 2)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="one more inline backfill under cProfile, stats written to this file",
     )
     parser.add_argument("--head-only", action="store_true", help="measure head latency only")
     parser.add_argument(

@@ -747,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         " (default both, in --pairs alternating pairs)",
     )
     parser.add_argument(
-        "--pairs", type=int, default=2, help="inline/process pairs with --publisher both (default 2)"
+        "--pairs", type=int, default=1, help="inline/process pairs with --publisher both (default 1)"
     )
     parser.add_argument(
         "--profile",

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HEAVY = ("web3", "eth_account", "fastapi", "aiokafka", "asyncpg", "uvicorn")
+HEAVY = ("web3", "eth_account", "fastapi", "aiokafka", "asyncpg", "uvicorn", "aiohttp")
 
 
 def _measure(argv: list[str], runs: int) -> dict[str, float]:

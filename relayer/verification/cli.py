@@ -27,14 +27,17 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from relayer.verification.auto_check import auto_check
 from relayer.verification.criteria_validation import MODES, validate_criteria
-from relayer.verification.registry import VerificationError, VerifierOutcome
 from schemas import jsonbounds
+
+if TYPE_CHECKING:
+    from relayer.verification.registry import VerifierOutcome
+    from schemas.task_terms import VerifierRef
 
 EXIT_USAGE = 2
 EXIT_COULD_NOT_ANSWER = 3
@@ -46,6 +49,24 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _run_verifier(ref: VerifierRef, result_data: object) -> VerifierOutcome:
+    """Run the verifier `ref` names on a result with the default registry.
+
+    Imported here, not at the top: the registry brings aiohttp and the sandbox client, which
+    `verify auto` never needs. Raises `VerificationError` when the verifier cannot answer.
+    """
+    from relayer.verification.verifiers import default_registry
+
+    async def judge() -> VerifierOutcome:
+        registry = default_registry()
+        try:
+            return await registry.verify(ref, {}, result_data)
+        finally:
+            await registry.close()
+
+    return asyncio.run(judge())
 
 
 def _fail(message: str) -> NoReturn:
@@ -122,17 +143,10 @@ def run_command(
     except ValidationError as exc:
         _fail(f"verifier file {str(verifier)!r} is not a VerifierRef: {exc.errors()[0]['msg']}")
 
-    async def judge() -> VerifierOutcome:
-        from relayer.verification.verifiers import default_registry
-
-        registry = default_registry()
-        try:
-            return await registry.verify(ref, {}, result_data)
-        finally:
-            await registry.close()
+    from relayer.verification.registry import VerificationError
 
     try:
-        outcome = asyncio.run(judge())
+        outcome = _run_verifier(ref, result_data)
     except VerificationError as exc:
         typer.echo(f"could not answer: {exc}", err=True)
         _print_json({"error": str(exc)})
@@ -224,17 +238,10 @@ def _rerun_problems(proof: Any, verifier: Path, result: Path) -> list[str]:
         _fail(f"verifier file {str(verifier)!r} is not a VerifierRef: {exc.errors()[0]['msg']}")
     result_data = _read_json(result, "result")
 
-    async def judge() -> VerifierOutcome:
-        from relayer.verification.verifiers import default_registry
-
-        registry = default_registry()
-        try:
-            return await registry.verify(ref, {}, result_data)
-        finally:
-            await registry.close()
+    from relayer.verification.registry import VerificationError
 
     try:
-        outcome = asyncio.run(judge())
+        outcome = _run_verifier(ref, result_data)
     except VerificationError as exc:
         return [f"re-running the verifier could not answer: {exc.reason}"]
     problems = []

@@ -12,7 +12,7 @@ import pytest
 from escrowd.cli import SUBCOMMANDS, load_command
 from escrowd.harness import escrowd_command
 
-HEAVY = ("web3", "eth_account", "fastapi", "aiokafka", "asyncpg", "uvicorn")
+HEAVY = ("web3", "eth_account", "fastapi", "aiokafka", "asyncpg", "uvicorn", "aiohttp")
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
@@ -64,7 +64,7 @@ def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
     ids=["help", "version", "verify-auto", "config-help"],
 )
 def test_light_paths_import_no_heavy_dependency(argv: list[str], tmp_path: Path) -> None:
-    """`escrowd --help` and `escrowd verify auto` never load web3, eth-account, FastAPI or aiokafka."""
+    """`escrowd --help` and `escrowd verify auto` never load web3, eth-account, FastAPI, aiokafka or aiohttp."""
     criteria = tmp_path / "criteria.json"
     criteria.write_text('{"type": "json_schema", "schema": {"type": "object"}}', encoding="utf-8")
     result = tmp_path / "result.json"

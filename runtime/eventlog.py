@@ -156,6 +156,7 @@ async def read_after(
     limit: int,
     *,
     line: int | None,
+    sent_through: int = 0,
     builder: MessageBuilder | None = None,
 ) -> list[LogMessage]:
     """The publishable messages of a chain's log after position `after`, in log order.
@@ -163,11 +164,17 @@ async def read_after(
     `line` is the confirmation line (cursor minus confirmations): the batch stops before the
     first event of a block above it, so the watermark never passes a held-back row (block
     numbers never decrease along the log). None: no hold-back.
+
+    Rows up to `sent_through` (the watermark's `sending_through`) are never held back: they
+    may be on Kafka already (a publisher died before moving `published_through`), and a
+    reorg that lowered the line since may have put its retractions right behind them.
+    Holding them again would hold those retractions until the chain grows `confirmations`
+    blocks past the reorg, while consumers act on events that no longer exist.
     """
     rows = await conn.fetch(LOG_AFTER_SQL, chain_id, after, limit)
     if line is not None:
         for i, row in enumerate(rows):
-            if row["retracted_as"] is None and row["block_number"] > line:
+            if row["retracted_as"] is None and row["position"] > sent_through and row["block_number"] > line:
                 rows = rows[:i]
                 break
     if not rows:

@@ -10,12 +10,28 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
+import pytest
+
+from escrowd.devnet import Devnet, deploy_devnet
+from indexer.config import ChainConfig
+from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
 from runtime.db import connect
+from runtime.services.anvil import AnvilProcess
 from schemas.events import retraction_id
 from tests.integration.test_event_log import _DYING_PUBLISHER, _append, _block, _publish
-from tests.support.indexer_harness import create_topic, read_topic
+from tests.support.indexer_harness import (
+    assert_db_matches_chain,
+    chain_config,
+    create_topic,
+    generate_task_events,
+    in_process_indexer,
+    read_topic,
+    wait_for_cursor,
+)
+from tests.support.rpc_proxy import Faults, RpcFaultProxy
 
 
 async def test_a_retraction_is_not_held_back_behind_rows_that_may_already_be_on_kafka(
@@ -59,3 +75,52 @@ async def test_a_retraction_is_not_held_back_behind_rows_that_may_already_be_on_
 
 
 CHAIN = 31337
+
+
+@pytest.fixture
+def devnet() -> Iterator[Devnet]:
+    with AnvilProcess(extra_args=("--gas-limit", "1000000000")) as anvil:
+        yield deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)
+
+
+async def test_logs_out_of_order_from_the_provider_still_make_a_log_in_block_order(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A provider answering `eth_getLogs` newest first: the log must still be in block order
+    (the reorg rollback reads its tail backwards and stops at the first row at or below the
+    ancestor; the confirmation hold-back stops at the first row above the line). Out of
+    order, a rollback left events of orphaned blocks in the table, never retracted."""
+    await asyncio.to_thread(generate_task_events, devnet, 120, per_block=10)
+    topic = f"{topic_prefix}escrow.events.v1"
+    await create_topic(kafka_bootstrap, topic)
+    with RpcFaultProxy(devnet.rpc_url, Faults(reverse_logs=True)) as proxy:
+        chain = ChainConfig(
+            **chain_config(devnet, rpc_urls=[proxy.url], finality_depth=4, initial_range=64, max_range=64)
+        )
+        async with in_process_indexer(chain, database_url, kafka_bootstrap, topic, publish=False) as running:
+            await wait_for_cursor(database_url, devnet.chain_id, devnet.block_number(), timeout=120)
+            running.check()
+        assert proxy.stats.injected["reversed_logs"] >= 1
+    conn = await connect(database_url)
+    try:
+        await assert_db_matches_chain(conn, devnet, to_block=devnet.block_number())
+        rows = await conn.fetch(
+            "SELECT block_number, log_index FROM escrow_events WHERE chain_id = $1 ORDER BY position",
+            devnet.chain_id,
+        )
+        coordinates = [(r["block_number"], r["log_index"]) for r in rows]
+        assert coordinates == sorted(coordinates), "the log is in chain order"
+        blocks = sorted({b for b, _ in coordinates})
+        ancestor_number = blocks[len(blocks) // 2]
+        store = IndexerStore(devnet.chain_id, topic)
+        ancestor = BlockRef.from_header(devnet.rpc("eth_getBlockByNumber", hex(ancestor_number), False))
+        removed, _ = await store.rollback_to(conn, ancestor)
+        assert removed == sum(1 for b, _ in coordinates if b > ancestor_number)
+        left = await conn.fetchval(
+            "SELECT count(*) FROM escrow_events WHERE chain_id = $1 AND block_number > $2",
+            devnet.chain_id,
+            ancestor_number,
+        )
+        assert left == 0, "a rollback leaves no event of an orphaned block"
+    finally:
+        await conn.close()

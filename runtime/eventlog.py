@@ -51,13 +51,16 @@ _INCARNATIONS_SQL = "SELECT event_id, retractions FROM event_retractions WHERE e
 UNPUBLISHED_SQL = """
 SELECT EXISTS (
     SELECT 1 FROM chain_cursor c LEFT JOIN event_log_watermarks w ON w.chain_id = c.chain_id
-    WHERE EXISTS (SELECT 1 FROM escrow_events e WHERE e.chain_id = c.chain_id
-                  AND e.position > COALESCE(w.published_through, 0))
-       OR EXISTS (SELECT 1 FROM escrow_event_retractions r WHERE r.chain_id = c.chain_id
-                  AND r.position > COALESCE(w.published_through, 0))
+    WHERE (SELECT max(e.position) FROM escrow_events e WHERE e.chain_id = c.chain_id)
+              > COALESCE(w.published_through, 0)
+       OR (SELECT max(r.position) FROM escrow_event_retractions r WHERE r.chain_id = c.chain_id)
+              > COALESCE(w.published_through, 0)
 )
 """
-"""Whether any chain's log holds a row past its watermark (held back or not)."""
+"""Whether any chain's log holds a row past its watermark (held back or not).
+
+Each chain's last position is one step down the (chain_id, position) index from its end;
+an `EXISTS (... position > watermark)` was planned as a sequential scan of the whole log."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from indexer.config import ChainConfig
 from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
 from runtime.db import connect
+from runtime.outbox import unpublished
 from runtime.services.anvil import AnvilProcess
 from schemas.events import retraction_id
 from tests.integration.test_event_log import _DYING_PUBLISHER, _append, _block, _publish
@@ -63,10 +64,12 @@ async def test_a_retraction_is_not_held_back_behind_rows_that_may_already_be_on_
         assert mark is not None and (mark["published_through"], mark["sending_through"]) == (0, 4)
 
         assert await store.rollback_to(conn, _block(10)) == (2, 2)
+        assert await unpublished(conn)
         # Cursor 10, line 5: nothing new is deep enough, but the retractions (and the rows
         # before them that were already sent) must go out.
         assert await _publish(database_url, kafka_bootstrap, conn) == 4
         assert await conn.fetchval("SELECT published_through FROM event_log_watermarks") == 6
+        assert not await unpublished(conn)
     finally:
         await conn.close()
     ids = [r.id for r in await read_topic(kafka_bootstrap, topic)]

@@ -221,6 +221,9 @@ class ChainIndexer:
         metrics.LAG_BLOCKS.labels(self.chain_label).set(max(0, self.head.number - self.cursor.number))
 
     def _decode(self, logs: Sequence[dict[str, Any]], timestamps: dict[int, int]) -> list[DecodedLog]:
+        """The window's events in chain order (block, then log index), whatever order the
+        provider answered in: the log's positions follow this order, and the reorg rollback
+        and the confirmation hold-back rely on block numbers never decreasing along it."""
         decoded: list[DecodedLog] = []
         for raw in logs:
             if raw.get("removed"):
@@ -234,6 +237,7 @@ class ChainIndexer:
                 continue
             if event is not None:
                 decoded.append(event)
+        decoded.sort(key=lambda e: (e.block_number, e.log_index))
         return decoded
 
     async def _store(
@@ -325,6 +329,11 @@ class ChainIndexer:
             self._drop_ahead(self._ahead)
             return False
         refs = [h for h in headers if h is not None]
+        misplaced = _misplaced(logs, start, end_)
+        if misplaced is not None:
+            self._drop_ahead(self._ahead)
+            self._bound.info("window_inconsistent", reason=misplaced)
+            return False
         logs_by_block = _hashes_by_block(logs, {start, end_})
         outcome = check_window(self.cursor.hash or None, refs, logs_by_block)
         if isinstance(outcome, Reorged):
@@ -390,7 +399,7 @@ class ChainIndexer:
             after = end + 1
         if not ahead:
             return False
-        _, _, task = ahead.popleft()
+        window_start, window_end, task = ahead.popleft()
         try:
             logs, headers, seconds = await task
         except RpcRangeTooLarge:
@@ -405,6 +414,11 @@ class ChainIndexer:
             self._drop_ahead(ahead)
             return False
         refs = [BlockRef.from_header(h) for h in headers if h is not None]
+        misplaced = _misplaced(logs, window_start, window_end)
+        if misplaced is not None:
+            self._drop_ahead(ahead)
+            self._bound.info("window_inconsistent", reason=misplaced)
+            return False
         outcome = check_window(self.cursor.hash or None, refs, _hashes_by_block(logs, None))
         if isinstance(outcome, Reorged):
             self._drop_ahead(ahead)
@@ -483,6 +497,26 @@ def _chunks(
             current = []
     chunks.append((current, last))
     return chunks
+
+
+def _misplaced(logs: Sequence[dict[str, Any]], start: int, end: int) -> str | None:
+    """Why an `eth_getLogs` reply cannot be the logs of blocks `start`..`end`, or None.
+
+    A log outside the range, or the same (block, log index) twice, would be stored at a
+    position that breaks the log's block order (or fail the window on a duplicate id)."""
+    seen: set[tuple[int, int]] = set()
+    for raw in logs:
+        try:
+            number, index = int(raw["blockNumber"], 16), int(raw["logIndex"], 16)
+        except (KeyError, TypeError, ValueError):
+            return "a log without a hex blockNumber and logIndex"
+        if not start <= number <= end:
+            return f"a log of block {number} outside the range {start}..{end}"
+        coordinate = (number, index)
+        if coordinate in seen:
+            return f"log {coordinate[1]} of block {number} twice"
+        seen.add(coordinate)
+    return None
 
 
 def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> dict[int, set[str]]:

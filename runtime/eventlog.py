@@ -51,13 +51,16 @@ _INCARNATIONS_SQL = "SELECT event_id, retractions FROM event_retractions WHERE e
 UNPUBLISHED_SQL = """
 SELECT EXISTS (
     SELECT 1 FROM chain_cursor c LEFT JOIN event_log_watermarks w ON w.chain_id = c.chain_id
-    WHERE EXISTS (SELECT 1 FROM escrow_events e WHERE e.chain_id = c.chain_id
-                  AND e.position > COALESCE(w.published_through, 0))
-       OR EXISTS (SELECT 1 FROM escrow_event_retractions r WHERE r.chain_id = c.chain_id
-                  AND r.position > COALESCE(w.published_through, 0))
+    WHERE (SELECT max(e.position) FROM escrow_events e WHERE e.chain_id = c.chain_id)
+              > COALESCE(w.published_through, 0)
+       OR (SELECT max(r.position) FROM escrow_event_retractions r WHERE r.chain_id = c.chain_id)
+              > COALESCE(w.published_through, 0)
 )
 """
-"""Whether any chain's log holds a row past its watermark (held back or not)."""
+"""Whether any chain's log holds a row past its watermark (held back or not).
+
+Each chain's last position is one step down the (chain_id, position) index from its end;
+an `EXISTS (... position > watermark)` was planned as a sequential scan of the whole log."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ async def read_after(
     limit: int,
     *,
     line: int | None,
+    sent_through: int = 0,
     builder: MessageBuilder | None = None,
 ) -> list[LogMessage]:
     """The publishable messages of a chain's log after position `after`, in log order.
@@ -163,11 +167,17 @@ async def read_after(
     `line` is the confirmation line (cursor minus confirmations): the batch stops before the
     first event of a block above it, so the watermark never passes a held-back row (block
     numbers never decrease along the log). None: no hold-back.
+
+    Rows up to `sent_through` (the watermark's `sending_through`) are never held back: they
+    may be on Kafka already (a publisher died before moving `published_through`), and a
+    reorg that lowered the line since may have put its retractions right behind them.
+    Holding them again would hold those retractions until the chain grows `confirmations`
+    blocks past the reorg, while consumers act on events that no longer exist.
     """
     rows = await conn.fetch(LOG_AFTER_SQL, chain_id, after, limit)
     if line is not None:
         for i, row in enumerate(rows):
-            if row["retracted_as"] is None and row["block_number"] > line:
+            if row["retracted_as"] is None and row["position"] > sent_through and row["block_number"] > line:
                 rows = rows[:i]
                 break
     if not rows:

@@ -321,10 +321,12 @@ class OutboxPublisher:
                 async with conn.transaction():
                     # The rollback of a reorg takes the same row lock: a batch is read and marked
                     # as being sent either wholly before a rollback or wholly after it.
-                    published = await conn.fetchval(
-                        "SELECT published_through FROM event_log_watermarks WHERE chain_id = $1 FOR UPDATE",
+                    mark = await conn.fetchrow(
+                        "SELECT published_through, sending_through FROM event_log_watermarks"
+                        " WHERE chain_id = $1 FOR UPDATE",
                         chain_id,
                     )
+                    published = mark["published_through"] if mark is not None else None
                     # Read once the lock is held: after a rollback, its cursor (and line).
                     line = await conn.fetchval(
                         "SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", chain_id
@@ -334,7 +336,13 @@ class OutboxPublisher:
                     if after is None:
                         after = published
                     messages = await read_after(
-                        conn, chain_id, after, self._batch_size, line=line, builder=self._builder
+                        conn,
+                        chain_id,
+                        after,
+                        self._batch_size,
+                        line=line,
+                        sent_through=mark["sending_through"] if mark is not None else 0,
+                        builder=self._builder,
                     )
                     if not messages:
                         break

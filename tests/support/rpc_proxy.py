@@ -46,6 +46,9 @@ class Faults:
     """An `eth_getLogs` spanning more blocks than this fails before reaching anvil."""
     strip_block_timestamp: bool = False
     """Remove `blockTimestamp` from logs, as providers that predate that field do."""
+    reverse_logs: bool = False
+    """Answer `eth_getLogs` newest log first (nothing in the protocol makes a reply's order
+    trustworthy; some providers merge per-address results)."""
     first: tuple[str, ...] = ()
     """Faults forced on the first eligible requests, in order, so each kind surely happens:
     "http503", "http429", "rpc_internal", "garbage", "timeout", "slow"."""
@@ -265,6 +268,14 @@ class RpcFaultProxy:
                     for log in result:
                         if isinstance(log, dict) and log.pop("blockTimestamp", None) is not None:
                             self.stats.injected["stripped_timestamp"] += 1
+            raw = orjson.dumps(reply)
+        if faults.reverse_logs and any(c.get("method") == "eth_getLogs" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, list) and len(result) > 1:
+                    result.reverse()
+                    self.stats.injected["reversed_logs"] += 1
             raw = orjson.dumps(reply)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
             reply = orjson.loads(raw)

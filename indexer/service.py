@@ -37,7 +37,7 @@ from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
 from indexer.ranges import RangeSizer, plan_ranges
 from indexer.reorg import BlockRef, Inconsistent, Reorged, check_window, common_ancestor
 from indexer.rpc import RpcClient, RpcError, RpcRangeTooLarge
-from indexer.store import Cursor, IndexerStore
+from indexer.store import Cursor, CursorMoved, IndexerStore
 from runtime.db import connect, is_connection_error
 from schemas.abi import escrow_abi
 
@@ -110,6 +110,10 @@ class ChainIndexer:
                             await asyncio.wait_for(self._wake.wait(), self.chain.poll_interval)
                 except (RpcError, DecodeError) as exc:
                     self._bound.warning("indexer_retry", error=str(exc))
+                except CursorMoved as exc:
+                    # Reload the stored cursor and go on from there; loud, because two
+                    # indexers on one chain is a deployment mistake (one replica per chain).
+                    self._bound.error("indexer_cursor_moved_by_another_writer", error=str(exc))
                 except Exception as exc:
                     if not is_connection_error(exc):
                         raise

@@ -23,6 +23,11 @@ from runtime.outbox import NOTIFY_CHANNEL, OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_type, incarnation_id, message_key, retraction_id
 
+
+class CursorMoved(Exception):
+    """A window's write found the stored cursor at or past its tip: another writer moved it."""
+
+
 EVENT_COLUMNS = (
     "event_id",
     "chain_id",
@@ -153,7 +158,14 @@ class IndexerStore:
                 " block_hash = EXCLUDED.block_hash, confirmations = EXCLUDED.confirmations,"
                 " head_number = EXCLUDED.head_number, head_timestamp = EXCLUDED.head_timestamp,"
                 " log_position = chain_cursor.log_position + EXCLUDED.log_position, topic = EXCLUDED.topic,"
-                " updated_at = now() RETURNING log_position",
+                " updated_at = now()"
+                # Only forward (a reorg goes back through `rollback_to`), or the same block again
+                # with nothing new: a second indexer writing this chain by mistake is refused
+                # here, before any of its rows, instead of moving the cursor back.
+                " WHERE chain_cursor.block_number < EXCLUDED.block_number"
+                " OR (chain_cursor.block_number = EXCLUDED.block_number"
+                " AND chain_cursor.block_hash = EXCLUDED.block_hash AND EXCLUDED.log_position = 0)"
+                " RETURNING log_position",
                 self.chain_id,
                 tip.number,
                 tip.hash,
@@ -163,6 +175,11 @@ class IndexerStore:
                 len(events),
                 self.topic,
             )
+            if last is None:
+                raise CursorMoved(
+                    f"chain {self.chain_id}: the stored cursor is not below block {tip.number} any more;"
+                    " another indexer is writing this chain"
+                )
             if events:
                 first = last - len(events) + 1
                 await conn.copy_records_to_table(

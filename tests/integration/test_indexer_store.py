@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
-from indexer.store import IndexerStore
+from indexer.store import CursorMoved, IndexerStore
 from runtime.db import connect
 from runtime.eventlog import read_after
 from schemas.events import event_id
@@ -114,3 +115,32 @@ async def test_row_sent_but_never_marked_is_retracted(database_url: str) -> None
         assert ids == [f"{event.id}:removed"], "the unmarked original is not sent late; its retraction is"
     finally:
         await conn.close()
+
+
+async def test_a_second_writer_on_the_chain_is_refused_before_any_row(database_url: str) -> None:
+    """Two indexers on one chain by mistake: the one behind cannot move the cursor back, nor
+    store a window again; it is told so (and reloads), and the log keeps one copy of each event."""
+    ahead, behind = IndexerStore(CHAIN, "events"), IndexerStore(CHAIN, "events")
+    first, second = await connect(database_url), await connect(database_url)
+    try:
+        base, a1, a2 = _block(1), _block(2), _block(3)
+        await ahead.append(first, events=[], blocks=[base], tip=base, confirmations=0, head=None)
+        await ahead.append(first, events=[_event(a1, 0, 7)], blocks=[a1], tip=a1, confirmations=0, head=None)
+        await ahead.append(first, events=[_event(a2, 0, 8)], blocks=[a2], tip=a2, confirmations=0, head=None)
+        # The process behind still believes the cursor is at block 1 (or 2).
+        with pytest.raises(CursorMoved, match="another indexer"):
+            await behind.append(second, events=[_event(a1, 0, 7)], blocks=[a1], tip=a1, confirmations=0, head=None)
+        with pytest.raises(CursorMoved):
+            await behind.append(second, events=[_event(a2, 0, 8)], blocks=[a2], tip=a2, confirmations=0, head=None)
+        with pytest.raises(CursorMoved):  # the same height on another fork is a reorg, not a write
+            await behind.append(second, events=[], blocks=[_block(3, "b")], tip=_block(3, "b"), confirmations=0, head=None)
+        # The same block again with nothing new is harmless (and allowed).
+        await ahead.append(first, events=[], blocks=[], tip=a2, confirmations=0, head=None)
+        cursor = await ahead.load_cursor(first)
+        assert cursor is not None and (cursor.number, cursor.hash) == (a2.number, a2.hash)
+        rows = await first.fetch("SELECT event_id, position FROM escrow_events ORDER BY position")
+        assert [r["event_id"] for r in rows] == [_event(a1, 0, 7).id, _event(a2, 0, 8).id]
+        assert [r["position"] for r in rows] == [1, 2]
+    finally:
+        await first.close()
+        await second.close()

@@ -342,19 +342,10 @@ class IndexerStore:
         return BlockRef(row["block_number"], row["block_hash"], row["parent_hash"], row["timestamp"])
 
 
+# A retraction row: where it stands in the log, the id it retracts, then the event's own columns.
 _RETRACTION_COLUMNS = (
     "chain_id",
     "position",
     "retracted_as",
-    "event_id",
-    "escrow_address",
-    "block_number",
-    "block_hash",
-    "block_timestamp",
-    "tx_hash",
-    "tx_index",
-    "log_index",
-    "event_name",
-    "task_id",
-    "args",
+    *(c for c in EVENT_COLUMNS if c not in ("chain_id", "position")),
 )

@@ -43,31 +43,10 @@ def terms_body(**overrides: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def module_database(pg_service: PostgresService) -> Iterator[str]:
     """One migrated database for the module's API process."""
-    import asyncio
-    import secrets
-    from urllib.parse import urlsplit, urlunsplit
+    from tests.fixtures.services import fresh_database
 
-    import asyncpg
-
-    from runtime.db import migrate_url
-
-    name = f"t_{secrets.token_hex(5)}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(pg_service.admin_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    parts = urlsplit(pg_service.admin_url)
-    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    asyncio.run(migrate_url(url))
-    try:
+    with fresh_database(pg_service) as url:
         yield url
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,9 @@ consumer writes must end up the same, and the expected outcomes are asserted too
 
 from __future__ import annotations
 
-import asyncio
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -27,10 +24,11 @@ from relayer.settlement import consumer as settlement_consumer
 from relayer.settlement import store
 from relayer.settlement.consumer import VerdictConsumer, VerdictHandler
 from runtime.consumer import IdempotentConsumer
-from runtime.db import connect, migrate_url
+from runtime.db import connect
 from runtime.kafka import encode_headers
 from runtime.services.postgres import PostgresService
 from schemas.verdict import SignedVerdict, Verdict, sign_verdict, verdict_headers, verdict_payload
+from tests.fixtures.services import fresh_database
 
 CHAIN = 31337
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
@@ -203,23 +201,8 @@ async def _state(url: str) -> dict[str, list[tuple[Any, ...]]]:
 @pytest.fixture
 def second_database_url(pg_service: PostgresService) -> Iterator[str]:
     """Another fresh, migrated database (the per-message path's)."""
-    name = f"t_{secrets.token_hex(5)}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(pg_service.admin_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    parts = urlsplit(pg_service.admin_url)
-    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    asyncio.run(migrate_url(url))
-    try:
+    with fresh_database(pg_service) as url:
         yield url
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture

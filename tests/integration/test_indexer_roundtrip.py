@@ -15,7 +15,7 @@ from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.outbox import OutboxPublisher
 from schemas.events import EscrowEventMessage, event_type
-from tests.support.indexer_harness import read_topic, wait_for
+from tests.support.indexer_harness import read_topic, wait_for, wait_until_published
 
 
 async def test_every_event_type_reaches_postgres_and_kafka(
@@ -53,6 +53,8 @@ async def test_every_event_type_reaches_postgres_and_kafka(
             assert dict(row["args"]) == {k: _normal(v) for k, v in log.args.items()}, log.name
             assert row["tx_hash"] == log.tx_hash
 
+        # Published follows committed: read the topic once the log is drained, not before.
+        await wait_until_published(database_url, devnet.chain_id, head)
         records = await read_topic(kafka_bootstrap, topic, timeout=30)
         assert len(records) == len(rows)
         by_id = {}

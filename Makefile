@@ -44,7 +44,7 @@ lint: bootstrap
 	$(BIN)/ruff format --check . || true
 
 typecheck: bootstrap
-	$(BIN)/mypy indexer relayer schemas runtime escrowd
+	$(BIN)/mypy schemas runtime chain indexer relayer verification lifecycle panels api escrowd
 
 compile: $(STAMP_NPM)
 	node scripts/compile_contracts.js

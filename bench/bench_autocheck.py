@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from relayer.verification.auto_check import auto_check
 from schemas.criteria import VerificationCriteria
+from verification.auto_check import auto_check
 
 TARGET_CHECKS_PER_S = 5_000
 TARGET_P99_MS = 2.0

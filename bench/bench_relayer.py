@@ -51,16 +51,16 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from escrowd.devnet import Devnet, deploy_devnet, text_hash
-from relayer.settlement.config import ChainSettings, RelayerSettings
-from relayer.settlement.fees import Fees
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.service import Relayer
-from relayer.settlement.txs import (
+from chain.fees import Fees
+from chain.keys import SecretKey
+from chain.txs import (
     complete_verification_batch_data,
     complete_verification_data,
     sign_eip1559,
 )
+from escrowd.devnet import Devnet, deploy_devnet, text_hash
+from relayer.settlement.config import ChainSettings, RelayerSettings
+from relayer.settlement.service import Relayer
 from runtime.logging import configure_logging
 from runtime.services.anvil import AnvilProcess
 from runtime.services.kafka import start_kafka
@@ -79,7 +79,7 @@ TASK_CHUNK = 600  # tasks per set-up batch: larger ones fill blocks and drive th
 def _encode(fn: str, types: list[str], args: list[Any]) -> str:
     from eth_abi.abi import encode
 
-    from relayer.settlement.txs import selector
+    from chain.txs import selector
 
     return "0x" + (selector(fn) + encode(types, args)).hex()
 

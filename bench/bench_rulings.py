@@ -34,10 +34,10 @@ from typing import Any
 
 import asyncpg
 
+from chain.eth_rpc import EthRpc
+from chain.keys import SecretKey
 from escrowd.devnet import Devnet, deploy_devnet
 from relayer.settlement import rulings as current
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc
 from runtime.consumer import InboundMessage
 from runtime.db import create_pool
 from runtime.logging import configure_logging

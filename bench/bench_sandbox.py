@@ -18,9 +18,9 @@ import statistics
 import time
 from typing import Any
 
-from relayer.verification.sandbox import run_cases
-from relayer.verification.verifiers import default_registry
 from schemas.task_terms import VerifierRef
+from verification.sandbox import run_cases
+from verification.verifiers import default_registry
 
 SOLUTION = "def solve(a, b):\n    return a + b\n"
 

@@ -25,19 +25,19 @@ from schemas.jsonbounds import cap_recursion_limit
 # name: (module, attribute, one-line help shown by `escrowd --help` without importing it)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "index": ("indexer.cli", "app", "Index escrow events into PostgreSQL and Kafka."),
-    "consume": ("relayer.consumers_cli", "app", "Kafka consumers: verification, lifecycle, reputation."),
+    "consume": ("escrowd.consumers_cli", "app", "Kafka consumers: verification, lifecycle, reputation."),
     "relay": ("relayer.settlement.cli", "app", "Settlement relayer: signed verdicts in, completeVerification out."),
-    "api": ("relayer.api.cli", "app", "The HTTP API: task terms, finalize, review, results."),
-    "verify": ("relayer.verification.cli", "app", "Auto-check a result against verification criteria, or validate criteria."),
+    "api": ("api.cli", "app", "The HTTP API: task terms, finalize, review, results."),
+    "verify": ("verification.cli", "app", "Auto-check a result against verification criteria, or validate criteria."),
     "db": ("escrowd.db_cli", "app", "Database maintenance."),
     "config": ("escrowd.config_cli", "app", "Check a configuration file against every service's settings."),
     "keys": ("escrowd.keys_cli", "app", "Keystores for the relayer and the verification service."),
     "schemas": ("schemas.cli", "app", "Shared message schemas."),
     "devnet": ("escrowd.devnet_cli", "devnet", "Start anvil with the escrow deployed and keep it running."),
     "run": ("escrowd.run", "run", "Run the whole pipeline on embedded services, with traffic."),
-    "verifier-agent": ("relayer.agents.verifier_agent", "verifier_agent", "The hosted verifier of agent review: queue, model, completeVerification."),
-    "panel": ("relayer.panels.cli", "app", "Dispute panels, offline: draw a panel, compute a consensus."),
-    "verifier-bot": ("relayer.panels.bot", "verifier_bot", "The reference panel verifier: registers, polls assignments, attests."),
+    "verifier-agent": ("verification.agents.verifier_agent", "verifier_agent", "The hosted verifier of agent review: queue, model, completeVerification."),
+    "panel": ("panels.cli", "app", "Dispute panels, offline: draw a panel, compute a consensus."),
+    "verifier-bot": ("panels.bot", "verifier_bot", "The reference panel verifier: registers, polls assignments, attests."),
 }
 
 

@@ -31,18 +31,18 @@ def check(
     """
     import yaml
 
+    from api.settings import ApiSettings
+    from escrowd.consumers_cli import ConsumerSettings
     from indexer.config import load_settings
-    from relayer.agents.verifier_agent import load_agent_settings
-    from relayer.api.settings import ApiSettings
-    from relayer.consumers_cli import ConsumerSettings
-    from relayer.panels.bot import load_bot_settings
-    from relayer.panels.settings import load_panel_settings
+    from panels.bot import load_bot_settings
+    from panels.settings import load_panel_settings
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.rulings import load_ruling_settings
-    from relayer.verification.service import VerificationSettings
     from runtime.config_file import key_name
     from runtime.config_file import load as load_config
     from runtime.errors import describe
+    from verification.agents.verifier_agent import load_agent_settings
+    from verification.service import VerificationSettings
 
     # Syntax first: a YAML error is reported once, not once per section.
     text = config.read_text(encoding="utf-8")
@@ -98,16 +98,16 @@ def check(
 
 def unread_top_level_keys(loaded: dict[object, object]) -> list[str]:
     """Top-level keys that are neither a section, an `x-` anchor, nor a setting of any service."""
+    from api.settings import ApiSettings
+    from escrowd.consumers_cli import ConsumerSettings
     from indexer.config import IndexerSettings
-    from relayer.agents.verifier_agent import VerifierAgentSettings
-    from relayer.api.settings import ApiSettings
-    from relayer.consumers_cli import ConsumerSettings
-    from relayer.panels.bot import BotSettings
-    from relayer.panels.settings import PanelSettings
+    from panels.bot import BotSettings
+    from panels.settings import PanelSettings
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.rulings import RulingRelaySettings
-    from relayer.verification.service import VerificationSettings
     from runtime.config_file import SECTIONS, key_name
+    from verification.agents.verifier_agent import VerifierAgentSettings
+    from verification.service import VerificationSettings
 
     known: set[str] = set(SECTIONS)
     for model in (IndexerSettings, RelayerSettings, ApiSettings, VerificationSettings, ConsumerSettings,

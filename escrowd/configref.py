@@ -31,7 +31,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
-PACKAGES: tuple[str, ...] = ("indexer", "relayer", "runtime", "escrowd", "schemas")
+PACKAGES: tuple[str, ...] = (
+    "schemas", "runtime", "chain", "indexer", "relayer", "verification", "lifecycle", "panels", "api", "escrowd",
+)  # fmt: skip
 """Packages searched for settings models."""
 
 COMMAND = "python -m escrowd.configref > docs/configuration.md"

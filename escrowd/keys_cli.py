@@ -55,7 +55,7 @@ def init(
     """Write the keys of the relayer, the verifier, the arbiter (rulings) and the panel service."""
     from eth_account import Account
 
-    from relayer.settlement.keys import SecretKey, load_keystore, write_keystore
+    from chain.keys import SecretKey, load_keystore, write_keystore
     from runtime.logging import register_secret
 
     out.mkdir(parents=True, exist_ok=True)

@@ -44,14 +44,14 @@ class _Server(uvicorn.Server):
 
 async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Component]:
     """Every downstream service, ready to run."""
-    from relayer.api.app import create_app
-    from relayer.api.settings import ApiSettings
-    from relayer.lifecycle.consumer import build_consumer as lifecycle_consumer
-    from relayer.reputation.consumer import build_consumer as reputation_consumer
+    from api.app import create_app
+    from api.settings import ApiSettings
+    from lifecycle.consumer import build_consumer as lifecycle_consumer
+    from lifecycle.reputation.consumer import build_consumer as reputation_consumer
     from relayer.settlement.config import ChainSettings, RelayerSettings
     from relayer.settlement.service import Relayer, load_relayer_key
-    from relayer.verification.service import RetryScheduler, VerificationSettings
-    from relayer.verification.service import build_consumer as verification_consumer
+    from verification.service import RetryScheduler, VerificationSettings
+    from verification.service import build_consumer as verification_consumer
 
     dn = config.devnet
     parts: list[Component] = []
@@ -127,7 +127,7 @@ class ApiClient:
         self.client = httpx.AsyncClient(base_url=base_url, timeout=60)
 
     async def call(self, method: str, path: str, body: Any, key: str) -> httpx.Response:
-        from relayer.api.auth import Deployment, sign_request
+        from runtime.web.auth import Deployment, sign_request
 
         raw = b"" if body is None else json.dumps(body).encode()
         headers = {"content-type": "application/json"} if body is not None else {}
@@ -205,11 +205,11 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
     """The panel service, the relayer's ruling path (arbiter key) and six verifier bots."""
     import aiohttp
 
-    from relayer.panels.bot import BotSettings, VerifierBot
-    from relayer.panels.service import PanelConfig
-    from relayer.panels.service import build_consumer as panel_consumer
-    from relayer.settlement.keys import SecretKey
-    from relayer.settlement.rpc import EthRpc
+    from chain.eth_rpc import EthRpc
+    from chain.keys import SecretKey
+    from panels.bot import BotSettings, VerifierBot
+    from panels.service import PanelConfig
+    from panels.service import build_consumer as panel_consumer
     from relayer.settlement.rulings import RulingSender, build_ruling_consumer
 
     dn = config.devnet

@@ -178,7 +178,7 @@ async def _pipeline_main(
         from escrowd import pipeline_parts
 
         offchain = pipeline_parts.offchain_client(api_port, dn)
-        from relayer.agents.verifier_agent import LocalHostedVerifier
+        from verification.agents.verifier_agent import LocalHostedVerifier
 
         # A hosted verifier (`escrowd verifier-agent`'s loop) with the deterministic local model
         # serves the agent-review tasks posted through the API.

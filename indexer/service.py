@@ -31,12 +31,12 @@ import asyncpg
 import orjson
 import structlog
 
+from chain.rpc import RpcClient, RpcError, RpcRangeTooLarge
 from indexer import metrics
 from indexer.config import ChainConfig
 from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
 from indexer.ranges import RangeSizer, plan_ranges
 from indexer.reorg import BlockRef, Inconsistent, Reorged, check_window, common_ancestor
-from indexer.rpc import RpcClient, RpcError, RpcRangeTooLarge
 from indexer.store import Cursor, CursorMoved, IndexerStore
 from runtime.db import connect, is_connection_error
 from schemas.abi import escrow_abi

@@ -116,7 +116,7 @@ class RoundStatus(StrEnum):
 
 
 class RoundOutcome(StrEnum):
-    """What a closed round led to (mirrors `relayer.panels.rules.Outcome`)."""
+    """What a closed round led to (mirrors `panels.rules.Outcome`)."""
 
     RULING = "ruling"
     RERUN = "rerun"

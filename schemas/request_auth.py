@@ -19,8 +19,8 @@ give its API a service key: the API then adds a `ServiceProof`, its signature ov
 where `payloadHash` is keccak256 of the RFC 8785 canonical JSON of the message without its
 proofs. The consumer trusts only the service addresses it is configured with.
 
-Pure functions over values: the API (`relayer.api.auth`) and the consumer
-(`relayer.verification.request_auth`) hold the I/O.
+Pure functions over values: the API (`runtime.web.auth`) and the consumer
+(`verification.request_auth`) hold the I/O.
 """
 
 from __future__ import annotations

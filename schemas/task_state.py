@@ -2,7 +2,7 @@
 
 These are the values the lifecycle and reputation consumers publish (compacted `tasks` and
 `reputation` topics) and the API serves. They are computed by pure functions in
-`relayer.lifecycle.machine` and `relayer.reputation.rules`; see docs/lifecycle.md.
+`lifecycle.machine` and `lifecycle.reputation.rules`; see docs/lifecycle.md.
 
 Times are block timestamps (unix seconds of chain time), never wall-clock time. Every
 bound named `..._at`, `from_` or `until` is inclusive and compares with `block.timestamp`

@@ -25,8 +25,8 @@ def run(
     """Run the relayer until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
+    from chain.keys import KeyLoadError
     from relayer.settlement.config import RelayerSettings
-    from relayer.settlement.keys import KeyLoadError
     from relayer.settlement.service import run_relayer
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
@@ -65,7 +65,7 @@ def rulings(
     """Send signed panel rulings as resolveDispute from the arbiter key, until SIGINT/SIGTERM."""
     from pydantic import ValidationError
 
-    from relayer.settlement.keys import KeyLoadError
+    from chain.keys import KeyLoadError
     from relayer.settlement.rulings import load_ruling_settings, run_ruling_relay
     from runtime.errors import StartupError, safe_message
     from runtime.logging import configure_logging
@@ -98,7 +98,7 @@ def keystore(
     key_env: Annotated[str, typer.Option(help="Environment variable holding the raw key")] = "ESCROWD_RELAYER_KEY",
 ) -> None:
     """Encrypt the raw key from the environment into a keystore file (password prompted)."""
-    from relayer.settlement.keys import KeyLoadError, SecretKey, write_keystore
+    from chain.keys import KeyLoadError, SecretKey, write_keystore
 
     raw = os.environ.get(key_env)
     if not raw:

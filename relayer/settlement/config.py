@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from relayer.settlement.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
+from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from runtime.config_file import load as config_file_load
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address

@@ -24,10 +24,10 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from chain.eth_rpc import EthRpc, RpcError
+from chain.txs import marketplace_verifier_data, selector
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
-from relayer.settlement.rpc import EthRpc, RpcError
-from relayer.settlement.txs import marketplace_verifier_data, selector
 from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)

@@ -1,12 +1,14 @@
 """Prometheus metrics of the settlement relayer, all named `escrowd_relayer_*`.
 
-Defined once here; the Grafana dashboards and alert rules use these names. Labels are
+Defined once here (the JSON-RPC error counter lives with the client in `chain.eth_rpc`); the Grafana dashboards and alert rules use these names. Labels are
 chain ids, outcomes and error names: never addresses of users, never anything secret.
 """
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from chain.eth_rpc import RPC_ERRORS as RPC_ERRORS
 
 VERDICTS_RECEIVED = Counter(
     "escrowd_relayer_verdicts_received_total",
@@ -64,11 +66,6 @@ FEE_CAP_REACHED = Counter(
     "escrowd_relayer_fee_cap_reached_total",
     "Replacements skipped because the fee cap left no valid bump",
     ["chain_id"],
-)
-RPC_ERRORS = Counter(
-    "escrowd_relayer_rpc_errors_total",
-    "JSON-RPC failures, by method and kind (transient, refused)",
-    ["chain_id", "method", "kind"],
 )
 CONFIRMATION_SECONDS = Histogram(
     "escrowd_relayer_verdict_confirmation_seconds",

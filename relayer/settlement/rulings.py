@@ -49,7 +49,8 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from relayer.settlement.fees import (
+from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError
+from chain.fees import (
     BPS,
     GWEI,
     NODE_MIN_BUMP_BPS,
@@ -59,9 +60,8 @@ from relayer.settlement.fees import (
     includable,
     price,
 )
-from relayer.settlement.keys import KeyLoadError, SecretKey, load_keystore
-from relayer.settlement.rpc import EthRpc, Head, RpcCallError, RpcError
-from relayer.settlement.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
+from chain.keys import KeyLoadError, SecretKey, load_keystore
+from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
 from schemas import panels as msg

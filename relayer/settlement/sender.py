@@ -37,13 +37,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from relayer.settlement import metrics, store
-from relayer.settlement.config import ChainSettings
-from relayer.settlement.crash import CrashPoints
-from relayer.settlement.fees import FeePolicy, Fees, bump, includable, price
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.nonces import reconcile
-from relayer.settlement.rpc import (
+from chain.eth_rpc import (
     EthRpc,
     Head,
     RetryableRpcError,
@@ -53,8 +47,10 @@ from relayer.settlement.rpc import (
     new_heads,
     sleep_backoff,
 )
-from relayer.settlement.store import MinedUpdate, TxVersion, VerdictRow
-from relayer.settlement.txs import (
+from chain.fees import FeePolicy, Fees, bump, includable, price
+from chain.keys import SecretKey
+from chain.nonces import reconcile
+from chain.txs import (
     FILLER_GAS,
     DecodedError,
     SignedTx,
@@ -66,6 +62,10 @@ from relayer.settlement.txs import (
     settled_attempts,
     sign_eip1559,
 )
+from relayer.settlement import metrics, store
+from relayer.settlement.config import ChainSettings
+from relayer.settlement.crash import CrashPoints
+from relayer.settlement.store import MinedUpdate, TxVersion, VerdictRow
 
 log = structlog.get_logger(__name__)
 

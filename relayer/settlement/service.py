@@ -23,19 +23,19 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from relayer.probes import router as probes_router
+from chain.eth_rpc import EthRpc
+from chain.keys import SecretKey, load_key
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
 from relayer.settlement.consumer import VerdictConsumer, VerdictHandler
 from relayer.settlement.crash import CrashPoints
 from relayer.settlement.health import BridgeHealthChecker, HealthMonitor
-from relayer.settlement.keys import SecretKey, load_key
 from relayer.settlement.routes import metrics_router, router
-from relayer.settlement.rpc import EthRpc
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
 from runtime.db import connect, create_pool, is_connection_error, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
+from runtime.web.probes import router as probes_router
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from relayer.settlement.fees import Fees
-from relayer.settlement.txs import SignedTx
+from chain.fees import Fees
+from chain.txs import SignedTx
 from schemas import jsoncodec
 
 NOTIFY_CHANNEL = "escrowd_settlement"

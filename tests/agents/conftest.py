@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from relayer.agents.model import ModelClient, ModelSettings
-from relayer.agents.stub_model import StubModel, start_stub
+from verification.agents.model import ModelClient, ModelSettings
+from verification.agents.stub_model import StubModel, start_stub
 
 
 @dataclass

@@ -6,8 +6,8 @@ from typing import Any
 
 from eth_utils.crypto import keccak
 
-from relayer.agents.briefs import encryption_public_key
 from tests.verification.conftest import Api, Who
+from verification.agents.briefs import encryption_public_key
 
 
 def enc_secret(who: Who) -> bytes:

@@ -6,7 +6,11 @@ import json
 
 import pytest
 
-from relayer.agents.briefs import (
+from runtime.db import connect
+from schemas.task_terms import result_hash
+from tests.verification.conftest import Api, IndexedChain, Who, drain, make_handler
+from tests.verification.test_api import TASK, code, finalize_path, register
+from verification.agents.briefs import (
     BriefError,
     b64,
     open_brief,
@@ -15,10 +19,6 @@ from relayer.agents.briefs import (
     unwrap_key,
     wrap_key,
 )
-from runtime.db import connect
-from schemas.task_terms import result_hash
-from tests.verification.conftest import Api, IndexedChain, Who, drain, make_handler
-from tests.verification.test_api import TASK, code, finalize_path, register
 
 from .helpers import enc_secret, register_executor
 from .test_refusals import listing_path
@@ -28,7 +28,7 @@ BRIEF = "Secret brief: review the payments refactor at commit 9f1c and list ever
 
 def test_wrap_and_open_round_trip_and_refuse_strangers_and_tampering() -> None:
     """The reader it is wrapped to opens it; another key, a flipped bit or a swapped key do not."""
-    from relayer.agents.briefs import encryption_public_key
+    from verification.agents.briefs import encryption_public_key
 
     reader, other = b"\x11" * 32, b"\x22" * 32
     sealed = seal_brief(BRIEF)

@@ -8,9 +8,20 @@ from pathlib import Path
 import pytest
 import structlog
 
-from relayer.agents.judging import RubricAnswer, VerifierAnswer, rubric_messages, verifier_messages
-from relayer.agents.model import ModelError, ModelSettings, parse_answer, parse_envelope, prompts
-from relayer.agents.stub_model import Behaviour
+from verification.agents.judging import (
+    RubricAnswer,
+    VerifierAnswer,
+    rubric_messages,
+    verifier_messages,
+)
+from verification.agents.model import (
+    ModelError,
+    ModelSettings,
+    parse_answer,
+    parse_envelope,
+    prompts,
+)
+from verification.agents.stub_model import Behaviour
 
 from .conftest import ModelEndpoint
 
@@ -152,7 +163,7 @@ async def test_the_key_is_sent_but_never_logged(model_endpoint: ModelEndpoint, t
     key_file.write_text(secret + "\n")
     settings = ModelSettings(url=model_endpoint.url, api_key_file=key_file, attempts=1, backoff_seconds=0)
     assert secret not in repr(settings) and secret not in str(settings.model_dump())
-    from relayer.agents.model import ModelClient
+    from verification.agents.model import ModelClient
 
     client = ModelClient(settings)
     model_endpoint.stub.script("error_500")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayer.agents.briefs import b64, seal_brief, wrap_key
 from schemas.task_terms import result_hash
 from tests.verification.conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who
 from tests.verification.test_api import TASK, code, finalize_path, register, terms_body
+from verification.agents.briefs import b64, seal_brief, wrap_key
 
 from .helpers import register_executor
 

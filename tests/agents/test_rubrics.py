@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayer.agents.rubrics import PgRubricSource, RubricJudge, parse_ref
-from relayer.verification.registry import VerifierRegistry
 from runtime.db import connect
 from schemas.task_terms import result_hash
 from tests.verification.conftest import Api, IndexedChain, Who, drain, make_handler
 from tests.verification.test_api import TASK, code, finalize_path, setup_task
+from verification.agents.rubrics import PgRubricSource, RubricJudge, parse_ref
+from verification.registry import VerifierRegistry
 
 from .conftest import ModelEndpoint
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from api.app import create_app
 from escrowd.devnet import Actor, Devnet
-from relayer.agents.briefs import b64, open_brief, seal_brief, unb64, unwrap_key, wrap_key
-from relayer.agents.stub_model import StubModel, start_stub
-from relayer.api.app import create_app
 from runtime.eventlog import read_after
 from runtime.services.ports import free_port
 from schemas.task_terms import result_hash
 from tests.verification.conftest import api_settings
 from tests.verification.pipeline import Pipeline, pipeline, wait_for
+from verification.agents.briefs import b64, open_brief, seal_brief, unb64, unwrap_key, wrap_key
+from verification.agents.stub_model import StubModel, start_stub
 
 from .helpers import enc_secret, entry
 

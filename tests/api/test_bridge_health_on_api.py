@@ -6,9 +6,9 @@ import asyncio
 
 import httpx
 
+from api.app import create_app
+from api.settings import ApiSettings
 from escrowd.devnet import Devnet
-from relayer.api.app import create_app
-from relayer.api.settings import ApiSettings
 
 
 async def test_api_reports_verifier_match_and_its_loss(devnet: Devnet, database_url: str) -> None:

@@ -106,8 +106,8 @@ def test_every_entry_point_starts_with_a_safe_recursion_limit() -> None:
         "import sys\n"
         "from escrowd.cli import settle_recursion_limit\n"
         "settle_recursion_limit()\n"
-        "import relayer.api.app, relayer.verification.service, relayer.settlement.service\n"
-        "import relayer.lifecycle.consumer, relayer.reputation.consumer, indexer.service, escrowd.run\n"
+        "import api.app, verification.service, relayer.settlement.service\n"
+        "import lifecycle.consumer, lifecycle.reputation.consumer, indexer.service, escrowd.run\n"
         "import py_ecc\n"
         "print(sys.getrecursionlimit())\n"
     )

@@ -818,7 +818,7 @@ def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, cls: An
 
 
 def test_k8s_panels_and_rulings_environment_loads_into_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from relayer.panels.settings import PanelSettings
+    from panels.settings import PanelSettings
     from relayer.settlement.rulings import RulingRelaySettings
 
     (rulings,) = pod_spec(_k8s_workload("escrowd-rulings"))["containers"]
@@ -841,7 +841,7 @@ def test_k8s_panels_and_rulings_environment_loads_into_their_settings(monkeypatc
 
 def test_compose_arbiter_and_panel_volumes_are_mounted_only_where_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     from escrowd.devnet import anvil_key
-    from relayer.panels.settings import PanelSettings
+    from panels.settings import PanelSettings
     from relayer.settlement.rulings import RulingRelaySettings
 
     services = _devnet_services()

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from escrowd.harness import escrowd_command
-from relayer.agents.verifier_agent import load_agent_settings
-from relayer.panels.bot import load_bot_settings
-from relayer.panels.settings import load_panel_settings
+from panels.bot import load_bot_settings
+from panels.settings import load_panel_settings
 from relayer.settlement.rulings import load_ruling_settings
 from runtime.errors import StartupError
+from verification.agents.verifier_agent import load_agent_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ESCROW = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"

@@ -8,9 +8,9 @@ import stat
 import subprocess
 from pathlib import Path
 
+from chain.keys import SecretKey, load_keystore
 from escrowd.devnet import anvil_key
 from escrowd.harness import escrowd_command
-from relayer.settlement.keys import SecretKey, load_keystore
 
 FILES = ("relayer-keystore.json", "relayer-keystore-password", "verification-keystore.json", "verification-keystore-password",
          "arbiter-keystore.json", "arbiter-keystore-password", "panel-signing-key", "panel-secret")
@@ -40,7 +40,7 @@ def test_devnet_keys_are_the_devnet_accounts_and_are_kept_on_rerun(tmp_path: Pat
         key = load_keystore(out / f"{role}-keystore.json", password_file=out / f"{role}-keystore-password")
         assert key.address == first[role]
     # The panel service reads its files through its own settings.
-    from relayer.panels.settings import PanelSettings
+    from panels.settings import PanelSettings
 
     panel = PanelSettings(database_url="postgresql://x", kafka_bootstrap="k", panel_secret_file=out / "panel-secret",
                           panel_signing_key_file=out / "panel-signing-key")

@@ -1,16 +1,19 @@
-"""Every import points down: a lower layer never imports an upper one, and no module circles.
+"""Every import points down: a lower layer never imports an upper one, and no package circles.
 
-Layers, bottom to top (docs/architecture.md, "The house"):
+Floors, bottom to top (docs/architecture.md, "The house"):
 
 0. `schemas`: the shared contract; imports nothing of the project.
 1. `runtime`: the shared runtime (db, Kafka, outbox, consumer runtime, logging, errors,
-   configuration files, health probes, embedded services): used by the services.
-2. `indexer` and `relayer`: the services; neither imports the other.
-3. `escrowd`: the application (CLI, `run`, pipeline wiring, devnet, traffic, harness).
-4. `bench` and `tests`; `bench` does not import `tests`.
+   configuration files, health probes, the HTTP pieces every router shares, embedded services).
+2. `chain`: the chain toolkit (JSON-RPC, ABI, fees, nonces, keys, transactions).
+3. `indexer`, `relayer`, `verification`, `lifecycle`, `panels`: the services; none imports another.
+4. `api`: the HTTP API, composing the services' routers.
+5. `escrowd`: the application (CLI, consumers' CLI, `run`, pipeline wiring, devnet, traffic, harness).
+6. `bench` and `tests`; `bench` does not import `tests`.
 
 Imports are read with `ast` from every file, including imports inside functions (a lazy
-import is still a dependency); only `if TYPE_CHECKING:` blocks are skipped.
+import is still a dependency) and modules named in `importlib.import_module("...")` calls
+with a literal; only `if TYPE_CHECKING:` blocks are skipped.
 """
 
 from __future__ import annotations
@@ -22,21 +25,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "runtime", "escrowd", "indexer", "relayer", "bench", "tests")
+FLOORS: dict[str, int] = {
+    "schemas": 0,
+    "runtime": 1,
+    "chain": 2,
+    "indexer": 3,
+    "relayer": 3,
+    "verification": 3,
+    "lifecycle": 3,
+    "panels": 3,
+    "api": 4,
+    "escrowd": 5,
+    "bench": 6,
+    "tests": 6,
+}
+PACKAGES = tuple(FLOORS)
+SERVICES = 3
 
 
 def layer(module: str) -> tuple[int, str]:
-    """(rank, name) of the layer `module` belongs to."""
+    """(floor, package) of the layer `module` belongs to."""
     top = module.split(".")[0]
-    if top == "schemas":
-        return 0, "schemas"
-    if top == "runtime":
-        return 1, "runtime"
-    if top == "escrowd":
-        return 3, "escrowd application"
-    if top in ("indexer", "relayer"):
-        return 2, top
-    return 4, top
+    return FLOORS.get(top, 6), top
 
 
 def module_name(path: Path) -> str:
@@ -56,6 +66,15 @@ def _is_type_checking(node: ast.If) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
+
+
+def _is_import_module_call(node: ast.AST) -> bool:
+    """`importlib.import_module("literal")` (or `import_module("literal")`)."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name == "import_module" and isinstance(node.args[0].value, str)
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
@@ -80,6 +99,11 @@ def imports(path: Path, known: set[str]) -> set[str]:
                     base = ".".join([*anchor, base] if base else anchor)
                 found.add(base)
                 found.update(f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in known)
+            elif _is_import_module_call(child):
+                assert isinstance(child, ast.Call)
+                argument = child.args[0]
+                assert isinstance(argument, ast.Constant)
+                found.add(str(argument.value))
             visit(child)
 
     visit(tree)
@@ -103,7 +127,7 @@ def test_every_import_points_down() -> None:
         for target in sorted(targets):
             target_rank, target_name = layer(target)
             upward = target_rank > rank
-            sideways = rank == target_rank == 2 and name != target_name
+            sideways = rank == target_rank == SERVICES and name != target_name
             bench_to_tests = name == "bench" and target_name == "tests"
             if upward or sideways or bench_to_tests:
                 violations.append(f"{module} ({name}) imports {target} ({target_name})")
@@ -152,15 +176,32 @@ def test_no_import_circles() -> None:
 
 @pytest.mark.parametrize(
     "source,target,bad",
-    [("schemas/x.py", "runtime.kafka", True), ("runtime/db.py", "escrowd.cli", True), ("indexer/x.py", "relayer.api", True),
+    [("schemas/x.py", "runtime.kafka", True), ("runtime/db.py", "escrowd.cli", True), ("indexer/x.py", "api", True),
      ("runtime/db.py", "indexer.store", True), ("bench/x.py", "tests.support", True),
-     ("relayer/x.py", "runtime.outbox", False), ("escrowd/run.py", "relayer.api", False)],
+     ("relayer/x.py", "runtime.outbox", False), ("escrowd/run.py", "api", False),
+     ("verification/x.py", "relayer.settlement", True), ("panels/x.py", "verification.structured", True),
+     ("api/app.py", "panels.routes", False), ("chain/x.py", "relayer.sender", True),
+     ("relayer/x.py", "chain.eth_rpc", False), ("lifecycle/x.py", "api.app", True)],
 )  # fmt: skip
 def test_the_rule_catches_upward_imports(source: str, target: str, bad: bool) -> None:
     """The checker itself: an upward or sideways import is a violation, a downward one is not."""
     rank, name = layer(source.removesuffix(".py").replace("/", "."))
     target_rank, target_name = layer(target)
-    flagged = target_rank > rank or (rank == target_rank == 2 and name != target_name) or (
+    flagged = target_rank > rank or (rank == target_rank == SERVICES and name != target_name) or (
         name == "bench" and target_name == "tests"
     )
     assert flagged is bad
+
+
+def test_no_package_circles() -> None:
+    """At package level too: no two top-level packages import each other, lazily or not."""
+
+    def package_of(module: str) -> str:
+        return module.split(".")[0]
+
+    edges: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        source = package_of(module)
+        edges.setdefault(source, set()).update(package_of(t) for t in targets if package_of(t) != source)
+    circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, set()))
+    assert not circles, "package circles: " + "; ".join(circles)

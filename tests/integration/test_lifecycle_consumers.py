@@ -22,11 +22,11 @@ from fastapi import FastAPI
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
 from escrowd.scenarios import every_event_type
 from indexer.config import ChainConfig
-from relayer.lifecycle import consumer as lifecycle_consumer
-from relayer.lifecycle import roles as lifecycle_roles
-from relayer.lifecycle.machine import allowed_actions
-from relayer.lifecycle.routes import router as lifecycle_router
-from relayer.reputation import consumer as reputation_consumer
+from lifecycle import consumer as lifecycle_consumer
+from lifecycle import roles as lifecycle_roles
+from lifecycle.machine import allowed_actions
+from lifecycle.reputation import consumer as reputation_consumer
+from lifecycle.routes import router as lifecycle_router
 from runtime.consumer import IdempotentConsumer
 from runtime.db import connect, create_pool
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
@@ -527,8 +527,8 @@ async def test_the_api_answers_at_the_confirmed_time_task_state_holds(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     """"What can whom do now" is answered at the confirmation line's time, not at the head's."""
-    from relayer.api.app import create_app
-    from relayer.api.settings import ApiSettings
+    from api.app import create_app
+    from api.settings import ApiSettings
 
     poster = devnet.posters[0]
     async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix, confirmations=3):

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from chain.eth_rpc import EthRpc
 from escrowd.devnet import Devnet
-from relayer.settlement.rpc import EthRpc
 from runtime.db import create_pool
 
 

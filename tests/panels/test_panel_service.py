@@ -16,8 +16,8 @@ import pytest
 from escrowd.devnet import anvil_key
 from indexer.decode import DecodedLog
 from indexer.store import event_message
-from relayer.panels import rules
-from relayer.panels.service import PanelConfig, PanelHandler, close_due_rounds
+from panels import rules
+from panels.service import PanelConfig, PanelHandler, close_due_rounds
 from runtime.consumer import IdempotentConsumer, InboundMessage
 from runtime.db import connect
 from schemas import panels as msg

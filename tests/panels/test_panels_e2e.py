@@ -19,13 +19,13 @@ from pathlib import Path
 
 import uvicorn
 
+from api.app import create_app
+from chain.eth_rpc import EthRpc
+from chain.keys import SecretKey
 from escrowd.devnet import Devnet, anvil_key
-from relayer.api.app import create_app
-from relayer.panels import rules
-from relayer.panels.service import PanelConfig
-from relayer.panels.service import build_consumer as build_panel_consumer
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc
+from panels import rules
+from panels.service import PanelConfig
+from panels.service import build_consumer as build_panel_consumer
 from relayer.settlement.rulings import RulingSender, build_ruling_consumer
 from runtime.db import connect, create_pool
 from runtime.kafka import TopicSpec, ensure_topics

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relayer.panels import rules
+from panels import rules
 from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics
 from schemas import panels as msg

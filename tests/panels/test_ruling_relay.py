@@ -10,9 +10,9 @@ import time
 import asyncpg
 import pytest
 
+from chain.eth_rpc import EthRpc
+from chain.keys import SecretKey
 from escrowd.devnet import Devnet
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RulingSender
 from schemas.task_state import TaskStatus
 from tests.panels.rulings_support import (
@@ -133,8 +133,8 @@ async def test_a_task_resolved_meanwhile_is_recorded_not_sent(devnet: Devnet, po
 async def test_health_bridge_reports_whether_the_arbiter_key_matches(devnet: Devnet, database_url: str) -> None:
     import httpx
 
-    from relayer.api.app import create_app
-    from relayer.api.settings import ApiSettings
+    from api.app import create_app
+    from api.settings import ApiSettings
 
     settings = ApiSettings(
         database_url=database_url,

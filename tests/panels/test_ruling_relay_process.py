@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaProducer
 
+from chain.keys import SecretKey, write_keystore
 from escrowd.devnet import Devnet
-from relayer.settlement.keys import SecretKey, write_keystore
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics
 from runtime.services.ports import free_port
 from schemas import panels as msg

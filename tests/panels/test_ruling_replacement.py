@@ -16,10 +16,10 @@ import asyncio
 import asyncpg
 import pytest
 
+from chain.eth_rpc import EthRpc
+from chain.fees import FeePolicy, Fees, is_valid_replacement
+from chain.keys import SecretKey
 from escrowd.devnet import Devnet
-from relayer.settlement.fees import FeePolicy, Fees, is_valid_replacement
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RulingSender
 from schemas.task_state import TaskStatus
 from tests.panels.rulings_support import admit, disputed_task, ruling_consumer, ruling_message

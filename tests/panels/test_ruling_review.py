@@ -24,12 +24,12 @@ import asyncpg
 import pytest
 from aiohttp import web
 
+from chain.eth_rpc import EthRpc
+from chain.fees import Fees
+from chain.keys import SecretKey
+from chain.txs import sign_eip1559
 from escrowd.devnet import Devnet
-from relayer.settlement.fees import Fees
-from relayer.settlement.keys import SecretKey
-from relayer.settlement.rpc import EthRpc
 from relayer.settlement.rulings import RULINGS, SENDER_PART, RulingSender, resolve_dispute_data
-from relayer.settlement.txs import sign_eip1559
 from runtime import health
 from schemas.task_state import TaskStatus
 from tests.panels.rulings_support import admit, disputed_task, ruling_consumer, ruling_message

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from relayer.panels.bot import BotSettings, VerifierBot, load_scorer
+from panels.bot import BotSettings, VerifierBot, load_scorer
 
 ASSIGNMENT = {"round_id": "r", "terms": {"x": 1}, "output": {"answer": 42}, "output_schema": None,
               "compute_report": {}}

@@ -23,9 +23,9 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
+from chain.keys import SecretKey
 from escrowd.devnet import Actor, Devnet, deploy_devnet, text_hash
 from relayer.settlement.config import ChainSettings, RelayerSettings
-from relayer.settlement.keys import SecretKey
 from relayer.settlement.service import Relayer
 from runtime.kafka import encode_headers
 from runtime.services.anvil import AnvilProcess

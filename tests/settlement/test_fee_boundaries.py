@@ -1,4 +1,4 @@
-"""The fee maths at its boundaries (relayer/settlement/fees.py): the tip clamped from below,
+"""The fee maths at its boundaries (chain/fees.py): the tip clamped from below,
 from above and to the max fee, and a replacement bump that lands exactly on the cap (allowed)
 or one wei over it (no valid replacement). The property tests in test_units.py never reach
 these lines with their policy, so each is pinned here with exact numbers."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayer.settlement.fees import GWEI, FeePolicy, Fees, bump, is_valid_replacement, price
+from chain.fees import GWEI, FeePolicy, Fees, bump, is_valid_replacement, price
 
 # A policy whose tip bounds are far apart so each clamp is visible.
 POLICY = FeePolicy(fee_cap=100 * GWEI, min_priority_fee=2 * GWEI, max_priority_fee=10 * GWEI)

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 from eth_abi.abi import decode as abi_decode
 
+from chain.txs import decode_complete_verification, selector
 from escrowd.devnet import Devnet
 from relayer.settlement.crash import POINTS
-from relayer.settlement.txs import decode_complete_verification, selector
 from tests.settlement.conftest import (
     IndexerRun,
     RelayerRun,

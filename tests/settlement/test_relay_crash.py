@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
+from chain.txs import decode_complete_verification
 from escrowd.devnet import Devnet
 from relayer.settlement.crash import POINTS
-from relayer.settlement.txs import decode_complete_verification
 from tests.settlement.conftest import (
     IndexerRun,
     fetch,

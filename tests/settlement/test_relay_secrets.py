@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from relayer.settlement.keys import SecretKey, write_keystore
+from chain.keys import SecretKey, write_keystore
 from relayer.settlement.routes import metrics_router, router
 from runtime.logging import register_secret
 

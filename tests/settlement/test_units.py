@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from relayer.settlement.consumer import Accept, Reject, Wait, check_signature, decide
-from relayer.settlement.fees import (
+from chain.fees import (
     GWEI,
     FeePolicy,
     Fees,
@@ -26,12 +25,9 @@ from relayer.settlement.fees import (
     min_replacement,
     price,
 )
-from relayer.settlement.health import key_match
-from relayer.settlement.keys import KeyLoadError, SecretKey, load_key, load_keystore, write_keystore
-from relayer.settlement.nonces import gaps_below, reconcile
-from relayer.settlement.sender import classify_send_error, revert_outcome
-from relayer.settlement.store import IndexedTask
-from relayer.settlement.txs import (
+from chain.keys import KeyLoadError, SecretKey, load_key, load_keystore, write_keystore
+from chain.nonces import gaps_below, reconcile
+from chain.txs import (
     DecodedError,
     complete_verification_data,
     decode_complete_verification,
@@ -39,6 +35,10 @@ from relayer.settlement.txs import (
     selector,
     sign_eip1559,
 )
+from relayer.settlement.consumer import Accept, Reject, Wait, check_signature, decide
+from relayer.settlement.health import key_match
+from relayer.settlement.sender import classify_send_error, revert_outcome
+from relayer.settlement.store import IndexedTask
 from runtime.logging import redact
 from schemas.verdict import (
     InvalidSignature,
@@ -397,7 +397,7 @@ def test_hand_rolled_rlp_equals_pyrlp(item: object) -> None:
     """The signer's RLP encoder gives pyrlp's bytes for integers, byte strings and lists."""
     import rlp
 
-    from relayer.settlement.txs import _rlp
+    from chain.txs import _rlp
 
     assert _rlp(item) == rlp.encode(item)  # type: ignore[arg-type]
 
@@ -427,7 +427,7 @@ def test_batch_calldata_and_refusals_round_trip() -> None:
     from eth_abi.abi import decode, encode
     from eth_utils.crypto import keccak
 
-    from relayer.settlement.txs import (
+    from chain.txs import (
         complete_verification_batch_data,
         decode_batch_refusals,
         selector,

@@ -37,8 +37,8 @@ from eth_account import Account
 
 from escrowd.devnet import DAY, Devnet, EscrowRevert, text_hash
 from escrowd.invariants import ChainEvent, token_flows
-from relayer.lifecycle import clock, machine
-from relayer.reputation import rules as reputation_rules
+from lifecycle import clock, machine
+from lifecycle.reputation import rules as reputation_rules
 from runtime.services.ports import free_port
 from schemas.events import EscrowEventMessage
 from schemas.task_state import (

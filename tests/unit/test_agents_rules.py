@@ -7,16 +7,16 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayer.agents.briefs import (
+from verification.agents.briefs import (
     encryption_public_key,
     open_brief,
     seal_brief,
     unwrap_key,
     wrap_key,
 )
-from relayer.agents.directory import Executor
-from relayer.agents.listing import BriefState, listing_check, named_verifier_check
-from relayer.verification.routing import ChainTask, TaskKey, TermsView
+from verification.agents.directory import Executor
+from verification.agents.listing import BriefState, listing_check, named_verifier_check
+from verification.routing import ChainTask, TaskKey, TermsView
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 POSTER = "0x" + "1" * 40
@@ -45,7 +45,7 @@ def executor(**overrides: object) -> Executor:
 def test_qualifies_is_role_opt_in_chain_and_freshness(
     roles: set[str], chains: set[int], opt_in: bool, age: int, role: str, chain: int | None
 ) -> None:
-    from relayer.agents.directory import qualifies
+    from verification.agents.directory import qualifies
 
     e = executor(roles=tuple(roles), chains=tuple(chains), verify_others=opt_in, last_seen=NOW - timedelta(seconds=age))
     expected = role in roles and (role != "verifier" or opt_in) and (chain is None or chain in chains) and age <= 300

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from relayer.verification.auto_check import auto_check
 from schemas.verification import ALL_CRITERIA_MET, VerificationResult
+from verification.auto_check import auto_check
 
 DEFAULT_RULES = {"min_length": 10, "pass_threshold": 60}
 

@@ -9,13 +9,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayer.verification.auto_check import (
+from schemas.criteria import VerificationCriteria
+from schemas.verification import ALL_CRITERIA_MET, VerificationResult
+from verification.auto_check import (
     REASON_CRITERIA_TOO_LARGE,
     auto_check,
     gate_names,
 )
-from schemas.criteria import VerificationCriteria
-from schemas.verification import ALL_CRITERIA_MET, VerificationResult
 
 PROPERTY_SETTINGS = settings(
     max_examples=250,
@@ -289,7 +289,7 @@ def test_json_nesting_cap_is_512_levels() -> None:
 def test_forbidden_phrases_follow_their_definition(output: str, phrases: list[str]) -> None:
     """Whatever shortcut the check takes, a phrase is found iff its folded, flattened form
     is in the folded, flattened result (with or without a disclosure section)."""
-    from relayer.verification.text import canonical, flatten, fold
+    from verification.text import canonical, flatten, fold
 
     criteria = {"forbidden_phrases": phrases, "regex_pattern": "(?:)"}  # pins the floor
     verdict = auto_check({"output": output}, criteria)

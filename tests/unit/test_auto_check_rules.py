@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from relayer.verification.auto_check import (
+from schemas.criteria import VerificationCriteria
+from schemas.verification import ALL_CRITERIA_MET, VerificationResult
+from verification.auto_check import (
     REASON_CRITERIA_TOO_LARGE,
     REASON_EMPTY,
     REASON_EXCUSE,
@@ -19,8 +21,6 @@ from relayer.verification.auto_check import (
     gate_names,
     result_text,
 )
-from schemas.criteria import VerificationCriteria
-from schemas.verification import ALL_CRITERIA_MET, VerificationResult
 
 # Forty-odd plain words of real content, no failure language, no numbers.
 PROSE = (
@@ -780,7 +780,7 @@ def test_model_and_mapping_criteria_agree_and_unknown_fields_are_dropped() -> No
 def test_unicode_tables_match_the_interpreter() -> None:
     import unicodedata
 
-    from relayer.verification.unicode_tables import FORMAT_CHARACTERS, MARKS
+    from verification.unicode_tables import FORMAT_CHARACTERS, MARKS
 
     def ranges(wanted: Callable[[str], bool]) -> list[tuple[int, int]]:
         found: list[tuple[int, int]] = []
@@ -809,20 +809,20 @@ def test_unicode_tables_match_the_interpreter() -> None:
     ],
 )
 def test_canonical_normalisation(raw: str, normalised: str) -> None:
-    from relayer.verification.text import canonical
+    from verification.text import canonical
 
     assert canonical(raw) == normalised
 
 
 def test_flatten_and_fold() -> None:
-    from relayer.verification.text import flatten, fold
+    from verification.text import flatten, fold
 
     assert flatten("  a \n\n b\t\u3000c  ") == "a b c"
     assert fold("Ÿ Crème LОREM ΙΡSUM") == "y creme lorem ipsum"
 
 
 def test_words_and_answer_words() -> None:
-    from relayer.verification.text import answer_words, words
+    from verification.text import answer_words, words
 
     assert words("Don't stop end-to-end 漢字 snake_case") == [
         "don't", "stop", "end-to-end", "漢", "字", "snake", "case",
@@ -836,7 +836,7 @@ def test_fenced_block_scan_matches_the_regex_definition() -> None:
     import random
     import re
 
-    from relayer.verification.structured import _fenced_blocks
+    from verification.structured import _fenced_blocks
 
     fence = re.compile(r"```(?:json)?\s*\n([\s\S]*?)```", re.IGNORECASE)
     rng = random.Random(3)
@@ -847,7 +847,7 @@ def test_fenced_block_scan_matches_the_regex_definition() -> None:
 
 
 def test_json_text_is_written_as_javascript_writes_it() -> None:
-    from relayer.verification.js_json import js_number, to_js_json
+    from verification.js_json import js_number, to_js_json
 
     assert [js_number(x) for x in (1.0, 0.5, 1e-7, 1e16, 1e21, -2.5, 0.1 + 0.2)] == [
         "1", "0.5", "1e-7", "10000000000000000", "1e+21", "-2.5", "0.30000000000000004",
@@ -862,7 +862,7 @@ def test_answer_word_fast_path_matches_the_two_branch_pattern() -> None:
     import random
     import re
 
-    from relayer.verification.text import answer_words, is_number
+    from verification.text import answer_words, is_number
 
     reference = re.compile(r"[0-9]+(?:[.,][0-9]+)+(?![a-z0-9])|[a-z0-9]+(?:['-][a-z0-9]+)*")
     rng = random.Random(5)

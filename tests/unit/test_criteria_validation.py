@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from relayer.verification.criteria_validation import (
+from schemas.criteria import VerificationCriteria, unknown_fields
+from verification.criteria_validation import (
     AUTO_CRITERIA_REQUIRED,
     CRITERIA_INVALID,
     REGEX_PATTERN_UNUSABLE,
     validate_criteria,
 )
-from schemas.criteria import VerificationCriteria, unknown_fields
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from relayer.verification.auto_check import (
+from verification.auto_check import (
     REASON_REGEX_TIMEOUT,
     REASON_REGEX_UNSAFE,
     auto_check,
 )
-from relayer.verification.js_regex import (
+from verification.js_regex import (
     INPUT_CAP,
     JsRegexSyntaxError,
     JsRegexTimeout,

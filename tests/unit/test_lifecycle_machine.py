@@ -21,8 +21,8 @@ from hypothesis import event as note_coverage
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from relayer.lifecycle import machine as m
-from relayer.lifecycle.machine import (
+from lifecycle import machine as m
+from lifecycle.machine import (
     AppealWindowClosed,
     DeadlinePassed,
     EscalationCollectible,

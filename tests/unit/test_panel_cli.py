@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from relayer.panels import rules
-from relayer.panels.cli import app
+from panels import rules
+from panels.cli import app
 
 runner = CliRunner()
 TASK = "31337:0x" + "E3" * 20 + ":7"

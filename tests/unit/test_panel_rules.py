@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayer.panels import rules
-from relayer.panels.rules import (
+from panels import rules
+from panels.rules import (
     PPM,
     Attestation,
     Band,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from relayer.reputation.rules import (
+from lifecycle.reputation.rules import (
     DEFAULT_RULES,
     FAILED_ROUND_PENALTY,
     ReputationRules,

@@ -10,14 +10,14 @@ from eth_account import Account
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayer.verification.request_auth import (
+from schemas.request_auth import Deployment, requester_proof, sign_request
+from schemas.task_terms import ReviewSubmitted, VerifierFailed, VerifierVerdictReported
+from verification.request_auth import (
     RequestNotTrusted,
     authenticate,
     request_id_for,
     service_proof,
 )
-from schemas.request_auth import Deployment, requester_proof, sign_request
-from schemas.task_terms import ReviewSubmitted, VerifierFailed, VerifierVerdictReported
 
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 POSTER_KEY = "0x" + "21" * 32

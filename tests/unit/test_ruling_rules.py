@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relayer.settlement.fees import GWEI, FeePolicy, Fees, is_valid_replacement
+from chain.fees import GWEI, FeePolicy, Fees, is_valid_replacement
 from relayer.settlement.rulings import mined_status, stuck_action
 
 wei = st.integers(min_value=0, max_value=1_000 * GWEI)

@@ -17,7 +17,6 @@ from eth_account import Account
 from eth_account.messages import _hash_eip191_message, encode_typed_data
 from eth_utils.crypto import keccak
 
-from relayer.verification.request_auth import RequestNotTrusted, authenticate
 from schemas.request_auth import (
     BadSignature,
     Deployment,
@@ -28,6 +27,7 @@ from schemas.request_auth import (
 )
 from schemas.task_terms import ReviewSubmitted
 from schemas.verdict import Verdict, recover_signer, sign_verdict, verdict_digest
+from verification.request_auth import RequestNotTrusted, authenticate
 
 KEY = "0x" + "11" * 32
 SIGNER = "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayer.verification.criteria_validation import MODES, validate_criteria
 from runtime.kafka import MAX_HEADER_CHARS, decode_headers
 from schemas import jsonbounds
+from verification.criteria_validation import MODES, validate_criteria
 
 SUITE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOAK = settings(max_examples=30_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

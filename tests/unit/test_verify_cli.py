@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relayer.verification.cli import app
+from verification.cli import app
 
 runner = CliRunner()
 
@@ -127,7 +127,7 @@ def test_escrowd_verify_survives_deep_json_with_raised_recursion_limit(tmp_path:
     result = _write(tmp_path, "r.json", "[" * 200_000 + "]" * 200_000)
     script = (
         "import sys; sys.setrecursionlimit(100_000); "
-        "from relayer.verification.cli import app; app()"
+        "from verification.cli import app; app()"
     )
     completed = subprocess.run(
         [

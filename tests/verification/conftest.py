@@ -14,20 +14,20 @@ import asyncpg
 import httpx
 import pytest
 
+from api.app import create_app
+from api.settings import ApiSettings
 from escrowd.devnet import anvil_key
 from indexer.decode import DecodedLog
 from indexer.store import event_message
-from relayer.api.app import create_app
-from relayer.api.auth import Deployment, sign_request
-from relayer.api.settings import ApiSettings
-from relayer.verification.consumer import Topics, VerificationHandler
-from relayer.verification.routing import RetryPolicy
-from relayer.verification.verifiers import default_registry
 from runtime.consumer import IdempotentConsumer, InboundMessage
 from runtime.db import connect
 from runtime.outbox import enqueue
+from runtime.web.auth import Deployment, sign_request
 from schemas import topics
 from schemas.events import event_id
+from verification.consumer import Topics, VerificationHandler
+from verification.routing import RetryPolicy
+from verification.verifiers import default_registry
 
 CHAIN_ID = 31337
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"

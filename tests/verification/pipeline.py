@@ -21,11 +21,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from escrowd.devnet import Actor, Devnet, anvil_key
 from indexer.config import ChainConfig
 from indexer.service import ChainIndexer
-from relayer.verification.consumer import Topics, VerificationHandler
-from relayer.verification.registry import VerifierRegistry
-from relayer.verification.routing import RetryPolicy
-from relayer.verification.service import RetryScheduler
-from relayer.verification.verifiers import default_registry
 from runtime.consumer import IdempotentConsumer
 from runtime.db import connect
 from runtime.kafka import TopicSpec, decode_headers, ensure_topics, make_producer
@@ -33,6 +28,11 @@ from runtime.outbox import OutboxPublisher
 from schemas import jsoncodec
 from schemas.task_terms import result_hash
 from schemas.verdict import SignedVerdict
+from verification.consumer import Topics, VerificationHandler
+from verification.registry import VerifierRegistry
+from verification.routing import RetryPolicy
+from verification.service import RetryScheduler
+from verification.verifiers import default_registry
 
 from .conftest import Api, Who, api_settings, running_api
 

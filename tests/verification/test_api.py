@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from relayer.api.auth import Deployment, sign_request
+from runtime.web.auth import Deployment, sign_request
 from schemas.task_terms import result_hash
 
 from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler

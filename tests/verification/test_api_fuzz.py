@@ -18,9 +18,9 @@ import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relayer.api.auth import sign_request
-from relayer.verification.proof import VERIFIER_VERSION, Proof, sign_proof
+from runtime.web.auth import sign_request
 from schemas.task_terms import result_hash
+from verification.proof import VERIFIER_VERSION, Proof, sign_proof
 
 from .conftest import (
     CHAIN_ID,

@@ -16,12 +16,12 @@ import pytest
 from aiohttp import web
 
 from escrowd.devnet import Devnet
-from relayer.verification.consumer import VerificationHandler
 from runtime.consumer import IdempotentConsumer
 from runtime.eventlog import read_after
 from runtime.kafka import cloudevent_headers, encode_headers, make_producer
 from schemas.task_terms import result_hash
 from schemas.verdict import recover_signer
+from verification.consumer import VerificationHandler
 
 from .pipeline import SIGNER_ADDRESS, SIGNER_KEY, Pipeline, pipeline, wait_for
 
@@ -397,7 +397,7 @@ async def test_a_test_suite_verdict_comes_with_a_signed_proof_anyone_can_check(r
     import subprocess
     import sys
 
-    from relayer.verification import results_store as store
+    from verification import results_store as store
 
     d = run.devnet
     agent = d.agents[0]

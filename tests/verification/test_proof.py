@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from eth_account import Account
 
-from relayer.verification.proof import (
+from verification.proof import (
     VERIFIER_VERSION,
     Proof,
     SignedProof,

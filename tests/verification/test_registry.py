@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from relayer.verification.registry import (
+from schemas.task_terms import VerifierRef
+from verification.registry import (
     Rubric,
     RubricItem,
     RubricStore,
@@ -19,9 +20,8 @@ from relayer.verification.registry import (
     VerifierRegistry,
     flatten_trajectory,
 )
-from relayer.verification.sandbox import SandboxSettings
-from relayer.verification.verifiers import default_registry
-from schemas.task_terms import VerifierRef
+from verification.sandbox import SandboxSettings
+from verification.verifiers import default_registry
 
 TASK: dict[str, Any] = {"taskId": 1, "prompt": "What is 6 x 7?", "reference": "42"}
 
@@ -489,7 +489,7 @@ async def test_invalid_type_config_cannot_answer(registry: VerifierRegistry) -> 
 
 def test_seccomp_program_is_built_for_x86_64_only() -> None:
     """A whole number of 8-byte BPF instructions ending in ALLOW then EPERM; no filter elsewhere."""
-    from relayer.verification.sandbox import DENIED_SYSCALLS_X86_64, seccomp_program
+    from verification.sandbox import DENIED_SYSCALLS_X86_64, seccomp_program
 
     program = seccomp_program("x86_64")
     assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 2)

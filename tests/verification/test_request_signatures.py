@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from relayer.api.auth import Deployment, sign_request
 from runtime.services.ports import free_port, wait_for_port
 from runtime.services.postgres import PostgresService
+from runtime.web.auth import Deployment, sign_request
 from schemas.task_terms import result_hash
 from tests.support.indexer_harness import escrowd_command
 

@@ -23,8 +23,14 @@ import pytest
 from eth_account import Account
 
 from escrowd.devnet import Devnet
-from relayer.verification.consumer import request_message
-from relayer.verification.request_auth import (
+from runtime.db import connect
+from runtime.kafka import encode_headers, make_producer
+from schemas import jsoncodec
+from schemas.request_auth import Deployment, requester_proof, sign_request
+from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
+from tests.support.indexer_harness import escrowd_command
+from verification.consumer import request_message
+from verification.request_auth import (
     RequestNotTrusted,
     authenticate,
     request_id_for,
@@ -32,12 +38,6 @@ from relayer.verification.request_auth import (
     service_problem,
     service_proof,
 )
-from runtime.db import connect
-from runtime.kafka import encode_headers, make_producer
-from schemas import jsoncodec
-from schemas.request_auth import Deployment, requester_proof, sign_request
-from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
-from tests.support.indexer_harness import escrowd_command
 
 from .conftest import CHAIN_ID, ESCROW, IndexedChain, Who, api_settings, running_api
 from .pipeline import Pipeline, pipeline
@@ -157,7 +157,7 @@ async def test_forged_and_unsigned_requests_are_dead_lettered_and_real_ones_judg
 
 def test_the_verdict_key_can_never_vouch_for_requests() -> None:
     """The service refuses to start when its verdict-signing key is also a trusted API signer."""
-    from relayer.verification.service import SigningKeyError, VerificationSettings, build_consumer
+    from verification.service import SigningKeyError, VerificationSettings, build_consumer
 
     verdict_key = "0x" + "7a" * 32
     settings = VerificationSettings(
@@ -332,7 +332,7 @@ def test_a_bad_api_service_key_stops_the_api_without_showing_it(database_url: st
     """A service key that is no key is refused at start-up, and the error does not carry it."""
     from pydantic import SecretStr
 
-    from relayer.api.app import create_app
+    from api.app import create_app
 
     bad = "0x" + "ff" * 32  # above the curve order: not a private key
     with pytest.raises(ValueError, match="api_service_key is not a valid") as caught:

@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayer.verification.routing import (
+from schemas.verification import VerificationResult
+from verification.routing import (
     MAX_VERIFIER_FAILURES,
     AttachReport,
     ChainEvent,
@@ -40,7 +41,6 @@ from relayer.verification.routing import (
     fold_chain,
     terms_problem,
 )
-from schemas.verification import VerificationResult
 
 KEY = TaskKey(31337, "0x5FbDB2315678afecb367f032d93F642f64180aa3", 1)
 POSTER = "0x" + "11" * 20

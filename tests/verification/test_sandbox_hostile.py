@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from relayer.verification.sandbox import _readable_by_others, host_runtime, stage_runtime
+from verification.sandbox import _readable_by_others, host_runtime, stage_runtime
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from relayer.verification.registry import VerificationError
-from relayer.verification.sandbox import SandboxSettings
-from relayer.verification.verifiers import default_registry
 from schemas.task_terms import VerifierRef
+from verification.registry import VerificationError
+from verification.sandbox import SandboxSettings
+from verification.verifiers import default_registry
 
 pytestmark = pytest.mark.timeout(300)
 

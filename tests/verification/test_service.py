@@ -11,17 +11,17 @@ from eth_account import Account
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
-from relayer.verification import consumer_cli
-from relayer.verification.routing import RetryPolicy
-from relayer.verification.service import (
+from escrowd import verification_cli as consumer_cli
+from runtime.db import connect
+from schemas import topics
+from schemas.task_terms import result_hash
+from verification.routing import RetryPolicy
+from verification.service import (
     RetryScheduler,
     SigningKeyError,
     VerificationSettings,
     load_signing_key,
 )
-from runtime.db import connect
-from schemas import topics
-from schemas.task_terms import result_hash
 
 from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler
 
@@ -108,7 +108,7 @@ async def test_signing_key_never_reaches_the_logs(api: Api, chain: IndexedChain,
 
 async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
     """A finalize waiting for its retry is queued on the requests topic when due, and only once."""
-    from relayer.verification.verifiers import default_registry
+    from verification.verifiers import default_registry
 
     body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
             "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.broken:score"}}  # fmt: skip

@@ -1,0 +1,51 @@
+"""`escrowd api serve`: run the HTTP API with uvicorn (settings from `ESCROWD_*` variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="The HTTP API: task terms, finalize, review, results.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Listen address (default: ESCROWD_API_HOST or 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: ESCROWD_API_PORT or 8080)")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+) -> None:
+    """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
+    import structlog
+    import uvicorn
+
+    from api.app import create_app
+    from api.settings import ApiSettings
+    from runtime.config_file import load
+    from runtime.errors import safe_message
+    from runtime.logging import configure_logging
+    from schemas.jsonbounds import cap_recursion_limit
+
+    configure_logging(json=log_json)
+    try:
+        settings = load(ApiSettings, "api", config)
+    except Exception as exc:
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    application = create_app(settings)
+    # Every import is done: a library that raised the recursion limit on the way is undone.
+    limit = cap_recursion_limit()
+    structlog.get_logger(__name__).info("api_starting", recursion_limit=limit)
+    uvicorn.run(
+        application,
+        host=host or settings.api_host,
+        port=port if port is not None else settings.api_port,
+        log_config=None,
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    app()

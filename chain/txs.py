@@ -1,0 +1,248 @@
+"""Transaction building: calldata, EIP-1559 signing with coincurve, and escrow error decoding.
+
+All pure. Signing is done by hand (RLP + keccak + one recoverable signature) rather than
+through `eth_account.sign_transaction`: it gives the same bytes (a unit test compares them)
+and is about ten times faster, which matters when hundreds of verdicts are in flight.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from eth_abi.abi import decode as abi_decode
+from eth_utils.crypto import keccak
+
+from chain.fees import Fees
+from chain.keys import SecretKey
+from schemas.abi import escrow_abi
+
+FILLER_GAS = 21_000
+_PANIC = bytes.fromhex("4e487b71")
+_ERROR_STRING = bytes.fromhex("08c379a0")
+
+
+def _abi_type(param: dict[str, Any]) -> str:
+    kind = str(param["type"])
+    if kind.startswith("tuple"):
+        return f"({','.join(_abi_type(c) for c in param['components'])}){kind[5:]}"
+    return kind
+
+
+def _signature(entry: dict[str, Any]) -> str:
+    return f"{entry['name']}({','.join(_abi_type(p) for p in entry['inputs'])})"
+
+
+@functools.cache
+def _selectors() -> dict[str, bytes]:
+    return {
+        entry["name"]: keccak(text=_signature(entry))[:4]
+        for entry in escrow_abi()
+        if entry.get("type") == "function"
+    }
+
+
+@functools.cache
+def _errors() -> dict[bytes, tuple[str, tuple[str, ...]]]:
+    return {
+        keccak(text=_signature(entry))[:4]: (
+            str(entry["name"]),
+            tuple(_abi_type(p) for p in entry["inputs"]),
+        )
+        for entry in escrow_abi()
+        if entry.get("type") == "error"
+    }
+
+
+def selector(function: str) -> bytes:
+    """The 4-byte selector of an escrow function."""
+    return _selectors()[function]
+
+
+def _word(value: int) -> bytes:
+    return value.to_bytes(32, "big")
+
+
+def complete_verification_data(
+    task_id: int, attempt: int, evidence_hash: str, passed: bool, score: int
+) -> bytes:
+    """Calldata of `completeVerification(taskId, attempt, evidenceHash, passed, score)`."""
+    return (
+        selector("completeVerification")
+        + _word(task_id)
+        + _word(attempt)
+        + bytes.fromhex(evidence_hash.removeprefix("0x"))
+        + _word(int(passed))
+        + _word(score)
+    )
+
+
+VerdictItem = tuple[int, int, str, bool, int]
+"""(task id, attempt, evidence hash 0x hex, passed, score): one `completeVerificationBatch` item."""
+
+
+def complete_verification_batch_data(items: list[VerdictItem]) -> bytes:
+    """Calldata of `completeVerificationBatch((taskId, attempt, evidenceHash, passed, score)[])`."""
+    from eth_abi.abi import encode
+
+    values = [
+        (task_id, attempt, bytes.fromhex(evidence.removeprefix("0x")), passed, score)
+        for task_id, attempt, evidence, passed, score in items
+    ]
+    return selector("completeVerificationBatch") + encode(["(uint256,uint8,bytes32,bool,uint8)[]"], [values])
+
+
+def decode_batch_refusals(data: bytes) -> list[DecodedError | None]:
+    """The return value of `completeVerificationBatch` (an `eth_call`): per item, None when it
+    would settle, else the escrow's decoded refusal."""
+    (refusals,) = abi_decode(["bytes[]"], data)
+    return [decode_revert(bytes(r)) if r else None for r in refusals]
+
+
+@functools.cache
+def _verification_completed_topic() -> str:
+    entry = next(e for e in escrow_abi() if e.get("type") == "event" and e["name"] == "VerificationCompleted")
+    return "0x" + keccak(text=_signature(entry)).hex()
+
+
+def settled_attempts(logs: list[dict[str, Any]], escrow: str, verifier: str) -> set[tuple[int, int]]:
+    """(task id, attempt) of every `VerificationCompleted` that `verifier` caused at `escrow`
+    in a receipt's logs: which items of a `completeVerificationBatch` settled."""
+    topic = _verification_completed_topic()
+    out: set[tuple[int, int]] = set()
+    for entry in logs:
+        topics = [str(t).lower() for t in entry.get("topics") or []]
+        if len(topics) < 3 or topics[0] != topic or str(entry.get("address", "")).lower() != escrow.lower():
+            continue
+        if int(topics[2], 16) != int(verifier, 16):
+            continue
+        data = bytes.fromhex(str(entry.get("data", "0x"))[2:])
+        out.add((int(topics[1], 16), int.from_bytes(data[:32], "big")))
+    return out
+
+
+def is_judged_data(task_id: int, attempt: int) -> bytes:
+    """Calldata of `isJudged(taskId, attempt)`."""
+    return selector("isJudged") + _word(task_id) + _word(attempt)
+
+
+def marketplace_verifier_data() -> bytes:
+    """Calldata of `marketplaceVerifier()`."""
+    return selector("marketplaceVerifier")
+
+
+def decode_complete_verification(data: bytes) -> tuple[int, int, str, bool, int] | None:
+    """(task, attempt, evidence hash, passed, score) of completeVerification calldata, or None."""
+    if len(data) != 4 + 5 * 32 or data[:4] != selector("completeVerification"):
+        return None
+    words = [data[4 + 32 * i : 36 + 32 * i] for i in range(5)]
+    return (
+        int.from_bytes(words[0], "big"),
+        int.from_bytes(words[1], "big"),
+        "0x" + words[2].hex(),
+        bool(int.from_bytes(words[3], "big")),
+        int.from_bytes(words[4], "big"),
+    )
+
+
+@dataclass(frozen=True)
+class SignedTx:
+    """A signed EIP-1559 transaction ready for `eth_sendRawTransaction`."""
+
+    raw: bytes
+    tx_hash: str
+    nonce: int
+    fees: Fees
+    gas_limit: int
+
+    @property
+    def raw_hex(self) -> str:
+        """0x hex of the raw bytes."""
+        return "0x" + self.raw.hex()
+
+
+def _rlp_length(length: int, offset: int) -> bytes:
+    if length < 56:
+        return bytes([offset + length])
+    size = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([offset + 55 + len(size)]) + size
+
+
+def _rlp(item: int | bytes | list[Any]) -> bytes:
+    """RLP of an unsigned integer, a byte string or a list of those (what a transaction holds).
+
+    By hand: `rlp.encode` infers a serializer per item and was a third of the signing time.
+    The unit tests compare the signed bytes with `eth_account`'s.
+    """
+    if isinstance(item, list):
+        payload = b"".join(_rlp(x) for x in item)
+        return _rlp_length(len(payload), 0xC0) + payload
+    if isinstance(item, int):
+        if item < 0:
+            raise ValueError("RLP integers are unsigned")
+        item = item.to_bytes((item.bit_length() + 7) // 8, "big")  # 0 -> b""
+    if len(item) == 1 and item[0] < 0x80:
+        return item
+    return _rlp_length(len(item), 0x80) + item
+
+
+def sign_eip1559(
+    key: SecretKey,
+    *,
+    chain_id: int,
+    nonce: int,
+    to: str,
+    data: bytes,
+    gas_limit: int,
+    fees: Fees,
+    value: int = 0,
+) -> SignedTx:
+    """Sign a type-2 transaction with an empty access list."""
+    fields: list[Any] = [
+        chain_id,
+        nonce,
+        fees.max_priority_fee_per_gas,
+        fees.max_fee_per_gas,
+        gas_limit,
+        bytes.fromhex(to.removeprefix("0x")),
+        value,
+        data,
+        [],
+    ]
+    digest = keccak(b"\x02" + _rlp(fields))
+    y_parity, r, s = key.sign_digest(digest)
+    raw = b"\x02" + _rlp([*fields, y_parity, r, s])
+    return SignedTx(
+        raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
+    )
+
+
+@dataclass(frozen=True)
+class DecodedError:
+    """A revert reason: the escrow's custom error name and its arguments."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.args!r}" if self.args else f"{self.name}()"
+
+
+def decode_revert(data: bytes) -> DecodedError:
+    """Decode revert data into the escrow's custom error (or Panic / Error(string))."""
+    if not data:
+        return DecodedError("Reverted")
+    head, body = data[:4], data[4:]
+    known = _errors().get(head)
+    try:
+        if known is not None:
+            name, types = known
+            return DecodedError(name, tuple(abi_decode(list(types), body)))
+        if head == _PANIC:
+            return DecodedError("Panic", tuple(abi_decode(["uint256"], body)))
+        if head == _ERROR_STRING:
+            return DecodedError("Error", tuple(abi_decode(["string"], body)))
+    except Exception:
+        return DecodedError("Malformed", ("0x" + data.hex(),))
+    return DecodedError("Unknown", ("0x" + data.hex(),))

@@ -1,0 +1,171 @@
+"""`escrowd consume`: run one consumer group member (scale out by running more)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from escrowd.verification_cli import app as verification_app
+from runtime.errors import safe_message
+from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
+
+app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, panels.", no_args_is_help=True)
+app.add_typer(verification_app, name="verification")
+
+
+class ConsumerSettings(BaseSettings):
+    """What the lifecycle and reputation consumers need (`ESCROWD_*` environment variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
+    events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
+    tasks_topic: str = Field(default=TASKS, description="Compacted task states")
+    timers_topic: str = Field(default=TIMERS, description="Timer events")
+    reputation_topic: str = Field(default=REPUTATION, description="Compacted agent reputations")
+    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+    reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
+    reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
+
+async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
+    from runtime.consumer import IdempotentConsumer
+    from runtime.db import migrate_url
+    from runtime.kafka import make_producer, start_producer
+    from runtime.outbox import OutboxPublisher
+
+    assert isinstance(consumer, IdempotentConsumer)
+    if metrics_port is not None:
+        from runtime.health import start_server
+
+        start_server(metrics_port)
+    await migrate_url(database_url)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, consumer.stop)
+    producer = make_producer(bootstrap, client_id=consumer.name)
+    await start_producer(producer)
+    publisher = OutboxPublisher(database_url, producer)
+    publishing = asyncio.create_task(publisher.run())
+    try:
+        await consumer.run()
+    finally:
+        publisher.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(publishing, 10)
+        await producer.stop()
+
+
+def _settings(config: Path | None) -> ConsumerSettings:
+    from runtime.config_file import load
+
+    try:
+        return load(ConsumerSettings, "consumers", config)
+    except Exception as exc:
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def lifecycle(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The lifecycle consumer: task state, timers, what can whom do now."""
+    from lifecycle.consumer import build_consumer
+    from runtime.logging import configure_logging
+
+    settings = _settings(config)
+    configure_logging(json=log_json)
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        events_topic=settings.events_topic,
+        tasks_topic=settings.tasks_topic,
+        timers_topic=settings.timers_topic,
+        dlq_topic=settings.dead_letter_topic,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+
+
+@app.command()
+def reputation(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The reputation consumer: per-agent score, dispute count, matching score."""
+    from lifecycle.reputation.consumer import build_consumer
+    from lifecycle.reputation.rules import ReputationRules
+    from runtime.logging import configure_logging
+
+    settings = _settings(config)
+    configure_logging(json=log_json)
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        events_topic=settings.events_topic,
+        rules=ReputationRules(
+            start_score=settings.reputation_start_score, pass_increase=settings.reputation_pass_increase
+        ),
+        reputation_topic=settings.reputation_topic,
+        dlq_topic=settings.dead_letter_topic,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+
+
+@app.command()
+def panels(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `panels:` section)"),
+    ] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
+    from panels.service import PanelConfig, build_consumer
+    from panels.settings import load_panel_settings
+    from runtime.logging import configure_logging
+
+    try:
+        settings = load_panel_settings(config)
+        secret = settings.read_secret()
+        signing_key = settings.signing_key()
+    except Exception as exc:
+        # One line naming the field (safe_message never prints an input value), and
+        # read_secret / signing_key name no byte of what they read.
+        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    configure_logging(json=log_json)
+    panel_config = PanelConfig(
+        secret=secret,
+        secret_version=settings.panel_secret_version,
+        ruling_key=signing_key,
+        attestation_seconds=settings.panel_attestation_seconds,
+        fee_units=settings.panel_fee_units,
+    )
+    consumer = build_consumer(
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        config=panel_config,
+        events_topic=settings.events_topic,
+        dlq_topic=settings.dead_letter_topic,
+        idle_interval=settings.panel_idle_interval,
+    )
+    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))

@@ -1,0 +1,67 @@
+"""`escrowd … run`: the verification consumer service (settings from `ESCROWD_*` variables)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runtime.config_file import load
+from runtime.errors import safe_message
+
+app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
+
+
+@app.command()
+def run(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+) -> None:
+    """Run the verification consumer, the retry scheduler and an outbox publisher until Ctrl-C."""
+    from runtime.logging import configure_logging
+    from verification.service import (
+        SigningKeyError,
+        VerificationSettings,
+        run_verification_consumer,
+    )
+
+    configure_logging(json=log_json)
+    try:
+        settings = load(VerificationSettings, "verification", config)
+    except Exception as exc:
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_verification_consumer(settings))
+    except SigningKeyError as exc:
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def check(
+    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+) -> None:
+    """Validate the configuration and the signing key, print the signer address, and exit."""
+    from eth_account import Account
+
+    from verification.service import SigningKeyError, VerificationSettings, load_signing_key
+
+    try:
+        settings = load(VerificationSettings, "verification", config)
+        key = load_signing_key(settings)
+    except SigningKeyError as exc:
+        typer.echo(f"signing key: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""HTTP pieces every router shares: signature auth, API errors, body limits, probes."""

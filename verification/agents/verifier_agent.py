@@ -1,0 +1,378 @@
+"""`escrowd verifier-agent`: the hosted verifier of seed 000's agent review.
+
+Every poll it:
+
+1. registers (first poll) or heartbeats through its queue read, so the directory lists it
+   as running;
+2. reads its queue (`GET /v1/verifiers/me/queue`, signed): listed agent-review tasks that
+   name it, delivered on chain, finalized by their agent, not judged yet;
+3. per item, reads the brief (`GET /v1/briefs/{taskHash}`) and, when private, unwraps the
+   key with its encryption key and decrypts it;
+4. asks the model (brief and result each cut to 12,000 characters, plus the poster's
+   `acceptance` note, as data; fail when in doubt) for pass/fail and up to 10 reasons;
+5. signs `completeVerification(task, attempt, evidenceHash, passed, score)` from its own
+   wallet and pays the gas (score 100 on pass, 0 on fail), waits for the receipt;
+6. reports the verdict with its reasons (`POST …/verifier-report`); the service records
+   it only once it matches the indexed on-chain verdict.
+
+A model error (timeout, 5xx, malformed answer) posts no verdict: it reports an `error`
+try instead and the item comes back on a later poll. The service counts the tries; after
+5 the attempt is "delivered but never judged" and leaves the queue, so the agent stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import structlog
+import typer
+from eth_account import Account
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from web3 import Web3
+
+from chain.txs import complete_verification_data, is_judged_data
+from runtime.logging import register_secret
+from runtime.web.auth import Deployment, sign_request
+from verification.agents import briefs
+from verification.agents.judging import VerifierAnswer, verifier_messages
+from verification.agents.model import ModelClient, ModelError, ModelSettings
+
+log = structlog.get_logger(__name__)
+
+MAX_FAILED_TRIES = 5
+_TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]{40})/")
+
+
+class VerifierAgentSettings(BaseSettings):
+    """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
+    the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore")
+
+    api_url: str = Field(description="Base URL of the escrowd API")
+    rpc_url: str = Field(description="JSON-RPC URL of the chain it settles on")
+    chain_id: int = Field(gt=0, description="The chain it settles on")
+    escrow_address: str = Field(
+        pattern=r"^0x[0-9a-fA-F]{40}$",
+        description="The escrow of the API's deployment its directory and queue requests are signed for",
+    )
+    wallet_key: SecretStr | None = Field(
+        default=None, description="0x key of its wallet: signs requests and completeVerification"
+    )
+    wallet_key_file: Path | None = Field(
+        default=None, description="File holding that key (a mounted secret), instead of wallet_key"
+    )
+    encryption_key: SecretStr | None = Field(
+        default=None, description="0x secp256k1 key private briefs are wrapped to (default: a key derived from the wallet key)"
+    )
+    poll_seconds: float = Field(default=2.0, gt=0, description="Seconds between queue reads")
+    capabilities: list[str] = Field(default_factory=lambda: ["text"], description="Capabilities it registers")
+    gas_limit: int = Field(default=300_000, gt=21_000, description="Gas limit of completeVerification")
+    receipt_timeout_seconds: float = Field(default=120.0, gt=0, description="Longest wait for a receipt")
+    request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
+
+    @model_validator(mode="after")
+    def _one_wallet_key(self) -> VerifierAgentSettings:
+        if (self.wallet_key is None) == (self.wallet_key_file is None):
+            raise ValueError("set exactly one of wallet_key and wallet_key_file")
+        return self
+
+    def wallet(self) -> str:
+        """The wallet's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
+        if self.wallet_key is not None:
+            return self.wallet_key.get_secret_value().strip()
+        assert self.wallet_key_file is not None
+        from runtime.config_file import read_key_file
+
+        return read_key_file(self.wallet_key_file, "wallet_key_file")
+
+    @field_validator("api_url", "rpc_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s):// URL")
+        return value.rstrip("/")
+
+
+def derived_encryption_key(wallet_key: str) -> bytes:
+    """A separate secp256k1 key for briefs, derived from the wallet key (so one secret suffices)."""
+    from eth_utils.crypto import keccak
+
+    return bytes(keccak(b"escrowd-brief-encryption-v1" + bytes.fromhex(wallet_key.removeprefix("0x"))))
+
+
+@dataclass
+class PollStats:
+    """What one poll did."""
+
+    seen: int = 0
+    judged: int = 0
+    model_errors: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+class VerifierAgent:
+    """One hosted verifier: its wallet, its encryption key, its model, the API and the chain."""
+
+    def __init__(self, settings: VerifierAgentSettings, model: ModelClient, *, http: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings
+        wallet = settings.wallet()
+        register_secret(wallet)
+        self._wallet = wallet
+        self.account = Account.from_key(wallet)
+        enc = settings.encryption_key.get_secret_value().strip() if settings.encryption_key else None
+        self._enc_key = bytes.fromhex(enc.removeprefix("0x")) if enc else derived_encryption_key(wallet)
+        register_secret(self._enc_key.hex())
+        self.model = model
+        self.http = http or httpx.AsyncClient(base_url=settings.api_url, timeout=30.0)
+        self.w3 = Web3(Web3.HTTPProvider(settings.rpc_url, request_kwargs={"timeout": 30}))
+        self.registered = False
+
+    @property
+    def address(self) -> str:
+        """Its wallet address (the verifier named on chain)."""
+        return str(self.account.address)
+
+    @property
+    def encryption_public_key(self) -> str:
+        """The key it registers for private briefs."""
+        return briefs.encryption_public_key(self._enc_key)
+
+    async def close(self) -> None:
+        """Release HTTP sessions."""
+        await self.model.close()
+        await self.http.aclose()
+
+    # ------------------------------------------------------------------ the API
+
+    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        raw = b"" if body is None else json.dumps(body).encode()
+        # A task route names its deployment; the directory and the queue act on the API's own.
+        task_route = _TASK_ROUTE.match(path)
+        deployment = (
+            Deployment(int(task_route["chain"]), task_route["escrow"])
+            if task_route
+            else Deployment(self.settings.chain_id, self.settings.escrow_address)
+        )
+        headers = sign_request(
+            self._wallet, method, path, raw, deployment=deployment,
+            expires_at=int(time.time()) + self.settings.request_ttl_seconds, nonce=secrets.token_urlsafe(16),
+        )  # fmt: skip
+        if body is not None:
+            headers["content-type"] = "application/json"
+        return await self.http.request(method, path, content=raw or None, headers=headers)
+
+    async def register(self) -> None:
+        """Put its directory entry: a verifier on its chain, opted in, with its encryption key."""
+        body = {
+            "roles": ["verifier"],
+            "chains": [self.settings.chain_id],
+            "verifyOthers": True,
+            "capabilities": list(self.settings.capabilities),
+            "encryptionPublicKey": self.encryption_public_key,
+        }
+        response = await self._call("PUT", "/v1/executors/me", body)
+        response.raise_for_status()
+        self.registered = True
+
+    async def _report(self, item: dict[str, Any], body: dict[str, Any]) -> None:
+        path = f"/v1/tasks/{item['chainId']}/{item['escrow']}/{item['taskId']}/verifier-report"
+        response = await self._call("POST", path, {"attempt": item["attempt"], "evidenceHash": item["evidenceHash"], **body})
+        if response.status_code >= 400:
+            log.warning("verifier_report_refused", status=response.status_code, task_id=item["taskId"])
+
+    # ------------------------------------------------------------------ one poll
+
+    async def poll_once(self) -> PollStats:
+        """Register if needed, read the queue, judge each item."""
+        if not self.registered:
+            await self.register()
+        response = await self._call("GET", "/v1/verifiers/me/queue")
+        response.raise_for_status()
+        stats = PollStats()
+        for item in response.json()["items"]:
+            stats.seen += 1
+            if int(item["chainId"]) != self.settings.chain_id:
+                stats.skipped.append(f"{item['taskId']}: another chain")
+                continue
+            if int(item.get("failures", 0)) >= MAX_FAILED_TRIES:
+                stats.skipped.append(f"{item['taskId']}: gave up")
+                continue
+            await self._judge(item, stats)
+        return stats
+
+    async def _brief(self, item: dict[str, Any]) -> str:
+        response = await self._call("GET", f"/v1/briefs/{item['taskHash']}")
+        if response.status_code == 404:
+            return ""  # no brief stored: the model judges against the acceptance note alone
+        response.raise_for_status()
+        data = response.json()
+        if not data.get("private"):
+            return str(data.get("brief") or "")
+        key = briefs.unwrap_key(briefs.unb64(data["wrappedKey"], 200), self._enc_key)
+        return briefs.open_brief(briefs.unb64(data["ciphertext"], briefs.MAX_CIPHERTEXT_BYTES), key)
+
+    async def _judge(self, item: dict[str, Any], stats: PollStats) -> None:
+        task_id = int(item["taskId"])
+        try:
+            brief = await self._brief(item)
+        except briefs.BriefError as exc:
+            stats.skipped.append(f"{task_id}: brief does not open ({exc})")
+            await self._report(item, {"outcome": "error", "error": "the brief does not open with this verifier's key"})
+            return
+        result = item.get("result")
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+        try:
+            answer = await self.model.ask(verifier_messages(brief, text, item.get("acceptance")), VerifierAnswer)
+        except ModelError as exc:
+            # No verdict: the attempt stays unjudged and comes back on a later poll.
+            stats.model_errors += 1
+            log.warning("verifier_model_error", task_id=task_id, attempt=item["attempt"], reason=exc.reason)
+            await self._report(item, {"outcome": "error", "error": f"model: {exc.reason}"[:500]})
+            return
+        score = 100 if answer.passed else 0
+        await asyncio.to_thread(self._complete_on_chain, item, answer.passed, score)
+        await self._report(item, {"outcome": "verdict", "passed": answer.passed, "score": score, "reasons": list(answer.reasons)})
+        stats.judged += 1
+        log.info("verifier_judged", task_id=task_id, attempt=item["attempt"], passed=answer.passed)
+
+    # ------------------------------------------------------------------ the chain
+
+    def _complete_on_chain(self, item: dict[str, Any], passed: bool, score: int) -> None:
+        """completeVerification from its wallet (skipped when the attempt is judged on chain already)."""
+        escrow = Web3.to_checksum_address(item["escrow"])
+        task_id, attempt = int(item["taskId"]), int(item["attempt"])
+        judged = self.w3.eth.call({"to": escrow, "data": is_judged_data(task_id, attempt)})
+        if int.from_bytes(bytes(judged)[-32:] or b"\x00", "big"):
+            return  # a crash after sending: the verdict is on chain already, only the report is left
+        base_fee = int(self.w3.eth.get_block("latest")["baseFeePerGas"])
+        tx = {
+            "chainId": self.settings.chain_id,
+            "nonce": self.w3.eth.get_transaction_count(self.account.address, "pending"),
+            "to": escrow,
+            "data": "0x" + complete_verification_data(task_id, attempt, item["evidenceHash"], passed, score).hex(),
+            "gas": self.settings.gas_limit,
+            "maxFeePerGas": 2 * base_fee + 10**9,
+            "maxPriorityFeePerGas": 10**9,
+            "type": 2,
+        }
+        signed = self.account.sign_transaction(tx)
+        tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
+        receipt = self.w3.eth.wait_for_transaction_receipt(
+            tx_hash, timeout=self.settings.receipt_timeout_seconds, poll_latency=0.05
+        )
+        if receipt["status"] != 1:
+            raise RuntimeError(f"completeVerification reverted for task {task_id} attempt {attempt}")
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until `stop` is set; a failing poll is logged and retried on the next."""
+        while not stop.is_set():
+            try:
+                stats = await self.poll_once()
+                if stats.seen:
+                    log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors)
+            except Exception as exc:
+                log.warning("verifier_poll_failed", error_type=type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+
+
+async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: ModelSettings) -> None:
+    """Run until SIGINT / SIGTERM."""
+    agent = VerifierAgent(settings, ModelClient(model_settings))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id)
+    try:
+        await agent.run(stop)
+    finally:
+        await agent.close()
+
+
+AGENT_SECTION = "verifier_agent"
+"""Section of the configuration file read by `escrowd verifier-agent`; its model: `verifier_agent.model`."""
+MODEL_KEY = "model"
+
+
+def load_agent_settings(config_file: Path | None = None) -> tuple[VerifierAgentSettings, ModelSettings]:
+    """`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section, `ESCROWD_MODEL_*` over its `model:`."""
+    from runtime.config_file import load
+
+    settings = load(VerifierAgentSettings, AGENT_SECTION, config_file, nested=frozenset({MODEL_KEY}))
+    model_settings = load(ModelSettings, f"{AGENT_SECTION}.{MODEL_KEY}", config_file)
+    return settings, model_settings
+
+
+def verifier_agent(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_agent:` section)"),
+    ] = None,
+    log_json: bool = True,
+) -> None:
+    """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
+    from runtime.errors import safe_message
+    from runtime.logging import configure_logging
+
+    configure_logging(json=log_json)
+    try:
+        settings, model_settings = load_agent_settings(config)
+        settings.wallet()  # a missing or malformed key file stops here, in one line
+        if model_settings.url is None:
+            raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
+    except Exception as exc:
+        # One line naming the field, never a value (the wallet key, the model's key).
+        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
+        raise typer.Exit(2) from None
+    asyncio.run(run_verifier_agent(settings, model_settings))
+
+
+@dataclass
+class LocalHostedVerifier:
+    """A hosted verifier with the deterministic local model, inside one process (`escrowd run`)."""
+
+    agent: VerifierAgent
+    model_url: str
+    _stop: asyncio.Event
+    _task: asyncio.Task[None]
+    _runner: Any
+
+    @classmethod
+    async def start(
+        cls, *, api_url: str, rpc_url: str, chain_id: int, escrow_address: str, wallet_key: str
+    ) -> LocalHostedVerifier:
+        """Start the local model server and the verifier's poll loop."""
+        from verification.agents.stub_model import StubModel, start_stub
+
+        runner, model_url = await start_stub(StubModel())
+        settings = VerifierAgentSettings(
+            api_url=api_url, rpc_url=rpc_url, chain_id=chain_id, escrow_address=escrow_address,
+            wallet_key=SecretStr(wallet_key), poll_seconds=0.5,
+        )
+        agent = VerifierAgent(settings, ModelClient(ModelSettings(url=model_url, name="local-deterministic")))
+        stop = asyncio.Event()
+        return cls(agent, model_url, stop, asyncio.create_task(agent.run(stop)), runner)
+
+    async def stop(self) -> None:
+        """Stop polling, close sessions, stop the model server."""
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._task, 30)
+        await self.agent.close()
+        await self._runner.cleanup()

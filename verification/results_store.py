@@ -1,0 +1,431 @@
+"""The verification service's SQL, in one place: the consumer's state and effects, the API's reads.
+
+Tables are those of `schemas/migrations/003_verification.sql`. The consumer is the only
+writer of verdicts (`verification_results`), failures and its chain-event copy; the API
+writes terms, nonces and request rows ('accepted') in the transaction that queues the
+request's message. The API also reads the indexer's `escrow_events` (the chain as
+indexed) and `chain_cursor` (chain time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from verification.routing import (
+    AttachReport,
+    ChainEvent,
+    FailureRecord,
+    MarkSettled,
+    RecordFailure,
+    RecordResult,
+    RemoveEvent,
+    RequestRecord,
+    RestoreResult,
+    ResultRecord,
+    RetractResult,
+    SaveRequest,
+    ScheduleRetry,
+    SetRequestState,
+    StoreEvent,
+    TaskKey,
+    TaskState,
+    TermsView,
+)
+
+
+def _int(value: int | Decimal) -> int:
+    return int(value)
+
+
+# ---------------------------------------------------------------------------- terms
+
+
+async def insert_terms(
+    conn: asyncpg.Connection,
+    *,
+    task_hash: str,
+    chain_id: int,
+    escrow: str,
+    poster: str,
+    mode: str,
+    verifier_address: str | None,
+    private: bool,
+    terms: dict[str, Any],
+    canonical: str,
+) -> bool:
+    """Store registered terms; False when these exact terms were registered before."""
+    inserted = await conn.fetchval(
+        "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode,"
+        " verifier_address, private, terms, canonical) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        " ON CONFLICT (task_hash) DO NOTHING RETURNING 1",
+        task_hash,
+        chain_id,
+        escrow,
+        poster,
+        mode,
+        verifier_address,
+        private,
+        terms,
+        canonical,
+    )
+    return inserted is not None
+
+
+def _terms_view(row: asyncpg.Record) -> TermsView:
+    terms: dict[str, Any] = row["terms"]
+    return TermsView(
+        task_hash=row["task_hash"],
+        chain_id=row["chain_id"],
+        escrow=row["escrow_address"],
+        poster=row["poster"],
+        mode=row["verification_mode"],
+        verifier_address=row["verifier_address"],
+        private=row["private"],
+        criteria=terms.get("verificationCriteria"),
+        verifier=terms.get("verifier"),
+        instructions_digest=str(terms.get("instructionsDigest", "")),
+    )
+
+
+_TERMS_COLUMNS = "task_hash, chain_id, escrow_address, poster, verification_mode, verifier_address, private, terms"
+
+
+async def load_terms(conn: asyncpg.Connection, task_hash: str) -> TermsView | None:
+    """The terms registered under `task_hash`."""
+    row = await conn.fetchrow(f"SELECT {_TERMS_COLUMNS} FROM task_terms WHERE task_hash = $1", task_hash.lower())
+    return None if row is None else _terms_view(row)
+
+
+async def load_terms_json(conn: asyncpg.Connection, task_hash: str) -> dict[str, Any] | None:
+    """The stored terms document (canonical dict) under `task_hash`."""
+    value = await conn.fetchval("SELECT terms FROM task_terms WHERE task_hash = $1", task_hash.lower())
+    return None if value is None else dict(value)
+
+
+# ---------------------------------------------------------------------------- chain views
+
+
+def _chain_event(row: asyncpg.Record) -> ChainEvent:
+    return ChainEvent(
+        event_id=row["event_id"],
+        block_number=row["block_number"],
+        log_index=row["log_index"],
+        tx_hash=row["tx_hash"],
+        name=row["event_name"],
+        args=row["args"],
+    )
+
+
+async def indexed_events(conn: asyncpg.Connection, key: TaskKey) -> list[ChainEvent]:
+    """The task's events as the indexer stored them (the API's view of the chain)."""
+    rows = await conn.fetch(
+        "SELECT event_id, block_number, log_index, tx_hash, event_name, args FROM escrow_events"
+        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = lower($3)"
+        " ORDER BY block_number, log_index",
+        key.chain_id,
+        key.task_id,
+        key.escrow,
+    )
+    return [_chain_event(r) for r in rows]
+
+
+async def chain_time(conn: asyncpg.Connection, chain_id: int) -> int | None:
+    """The newest block time the indexer saw on the chain (None before it ran)."""
+    value = await conn.fetchval(
+        "SELECT GREATEST(c.head_timestamp, COALESCE((SELECT max(block_timestamp) FROM escrow_events"
+        " WHERE chain_id = $1), 0)) FROM chain_cursor c WHERE c.chain_id = $1",
+        chain_id,
+    )
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------------- the consumer's state
+
+
+async def lock_task(conn: asyncpg.Connection, key: TaskKey) -> None:
+    """Serialise work on one task across consumer members (held until the batch commits)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        f"verification:{key.chain_id}:{key.escrow.lower()}:{key.task_id}",
+    )
+
+
+async def load_state(conn: asyncpg.Connection, key: TaskKey) -> TaskState:
+    """Everything the consumer knows about one task."""
+    args = (key.chain_id, key.escrow, key.task_id)
+    event_rows = await conn.fetch(
+        "SELECT event_id, block_number, log_index, tx_hash, event_name, args FROM verification_chain_events"
+        " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND NOT removed",
+        *args,
+    )
+    state = TaskState(key=key, events=tuple(_chain_event(r) for r in event_rows))
+    task_hash = state.chain.task_hash
+    terms = await load_terms(conn, task_hash) if task_hash else None
+    request_rows = await conn.fetch(
+        "SELECT request_id, kind, attempt, evidence_hash, actor, payload, state, retry_count"
+        " FROM verification_requests WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3",
+        *args,
+    )
+    result_rows = await conn.fetch(
+        "SELECT attempt, evidence_hash, source, passed, score, status, reported, request_id, settled_tx"
+        " FROM verification_results WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3",
+        *args,
+    )
+    failure_rows = await conn.fetch(
+        "SELECT attempt, failures, never_judged FROM verifier_failures"
+        " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3",
+        *args,
+    )
+    return dataclasses.replace(
+        state,
+        terms=terms,
+        requests={r["request_id"]: _request(r) for r in request_rows},
+        results={r["attempt"]: ResultRecord(**dict(r)) for r in result_rows},
+        failures={r["attempt"]: FailureRecord(r["failures"], r["never_judged"]) for r in failure_rows},
+    )
+
+
+def _request(row: asyncpg.Record) -> RequestRecord:
+    return RequestRecord(
+        request_id=row["request_id"],
+        kind=row["kind"],
+        attempt=row["attempt"],
+        evidence_hash=row["evidence_hash"],
+        actor=row["actor"],
+        payload=row["payload"],
+        state=row["state"],
+        retry_count=row["retry_count"],
+    )
+
+
+# ---------------------------------------------------------------------------- effects
+
+
+async def apply_effect(conn: asyncpg.Connection, key: TaskKey, effect: Any) -> None:
+    """Apply one effect that needs no signing (RecordResult goes through `insert_result`)."""
+    task = (key.chain_id, key.escrow, key.task_id)
+    if isinstance(effect, StoreEvent):
+        e = effect.event
+        await conn.execute(
+            "INSERT INTO verification_chain_events (event_id, chain_id, escrow_address, task_id, block_number,"
+            " log_index, tx_hash, event_name, args) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            " ON CONFLICT (event_id) DO UPDATE SET removed = false",
+            e.event_id, *task, e.block_number, e.log_index, e.tx_hash, e.name, dict(e.args),
+        )  # fmt: skip
+    elif isinstance(effect, RemoveEvent):
+        await conn.execute("UPDATE verification_chain_events SET removed = true WHERE event_id = $1", effect.event_id)
+    elif isinstance(effect, SaveRequest):
+        await save_request(conn, key, effect.request)
+    elif isinstance(effect, SetRequestState):
+        await conn.execute(
+            "UPDATE verification_requests SET state = $2, reason = COALESCE($3, reason), updated_at = now()"
+            " WHERE request_id = $1",
+            effect.request_id, effect.state, effect.reason,
+        )  # fmt: skip
+    elif isinstance(effect, ScheduleRetry):
+        await conn.execute(
+            "UPDATE verification_requests SET state = 'waiting_retry', retry_count = $2, last_error = $3,"
+            " next_retry_at = now() + make_interval(secs => $4), updated_at = now() WHERE request_id = $1",
+            effect.request_id, effect.retry_count, effect.error, effect.delay_seconds,
+        )  # fmt: skip
+    elif isinstance(effect, AttachReport):
+        await conn.execute(
+            "UPDATE verification_results SET result = $5, reported = true, source = 'agent', request_id = $6,"
+            " updated_at = now() WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
+            *task, effect.attempt, dict(effect.verification_result), effect.request_id,
+        )  # fmt: skip
+    elif isinstance(effect, RetractResult | RestoreResult):
+        status = "retracted" if isinstance(effect, RetractResult) else "final"
+        await conn.execute(
+            "UPDATE verification_results SET status = $5, updated_at = now()"
+            " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
+            *task, effect.attempt, status,
+        )  # fmt: skip
+    elif isinstance(effect, MarkSettled):
+        await conn.execute(
+            "UPDATE verification_results SET settled_tx = $5, settled_block = $6, updated_at = now()"
+            " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
+            *task, effect.attempt, effect.tx_hash, effect.block_number,
+        )  # fmt: skip
+    elif isinstance(effect, RecordFailure):
+        await conn.execute(
+            "INSERT INTO verifier_failures (chain_id, escrow_address, task_id, attempt, verifier, failures,"
+            " never_judged, last_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            " ON CONFLICT (chain_id, escrow_address, task_id, attempt) DO UPDATE SET failures = EXCLUDED.failures,"
+            " never_judged = EXCLUDED.never_judged, last_error = EXCLUDED.last_error, updated_at = now()",
+            *task, effect.attempt, effect.verifier, effect.failures, effect.never_judged, effect.error,
+        )  # fmt: skip
+    else:
+        raise TypeError(f"apply_effect cannot apply {type(effect).__name__}")
+
+
+async def save_request(conn: asyncpg.Connection, key: TaskKey, request: RequestRecord) -> bool:
+    """Insert a request row, or move the API's 'accepted' row to the request's state."""
+    status: str = await conn.execute(
+        "INSERT INTO verification_requests (request_id, kind, chain_id, escrow_address, task_id, attempt,"
+        " evidence_hash, actor, payload, state) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        " ON CONFLICT (request_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()"
+        " WHERE verification_requests.state = 'accepted' AND EXCLUDED.state <> 'accepted'",
+        request.request_id, request.kind, key.chain_id, key.escrow, key.task_id, request.attempt,
+        request.evidence_hash, request.actor, dict(request.payload), request.state,
+    )  # fmt: skip
+    return status.endswith(" 1")
+
+
+async def insert_result(
+    conn: asyncpg.Connection,
+    key: TaskKey,
+    effect: RecordResult,
+    *,
+    agent: str | None,
+    signed_verdict: dict[str, Any] | None,
+    verdict_message_id: str | None,
+    signed_proof: dict[str, Any] | None = None,
+) -> bool:
+    """Record an attempt's verdict; a retracted one may be replaced, a final one never."""
+    status: str = await conn.execute(
+        "INSERT INTO verification_results (chain_id, escrow_address, task_id, attempt, evidence_hash, agent,"
+        " mode, source, passed, score, result, reported, request_id, verdict_message_id, signed_verdict, signed_proof)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+        " ON CONFLICT (chain_id, escrow_address, task_id, attempt) DO UPDATE SET"
+        " evidence_hash = EXCLUDED.evidence_hash, agent = EXCLUDED.agent, source = EXCLUDED.source,"
+        " passed = EXCLUDED.passed, score = EXCLUDED.score, result = EXCLUDED.result,"
+        " reported = EXCLUDED.reported, request_id = EXCLUDED.request_id,"
+        " verdict_message_id = EXCLUDED.verdict_message_id, signed_verdict = EXCLUDED.signed_verdict,"
+        " signed_proof = EXCLUDED.signed_proof,"
+        " status = 'final', settled_tx = NULL, settled_block = NULL, updated_at = now()"
+        " WHERE verification_results.status = 'retracted'",
+        key.chain_id, key.escrow, key.task_id, effect.attempt, effect.evidence_hash, agent, effect.mode,
+        effect.source, effect.passed, effect.score, dict(effect.verification_result), effect.reported,
+        effect.request_id, verdict_message_id, signed_verdict, signed_proof,
+    )  # fmt: skip
+    return status.endswith(" 1")
+
+
+async def signed_proof(conn: asyncpg.Connection, key: TaskKey, attempt: int | None) -> dict[str, Any] | None:
+    """The signed proof of one attempt's final verdict (the latest judged attempt when None)."""
+    value = await conn.fetchval(
+        "SELECT signed_proof FROM verification_results WHERE chain_id = $1 AND escrow_address = $2"
+        " AND task_id = $3 AND status = 'final' AND signed_proof IS NOT NULL AND ($4::int IS NULL OR attempt = $4)"
+        " ORDER BY attempt DESC LIMIT 1",
+        key.chain_id, key.escrow, key.task_id, attempt,
+    )  # fmt: skip
+    return None if value is None else dict(value)
+
+
+# ---------------------------------------------------------------------------- retries
+
+
+async def claim_due_retries(conn: asyncpg.Connection, limit: int = 100) -> list[asyncpg.Record]:
+    """Finalize requests whose retry is due, marked 'retry_queued' (call inside a transaction)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "UPDATE verification_requests SET state = 'retry_queued', updated_at = now() WHERE request_id IN ("
+        " SELECT request_id FROM verification_requests WHERE state = 'waiting_retry' AND next_retry_at <= now()"
+        " ORDER BY next_retry_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+        " RETURNING request_id, chain_id, escrow_address, task_id, attempt, evidence_hash, actor, retry_count",
+        limit,
+    )
+    return rows
+
+
+# ---------------------------------------------------------------------------- the API's reads and writes
+
+
+async def insert_api_request(
+    conn: asyncpg.Connection, key: TaskKey, request: RequestRecord
+) -> bool:
+    """The API's row for a request it accepted; False when the same request exists."""
+    inserted = await conn.fetchval(
+        "INSERT INTO verification_requests (request_id, kind, chain_id, escrow_address, task_id, attempt,"
+        " evidence_hash, actor, payload, state) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'accepted')"
+        " ON CONFLICT (request_id) DO NOTHING RETURNING 1",
+        request.request_id, request.kind, key.chain_id, key.escrow, key.task_id, request.attempt,
+        request.evidence_hash, request.actor, dict(request.payload),
+    )  # fmt: skip
+    return inserted is not None
+
+
+async def request_row(conn: asyncpg.Connection, request_id: str) -> asyncpg.Record | None:
+    """One request with its state."""
+    return await conn.fetchrow(
+        "SELECT request_id, kind, attempt, evidence_hash, actor, payload, state, reason, retry_count, last_error"
+        " FROM verification_requests WHERE request_id = $1",
+        request_id,
+    )
+
+
+async def task_requests(conn: asyncpg.Connection, key: TaskKey) -> list[asyncpg.Record]:
+    """Every request of a task."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT request_id, kind, attempt, evidence_hash, actor, state, reason, retry_count"
+        " FROM verification_requests WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3"
+        " ORDER BY attempt, created_at",
+        key.chain_id, key.escrow, key.task_id,
+    )  # fmt: skip
+    return rows
+
+
+_RESULT_COLUMNS = (
+    "r.chain_id, r.escrow_address, r.task_id, r.attempt, r.evidence_hash, r.agent, r.mode, r.source,"
+    " r.passed, r.score, r.result, r.status, r.settled_tx"
+)
+
+
+async def task_results(conn: asyncpg.Connection, key: TaskKey) -> list[asyncpg.Record]:
+    """The recorded verdicts of a task (retracted ones included, flagged)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"SELECT {_RESULT_COLUMNS} FROM verification_results r"
+        " WHERE r.chain_id = $1 AND r.escrow_address = $2 AND r.task_id = $3 ORDER BY r.attempt",
+        key.chain_id, key.escrow, key.task_id,
+    )  # fmt: skip
+    return rows
+
+
+async def result_for(conn: asyncpg.Connection, key: TaskKey, attempt: int) -> asyncpg.Record | None:
+    """The verdict of one attempt."""
+    return await conn.fetchrow(
+        f"SELECT {_RESULT_COLUMNS} FROM verification_results r WHERE r.chain_id = $1 AND r.escrow_address = $2"
+        " AND r.task_id = $3 AND r.attempt = $4",
+        key.chain_id, key.escrow, key.task_id, attempt,
+    )  # fmt: skip
+
+
+async def task_failures(conn: asyncpg.Connection, key: TaskKey) -> dict[int, asyncpg.Record]:
+    """The verifier failures of a task, per attempt."""
+    rows = await conn.fetch(
+        "SELECT attempt, failures, never_judged FROM verifier_failures"
+        " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3",
+        key.chain_id, key.escrow, key.task_id,
+    )  # fmt: skip
+    return {r["attempt"]: r for r in rows}
+
+
+async def agent_executions(conn: asyncpg.Connection, agent: str, limit: int) -> list[asyncpg.Record]:
+    """An agent's finalized attempts, newest first, with their verdict (if any) and terms."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT q.chain_id, q.escrow_address, q.task_id, q.attempt, q.evidence_hash, q.state AS request_state,"
+        " r.passed, r.score, r.result, r.source, r.status, r.settled_tx,"
+        " COALESCE(t.private, false) AS private, t.verification_mode"
+        " FROM verification_requests q"
+        " LEFT JOIN verification_results r ON r.chain_id = q.chain_id AND r.escrow_address = q.escrow_address"
+        "  AND r.task_id = q.task_id AND r.attempt = q.attempt AND r.evidence_hash = q.evidence_hash"
+        " LEFT JOIN LATERAL (SELECT e.args->>'taskHash' AS task_hash FROM escrow_events e"
+        "  WHERE e.chain_id = q.chain_id AND e.task_id = q.task_id AND e.event_name = 'TaskCreated'"
+        "  AND lower(e.escrow_address) = lower(q.escrow_address) LIMIT 1) c ON true"
+        " LEFT JOIN task_terms t ON t.task_hash = lower(c.task_hash)"
+        " WHERE q.kind = 'finalize' AND lower(q.actor) = lower($1)"
+        " ORDER BY q.created_at DESC LIMIT $2",
+        agent,
+        limit,
+    )
+    return rows
+
+
+def task_ids(rows: Sequence[asyncpg.Record]) -> list[int]:
+    """Task ids of rows as ints (numeric columns come back as Decimal)."""
+    return [_int(r["task_id"]) for r in rows]

@@ -1,0 +1,287 @@
+"""The verification service's entry point: consumer, retry scheduler and outbox publisher.
+
+`run_verification_consumer(settings)` migrates the database, creates the topics it uses,
+then runs until cancelled:
+
+* the `IdempotentConsumer` with `VerificationHandler` over the events and requests topics;
+* `RetryScheduler`: moves finalizes whose verifier could not answer back onto the requests
+  topic when their backoff is over;
+* an `OutboxPublisher` (standby when another process of the database already publishes),
+  which carries signed verdicts, retries and dead letters to Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from eth_account import Account
+from eth_utils.address import is_address, to_checksum_address
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runtime.consumer import IdempotentConsumer
+from runtime.db import connect, migrate_url
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
+from runtime.logging import register_secret
+from runtime.outbox import OutboxPublisher, enqueue
+from schemas import topics
+from schemas.task_terms import RetryDue
+from verification import results_store as store
+from verification.consumer import (
+    CONSUMER_NAME,
+    Topics,
+    VerificationHandler,
+    request_message,
+)
+from verification.registry import RubricStore, VerifierRegistry
+from verification.routing import RetryPolicy
+from verification.sandbox import SandboxSettings
+from verification.verifiers import default_registry
+
+log = structlog.get_logger(__name__)
+
+
+class VerificationSettings(BaseSettings):
+    """Everything the verification consumer needs (`ESCROWD_*` environment variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+    database_url: str = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    verification_group: str = Field(default=CONSUMER_NAME, description="Consumer group id")
+    events_topic: str = Field(default=topics.ESCROW_EVENTS, description="Indexed escrow events")
+    verification_requests_topic: str = Field(
+        default=topics.VERIFICATION_REQUESTS, description="Finalize / review / verifier-report requests"
+    )
+    verdicts_topic: str = Field(default=topics.VERDICTS, description="Signed verdicts for the settlement relayer")
+    dead_letter_topic: str = Field(default=topics.DEAD_LETTERS, description="Poison messages, with the reason")
+    topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
+    verification_signing_key: SecretStr | None = Field(
+        default=None, description="Raw 0x key the verification service signs verdicts with (devnet)"
+    )
+    verification_keystore: Path | None = Field(
+        default=None, description="Encrypted keystore file of the signing key (preferred)"
+    )
+    verification_keystore_password: SecretStr | None = Field(
+        default=None, description="Password of the keystore file"
+    )
+    trusted_api_signers: list[str] = Field(
+        default_factory=list,
+        description="API service addresses whose signature vouches for a relayed request (besides the"
+        " requester's own signature); never the verdict-signing key's address",
+    )
+    plugin_packages: list[str] = Field(
+        default_factory=list, description="Packages whose modules may be plugin verifiers"
+    )
+    endpoint_hosts: list[str] = Field(default_factory=list, description="Hosts endpoint verifiers may be on")
+    endpoint_timeout: float = Field(default=60.0, gt=0, description="Seconds an endpoint verifier may take")
+    rubric_dir: Path | None = Field(default=None, description="Directory of <owner>/<name>.json rubrics")
+    sandbox_url: str | None = Field(
+        default=None, description="Sandbox runner service for code verifiers; none: run bwrap in this process"
+    )
+    retry_base_seconds: float = Field(default=5.0, gt=0, description="First delay before re-judging")
+    retry_max_seconds: float = Field(default=600.0, gt=0, description="Longest delay between re-judging tries")
+    retry_poll_seconds: float = Field(default=1.0, gt=0, description="How often due retries are looked for")
+    max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
+    run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ValueError("database_url must be a postgresql:// URL")
+        return url
+
+    @field_validator("trusted_api_signers")
+    @classmethod
+    def _addresses(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not is_address(value):
+                raise ValueError("trusted_api_signers holds something that is not an address")
+        return [str(to_checksum_address(v)) for v in values]
+
+    def topics(self) -> Topics:
+        """The topic names in use."""
+        return Topics(
+            events=self.events_topic,
+            requests=self.verification_requests_topic,
+            verdicts=self.verdicts_topic,
+            dead_letters=self.dead_letter_topic,
+        )
+
+    def registry(self) -> VerifierRegistry:
+        """The verifier registry this service runs (with the rubric judge when `ESCROWD_MODEL_URL` is set)."""
+        from verification.agents.rubrics import rubric_judge_from_env
+
+        return default_registry(
+            allowed_plugin_packages=self.plugin_packages,
+            allowed_endpoint_hosts=self.endpoint_hosts,
+            endpoint_timeout=self.endpoint_timeout,
+            rubrics=RubricStore(self.rubric_dir),
+            sandbox_settings=SandboxSettings(remote_url=self.sandbox_url),
+            rubric_judge=rubric_judge_from_env(self.database_url),
+        )
+
+
+class SigningKeyError(RuntimeError):
+    """The signing key is missing or unreadable (the message never holds key material)."""
+
+
+def load_signing_key(settings: VerificationSettings) -> str:
+    """The signing key as 0x hex, from the keystore (preferred) or the raw setting."""
+    if settings.verification_keystore is not None:
+        if settings.verification_keystore_password is None:
+            raise SigningKeyError("verification_keystore is set but its password is not")
+        password = settings.verification_keystore_password.get_secret_value()
+        register_secret(password)
+        try:
+            keystore = settings.verification_keystore.read_text(encoding="utf-8")
+            key = "0x" + bytes(Account.decrypt(keystore, password)).hex()
+        except (OSError, ValueError) as exc:
+            raise SigningKeyError(f"cannot decrypt {settings.verification_keystore}: {type(exc).__name__}") from None
+    elif settings.verification_signing_key is not None:
+        key = settings.verification_signing_key.get_secret_value().strip()
+    else:
+        raise SigningKeyError("set verification_keystore (+ password) or verification_signing_key")
+    register_secret(key)
+    try:
+        Account.from_key(key)
+    except Exception:
+        raise SigningKeyError("the signing key is not a valid secp256k1 private key") from None
+    return key
+
+
+class RetryScheduler:
+    """Queues a retry message for every finalize whose backoff is over."""
+
+    def __init__(self, database_url: str, requests_topic: str, *, poll_seconds: float = 1.0) -> None:
+        self._database_url = database_url
+        self._requests_topic = requests_topic
+        self._poll_seconds = poll_seconds
+
+    async def run_once(self, conn: Any) -> int:
+        """Queue the due retries; return how many."""
+        async with conn.transaction():
+            rows = await store.claim_due_retries(conn)
+            messages = [
+                request_message(
+                    RetryDue(
+                        request_id=f"retry:{row['request_id']}:{row['retry_count']}",
+                        chain_id=row["chain_id"],
+                        escrow_address=row["escrow_address"],
+                        task_id=int(row["task_id"]),
+                        attempt=row["attempt"],
+                        evidence_hash=row["evidence_hash"],
+                        actor=row["actor"],
+                        requested_at=int(time.time()),
+                        target_request_id=row["request_id"],
+                        retry_count=row["retry_count"],
+                    ),
+                    self._requests_topic,
+                )
+                for row in rows
+            ]
+            await enqueue(conn, messages)
+        return len(messages)
+
+    async def run(self) -> None:
+        """Poll for due retries until cancelled; reconnect after database failures."""
+        while True:
+            try:
+                conn = await connect(self._database_url)
+                try:
+                    while True:
+                        queued = await self.run_once(conn)
+                        if queued:
+                            log.info("verification_retries_queued", count=queued)
+                        await asyncio.sleep(self._poll_seconds)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            except (OSError, TimeoutError) as exc:
+                log.warning("retry_scheduler_reconnect", error=type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+
+def build_consumer(
+    settings: VerificationSettings, *, signing_key: str | None = None, registry: VerifierRegistry | None = None
+) -> IdempotentConsumer:
+    """The verification consumer, ready to `run()`."""
+    key = signing_key or load_signing_key(settings)
+    trusted = frozenset(settings.trusted_api_signers)
+    if Account.from_key(key).address in trusted:
+        # One key must not both vouch for requests and sign the verdicts they lead to.
+        raise SigningKeyError("trusted_api_signers must not hold the verdict-signing key's address")
+    t = settings.topics()
+    handler = VerificationHandler(
+        trusted_api_signers=trusted,
+        registry=registry or settings.registry(),
+        signing_key=lambda: key,
+        topics=t,
+        retry_policy=RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds),
+    )
+    return IdempotentConsumer(
+        name=settings.verification_group,
+        topics=[t.events, t.requests],
+        bootstrap=settings.kafka_bootstrap,
+        database_url=settings.database_url,
+        handler=handler,
+        dlq_topic=t.dead_letters,
+        max_records=settings.max_records,
+    )
+
+
+async def run_verification_consumer(settings: VerificationSettings) -> None:
+    """Run the verification service until cancelled (see the module docstring)."""
+    key = load_signing_key(settings)
+    if settings.metrics_port is not None:
+        from runtime.health import start_server
+
+        start_server(settings.metrics_port)
+    await migrate_url(settings.database_url)
+    t = settings.topics()
+    await ensure_topics(
+        settings.kafka_bootstrap,
+        [
+            TopicSpec(t.events, settings.topic_partitions),
+            TopicSpec(t.requests, settings.topic_partitions),
+            TopicSpec(t.verdicts, settings.topic_partitions),
+            TopicSpec(t.dead_letters, 1),
+        ],
+    )
+    registry = settings.registry()
+    consumer = build_consumer(settings, signing_key=key, registry=registry)
+    scheduler = RetryScheduler(settings.database_url, t.requests, poll_seconds=settings.retry_poll_seconds)
+    producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-verification")
+    tasks: list[asyncio.Task[None]] = []
+    publisher: OutboxPublisher | None = None
+    try:
+        if settings.run_publisher:
+            await producer.start()
+            publisher = OutboxPublisher(settings.database_url, producer)
+            tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
+        tasks.append(asyncio.create_task(scheduler.run(), name="retry-scheduler"))
+        tasks.append(asyncio.create_task(consumer.run(), name="verification-consumer"))
+        log.info("verification_service_started", group=settings.verification_group)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        consumer.stop()
+        if publisher is not None:
+            publisher.stop()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if settings.run_publisher:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+        await registry.close()

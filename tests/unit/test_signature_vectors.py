@@ -17,10 +17,9 @@ from eth_account import Account
 from eth_account.messages import _hash_eip191_message, encode_typed_data
 from eth_utils.crypto import keccak
 
+from schemas.eip712 import InvalidSignature, recover
 from schemas.request_auth import (
-    BadSignature,
     Deployment,
-    recover_digest_signer,
     request_digest,
     service_digest,
     sign_request,
@@ -89,7 +88,7 @@ def test_request_digest_and_signature_vector() -> None:
     headers = sign_request(KEY, "POST", "/v1/terms", b'{"chainId":31337}', deployment=Deployment(31337, ESCROW),
                            expires_at=1767225600, nonce="nonce-0001")  # fmt: skip
     assert headers["X-Escrowd-Signature"] == REQUEST_SIGNATURE
-    assert recover_digest_signer(ours, REQUEST_SIGNATURE) == SIGNER
+    assert recover(ours, REQUEST_SIGNATURE) == SIGNER
     # Another chain or escrow is another domain: another digest.
     assert request_digest(Deployment(1, ESCROW), "POST", "/v1/terms", b'{"chainId":31337}', SIGNER, "nonce-0001", 1767225600) != ours
     other = Deployment(31337, "0x" + "22" * 20)
@@ -154,8 +153,8 @@ def test_the_high_s_twin_of_a_request_signature_is_refused_by_the_high_s_rule() 
     digest = bytes.fromhex(REQUEST_DIGEST)
     twin = high_s_twin(REQUEST_SIGNATURE)
     assert Account._recover_hash(digest, signature=bytes.fromhex(twin[2:])) == SIGNER
-    with pytest.raises(BadSignature, match="not canonical"):
-        recover_digest_signer(digest, twin)
+    with pytest.raises(InvalidSignature, match="not canonical"):
+        recover(digest, twin)
 
 
 def test_a_relayed_request_needs_a_proof() -> None:

@@ -29,6 +29,7 @@ _OPTIONAL_MODELS = (
     ("schemas.task_state", "TimerRetracted"),
     ("schemas.verdict", "Verdict"),
     ("schemas.verdict", "SignedVerdict"),
+    ("schemas.proof", "SignedProof"),
     ("schemas.task_terms", "TaskTerms"),
     ("schemas.panels", "VerifierRegistration"),
     ("schemas.panels", "PanelRound"),

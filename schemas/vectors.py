@@ -76,20 +76,21 @@ def vectors() -> dict[str, Any]:
         quality_ppm=812_345, confidence_ppm=1_000_000,
     )  # fmt: skip
     ruling = panels.Ruling(chain_id=1, escrow=ESCROW, task_id=9, round=1, agent_share_bps=6_667)
-    deployment = request_auth.Deployment(31337, ESCROW)
+    # Each vector on another chain, so none passes with a chain id written in as a constant.
+    deployment = request_auth.Deployment(137, ESCROW)
     body = b'{"attempt":1,"evidenceHash":"0x' + b"ab" * 32 + b'","passed":true}'
     request = request_auth.request_message(
-        "post", f"/v1/tasks/31337/{ESCROW}/7/review?x=1", body, eip712.signer_address(TEST_KEY),
+        "post", f"/v1/tasks/137/{ESCROW}/7/review?x=1", body, eip712.signer_address(TEST_KEY),
         "nonce_-0001", 1_767_225_600,
     )  # fmt: skip
-    service = {"requestId": f"review:31337:{ESCROW.lower()}:7:1:0x" + "ab" * 32, "payloadHash": b"\xcd" * 32}
+    service = {"requestId": f"review:10:{ESCROW.lower()}:7:1:0x" + "ab" * 32, "payloadHash": b"\xcd" * 32}
     items = [
         _vector("Verdict", verdict.verdict_domain(v.chain_id, v.escrow), verdict.VERDICT_STRUCT, verdict.verdict_message(v)),
         _vector("VerificationProof", proof.proof_domain(p.chain_id, p.escrow), proof.PROOF_STRUCT, proof.proof_message(p)),
         _vector("Attestation", panels.panel_domain(a.chain_id, a.escrow), panels.ATTESTATION_STRUCT, panels.attestation_message(a)),
         _vector("Ruling", panels.panel_domain(ruling.chain_id, ruling.escrow), panels.RULING_STRUCT, panels.ruling_message(ruling)),
         _vector("Request", request_auth.request_domain(deployment), request_auth.REQUEST_STRUCT, request),
-        _vector("ServiceRequest", request_auth.service_domain(deployment), request_auth.SERVICE_STRUCT, service),
+        _vector("ServiceRequest", request_auth.service_domain(request_auth.Deployment(10, ESCROW)), request_auth.SERVICE_STRUCT, service),
     ]
     first = bytes.fromhex(items[0]["digest"][2:])
     return {

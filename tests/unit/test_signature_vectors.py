@@ -45,6 +45,7 @@ REQUEST_SIGNATURE = (
     "53a18c99b917facd1b90e1929395d05f90fd196c902557ad38a4fa7cb360845f1b"
 )
 SERVICE_DIGEST = "d78c2f0d4a5f499f647451d4549db35362e7757359af5584f354b85aa57410c9"
+SERVICE_DIGEST_CHAIN_10 = "06a7fa371359c744c45fec05577bd84bd617570228e488fe95b8b0fbe0a57889"
 VERDICT_DIGEST = "da3b4e3ae3dab291883758b80b4913f9a8abbec1cca3a0fc82362279576a2faa"
 VERDICT_SIGNATURE = (
     "0x7beba4ab321c71c92da146bbeedf5b0b48cb26c3b404527828e29192ea26e708"
@@ -107,6 +108,9 @@ def test_service_digest_vector() -> None:
         "message": {"requestId": REVIEW_ID, "payloadHash": b"\xcd" * 32},
     }
     assert service_digest(Deployment(31337, ESCROW), REVIEW_ID, b"\xcd" * 32).hex() == eth_account_digest(document) == SERVICE_DIGEST
+    # The chain id is the deployment's, not a constant: chain 10's digest is its own vector.
+    document["domain"]["chainId"] = 10
+    assert service_digest(Deployment(10, ESCROW), REVIEW_ID, b"\xcd" * 32).hex() == eth_account_digest(document) == SERVICE_DIGEST_CHAIN_10
 
 
 def verdict() -> Verdict:

@@ -53,7 +53,6 @@ DOMAIN_FIELDS: Final = (
 _DOMAIN_TYPEHASH: Final = keccak(text=DOMAIN_TYPE)
 
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
-_HEX = re.compile(r"^0x(?:[0-9a-fA-F]{2})*$")
 _SIGNATURE = re.compile(r"^0x[0-9a-fA-F]{130}$")
 _TYPE_STRING = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\(([^()]*)\)$")
 _MEMBER = re.compile(r"^([a-z0-9]+) ([A-Za-z_][A-Za-z0-9_]*)$")
@@ -89,8 +88,14 @@ def _uint_encoder(bits: int) -> Callable[[Any], bytes]:
 def _hex_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
-    if isinstance(value, str) and _HEX.match(value):
-        return bytes.fromhex(value[2:])
+    if isinstance(value, str) and value[:2] == "0x" and len(value) % 2 == 0:
+        try:
+            raw = bytes.fromhex(value[2:])
+        except ValueError:
+            raise ValueError("must be bytes or 0x hex") from None
+        # fromhex skips whitespace: a text with any has fewer bytes than digits / 2.
+        if 2 * len(raw) + 2 == len(value):
+            return raw
     raise ValueError("must be bytes or 0x hex")
 
 
@@ -105,9 +110,12 @@ def _fixed_bytes_encoder(size: int) -> Callable[[Any], bytes]:
 
 
 def _encode_address(value: Any) -> bytes:
-    if not isinstance(value, str) or not _ADDRESS.match(value):
-        raise ValueError("must be a 0x-prefixed 20-byte hex address")
-    return bytes(12) + bytes.fromhex(value[2:])
+    if isinstance(value, str) and len(value) == 42:
+        try:
+            return bytes(12) + _hex_bytes(value)
+        except ValueError:
+            pass
+    raise ValueError("must be a 0x-prefixed 20-byte hex address")
 
 
 def _encode_bool(value: Any) -> bytes:
@@ -194,19 +202,24 @@ class Struct:
 
     def hash(self, message: Mapping[str, Any]) -> bytes:
         """`hashStruct(message)`; ValueError naming the member for a missing, extra or bad value."""
-        if len(message) != len(self._encoders):
-            extra = sorted(set(message) - {name for name, _ in self.fields})
-            if extra:
-                raise ValueError(f"{self.name} has no member {extra[0]!r}")
-        words = [self.typehash]
+        try:
+            if len(message) == len(self._encoders):
+                return bytes(keccak(self.typehash + b"".join([encode(message[name]) for name, encode in self._encoders])))
+        except (KeyError, ValueError):
+            pass
+        raise self._refusal(message)
+
+    def _refusal(self, message: Mapping[str, Any]) -> ValueError:
+        """The first thing wrong with `message` (the slow path of `hash`, for its error)."""
         for name, encode in self._encoders:
+            if name not in message:
+                return ValueError(f"{self.name}.{name} is missing")
             try:
-                words.append(encode(message[name]))
-            except KeyError:
-                raise ValueError(f"{self.name}.{name} is missing") from None
+                encode(message[name])
             except ValueError as exc:
-                raise ValueError(f"{self.name}.{name} {exc}") from None
-        return bytes(keccak(b"".join(words)))
+                return ValueError(f"{self.name}.{name} {exc}")
+        extra = sorted(set(message) - {name for name, _ in self.fields})
+        return ValueError(f"{self.name} has no member {extra[0]!r}")
 
     def types_json(self) -> list[dict[str, str]]:
         """The member list of this struct as a typed-data document's `types` holds it."""
@@ -221,16 +234,23 @@ class Domain:
     version: str
     chain_id: int
     verifying_contract: str
+    separator: bytes = field(init=False, repr=False, compare=False)
+    """`hashStruct(EIP712Domain)`, computed once."""
 
     def __post_init__(self) -> None:
         if type(self.chain_id) is not int or not 0 < self.chain_id < 2**256:
             raise ValueError("chainId must be an integer in [1, 2**256)")
-        object.__setattr__(self, "verifying_contract", checksum_address(self.verifying_contract))
-
-    @property
-    def separator(self) -> bytes:
-        """`hashStruct(EIP712Domain)` (cached per domain)."""
-        return _separator(self.name, self.version, self.chain_id, self.verifying_contract)
+        contract = checksum_address(self.verifying_contract)
+        object.__setattr__(self, "verifying_contract", contract)
+        words = (
+            _DOMAIN_TYPEHASH
+            + keccak(text=self.name)
+            + keccak(text=self.version)
+            + self.chain_id.to_bytes(32, "big")
+            + bytes(12)
+            + bytes.fromhex(contract[2:])
+        )
+        object.__setattr__(self, "separator", bytes(keccak(words)))
 
     def as_json(self) -> dict[str, Any]:
         """The domain as a typed-data document's `domain` holds it."""
@@ -240,20 +260,6 @@ class Domain:
             "chainId": self.chain_id,
             "verifyingContract": self.verifying_contract,
         }
-
-
-@functools.lru_cache(maxsize=1024)
-def _separator(name: str, version: str, chain_id: int, contract: str) -> bytes:
-    return bytes(
-        keccak(
-            _DOMAIN_TYPEHASH
-            + keccak(text=name)
-            + keccak(text=version)
-            + chain_id.to_bytes(32, "big")
-            + bytes(12)
-            + bytes.fromhex(contract[2:])
-        )
-    )
 
 
 def digest(domain: Domain, struct: Struct, message: Mapping[str, Any]) -> bytes:

@@ -132,3 +132,18 @@ async def wait_stopped(stop: asyncio.Event, *tasks: asyncio.Future[Any]) -> None
     for finished in done:
         if finished is not stopper and not finished.cancelled():
             finished.result()
+
+
+async def cancel_on_stop(stop: asyncio.Event, work: Awaitable[None]) -> None:
+    """Run `work` until it ends or `stop` is set; then cancel it and wait for its clean-up.
+
+    For a service whose parts stop by cancellation (each loop's `finally` is its drain).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        await wait_stopped(stop, task)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

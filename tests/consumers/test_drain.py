@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from escrowd.devnet import anvil_key
@@ -45,29 +46,39 @@ def _task_created(topic: str, task: int) -> tuple[str, bytes, bytes, list[tuple[
     return message.message_id, message.key or b"", message.payload, encode_headers(message.headers)
 
 
+@pytest.mark.parametrize("service", ["verification", "lifecycle", "reputation", "panels"])
 async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_letters_nothing(
-    database_url: str, kafka_bootstrap: str, topic_prefix: str
+    service: str, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    group = f"{topic_prefix}verification"
-    names = {
-        "events_topic": f"{topic_prefix}events",
-        "verification_requests_topic": f"{topic_prefix}requests",
-        "verdicts_topic": f"{topic_prefix}verdicts",
-        "dead_letter_topic": f"{topic_prefix}dlq",
-    }
-    await ensure_topics(kafka_bootstrap, [TopicSpec(names["events_topic"], 4), TopicSpec(names["verification_requests_topic"], 4),
-                                          TopicSpec(names["verdicts_topic"], 4), TopicSpec(names["dead_letter_topic"], 1)])  # fmt: skip
+    names = {"events_topic": f"{topic_prefix}events", "dead_letter_topic": f"{topic_prefix}dlq"}
+    argv = ["consume", service]
+    extra: dict[str, str] = {}
+    group = {"lifecycle": "escrowd-lifecycle", "reputation": "escrowd-reputation", "panels": "escrowd-panels"}.get(service, "")
+    if service == "verification":
+        argv, group = ["consume", "verification", "run"], f"{topic_prefix}verification"
+        names |= {"verification_requests_topic": f"{topic_prefix}requests", "verdicts_topic": f"{topic_prefix}verdicts"}
+        extra = {"ESCROWD_VERIFICATION_SIGNING_KEY": anvil_key(9)[1], "ESCROWD_VERIFICATION_GROUP": group}
+    elif service in ("lifecycle", "reputation"):
+        names |= {"tasks_topic": f"{topic_prefix}tasks", "timers_topic": f"{topic_prefix}timers",
+                  "reputation_topic": f"{topic_prefix}reputation"}  # fmt: skip
+    else:
+        secret = tmp_path / "panel-secret"
+        secret.write_bytes(b"s" * 32)
+        extra = {"ESCROWD_PANEL_SECRET_FILE": str(secret), "ESCROWD_PANEL_SIGNING_KEY": anvil_key(8)[1]}
+    await ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(names["events_topic"], 4)] + [TopicSpec(t, 1) for k, t in names.items() if k != "events_topic"],
+    )
     env = {
         "ESCROWD_DATABASE_URL": database_url,
         "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "ESCROWD_VERIFICATION_SIGNING_KEY": anvil_key(9)[1],
-        "ESCROWD_VERIFICATION_GROUP": group,
+        **extra,
         **{f"ESCROWD_{k.upper()}": v for k, v in names.items()},
     }
     conn = await connect(database_url)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
     await producer.start()
-    log = Path(tempfile.mkdtemp()) / "verification.log"
+    log = Path(tempfile.mkdtemp()) / f"{service}.log"
     try:
         ids = []
         sends = []
@@ -87,7 +98,7 @@ async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_lett
             )
             return row is not None and row["offset"] is not None and 0 < await handled() < MESSAGES
 
-        with consumer_process(["consume", "verification", "run"], env, log) as process:
+        with consumer_process(argv, env, log) as process:
             await wait_for(in_a_batch, timeout=180, interval=0.005, what="the consumer in the middle of a batch")
             process.process.send_signal(signal.SIGTERM)
             code = await asyncio.to_thread(process.process.wait, 120)
@@ -102,7 +113,7 @@ async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_lett
         )
         assert left == 0  # the mark was cleared: no message stands accused
 
-        with consumer_process(["consume", "verification", "run"], env, log) as process:
+        with consumer_process(argv, env, log) as process:
             await wait_for(lambda: _equals(handled(), MESSAGES), timeout=240, interval=0.2, what="every message handled")
             assert process.alive(), log.read_text()[-3000:]
             process.process.send_signal(signal.SIGTERM)

@@ -531,6 +531,11 @@ class RpcClient:
 
     async def call(self, method: str, *params: Any) -> Any:
         """One request: its result; RetryableRpcError after the retries, else the node's refusal."""
+        return await self._call(method, params, None)
+
+    async def _call(self, method: str, params: Sequence[Any], check: Parse | None) -> Any:
+        """One request whose result `check` validates inside the retries (a malformed answer
+        from one URL is a transport fault: the next URL is asked)."""
         request_id = next(self._ids)
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": list(params)}
 
@@ -541,7 +546,7 @@ class RpcClient:
                 raise node_error(method, reply["error"])
             if "result" not in reply:
                 raise _bad(f"{method}: neither result nor error")
-            return reply["result"]
+            return reply["result"] if check is None else check(reply["result"])
 
         return await self._exchange(body, method, parse, logs=method == "eth_getLogs")
 
@@ -630,11 +635,13 @@ class RpcClient:
 
     async def chain_id(self) -> int:
         """eth_chainId."""
-        return quantity(await self.call("eth_chainId"), "chain id")
+        result: int = await self._call("eth_chainId", (), lambda v: quantity(v, "chain id"))
+        return result
 
     async def block_number(self) -> int:
         """eth_blockNumber."""
-        return quantity(await self.call("eth_blockNumber"), "block number")
+        result: int = await self._call("eth_blockNumber", (), lambda v: quantity(v, "block number"))
+        return result
 
     async def headers(self, numbers: Sequence[int]) -> list[dict[str, Any] | None]:
         """Block headers (no transactions) for `numbers`, in one batch (checked)."""
@@ -653,25 +660,31 @@ class RpcClient:
 
     async def head(self) -> Head:
         """The latest block header."""
-        return Head.from_json(await self.call("eth_getBlockByNumber", "latest", False))
+        result: Head = await self._call("eth_getBlockByNumber", ("latest", False), Head.from_json)
+        return result
 
     async def block_hash(self, number: int) -> str | None:
         """Hash of the canonical block at `number` (None above the head)."""
-        header = header_reply(await self.call("eth_getBlockByNumber", hex(number), False))
+        header = await self._call("eth_getBlockByNumber", (hex(number), False), header_reply)
         return None if header is None else str(header["hash"])
 
     async def transaction_count(self, address: str, tag: str = "latest") -> int:
         """eth_getTransactionCount."""
-        return quantity(await self.call("eth_getTransactionCount", address, tag), "transaction count")
+        result: int = await self._call(
+            "eth_getTransactionCount", (address, tag), lambda v: quantity(v, "transaction count")
+        )
+        return result
 
     async def balance(self, address: str) -> int:
         """eth_getBalance at latest, in wei."""
-        return quantity(await self.call("eth_getBalance", address, "latest"), "balance")
+        result: int = await self._call("eth_getBalance", (address, "latest"), lambda v: quantity(v, "balance"))
+        return result
 
     async def max_priority_fee(self) -> int:
         """eth_maxPriorityFeePerGas (0 when the node does not offer it)."""
         try:
-            return quantity(await self.call("eth_maxPriorityFeePerGas"), "priority fee")
+            result: int = await self._call("eth_maxPriorityFeePerGas", (), lambda v: quantity(v, "priority fee"))
+            return result
         except RpcCallError:
             return 0
 
@@ -684,20 +697,18 @@ class RpcClient:
             tx["from"] = sender
         if gas is not None:
             tx["gas"] = hex(gas)
-        return _call_bytes(await self.call("eth_call", tx, block))
+        result: bytes = await self._call("eth_call", (tx, block), _call_bytes)
+        return result
 
     async def send_raw(self, raw_hex: str) -> str:
         """eth_sendRawTransaction; the node's refusal comes back as an RpcCallError."""
-        return hash32(await self.call("eth_sendRawTransaction", raw_hex), "transaction hash")
+        result: str = await self._call("eth_sendRawTransaction", (raw_hex,), lambda v: hash32(v, "transaction hash"))
+        return result
 
     async def receipt(self, tx_hash: str) -> dict[str, Any] | None:
         """eth_getTransactionReceipt (None while unknown or not mined)."""
-        result = await self.call("eth_getTransactionReceipt", tx_hash)
-        if result is None:
-            return None
-        if not isinstance(result, dict):
-            raise _bad("receipt is not an object")
-        return dict(result)
+        result: dict[str, Any] | None = await self._call("eth_getTransactionReceipt", (tx_hash,), _receipt)
+        return result
 
     async def revert_data(self, tx_hash: str) -> bytes | None:
         """The revert data of a mined, failed transaction (debug trace; None if unsupported)."""
@@ -708,6 +719,14 @@ class RpcClient:
         if trace is not None and not isinstance(trace, dict):
             raise _bad("trace is not an object")
         return _call_bytes((trace or {}).get("output") or "0x")
+
+
+def _receipt(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("receipt is not an object")
+    return dict(value)
 
 
 def _call_bytes(value: Any) -> bytes:

@@ -152,3 +152,35 @@ async def chain_time(conn: asyncpg.Connection, chain_id: int) -> int | None:
         chain_id,
     )
     return None if value is None else int(value)
+
+
+async def progress(conn: asyncpg.Connection) -> dict[str, int]:
+    """Indexing progress over every chain: events stored, verdict events among them, the
+    highest cursor block (-1 before any) and the largest head-minus-cursor lag."""
+    row = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM escrow_events) AS events,"
+        " (SELECT coalesce(max(head_number - block_number), 0) FROM chain_cursor) AS lag,"
+        " (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed_block,"
+        " (SELECT count(*) FROM escrow_events WHERE event_name = 'VerificationCompleted') AS verdicts"
+    )
+    assert row is not None
+    return {key: int(value) for key, value in dict(row).items()}
+
+
+async def highest_cursor(conn: asyncpg.Connection) -> int:
+    """The highest cursor block over every chain (-1 before the indexer stored anything)."""
+    return int(await conn.fetchval("SELECT coalesce(max(block_number), -1) FROM chain_cursor"))
+
+
+async def positions(conn: asyncpg.Connection) -> set[tuple[int, int]]:
+    """(block number, log index) of every stored event."""
+    rows = await conn.fetch("SELECT block_number, log_index FROM escrow_events")
+    return {(int(r["block_number"]), int(r["log_index"])) for r in rows}
+
+
+async def task_events_not(conn: asyncpg.Connection, applied: str) -> int:
+    """How many stored task events the predicate `applied` (SQL over `e`, the event row) does
+    not hold for: how far a consumer is behind the index."""
+    return int(
+        await conn.fetchval(f"SELECT count(*) FROM escrow_events e WHERE e.task_id IS NOT NULL AND NOT {applied}")
+    )

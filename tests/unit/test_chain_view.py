@@ -191,3 +191,22 @@ def test_a_history_without_its_creation_folds_to_what_is_known() -> None:
     assert not view.created and view.task_hash is None and view.poster is None
     assert view.submitted and view.is_pending(1, HASHES[0].lower())
     assert fold_task([]) == ChainTask()
+
+
+def test_the_indexers_tables_are_read_in_one_module() -> None:
+    """No SQL over `escrow_events`, `chain_cursor` or `chain_blocks` in the services or the
+    application outside `chain/indexed.py` (the indexer writes them, the publisher in
+    `runtime/` reads them by position, `bench/` measures them)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sql = re.compile(r"\b(FROM|JOIN|INTO|UPDATE)\s+(escrow_events|chain_cursor|chain_blocks)\b", re.IGNORECASE)
+    allowed = {Path("chain/indexed.py")}
+    offenders = []
+    for package in ("chain", "relayer", "verification", "lifecycle", "panels", "api", "escrowd"):
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root)
+            if relative not in allowed and sql.search(path.read_text("utf-8")):
+                offenders.append(str(relative))
+    assert offenders == []

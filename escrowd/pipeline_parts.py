@@ -272,12 +272,13 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
 
 async def settle(pipeline: Any) -> None:
     """Wait until the consumers have caught up with every indexed event."""
+    from chain import indexed
+
     conn = pipeline.conn
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
-        behind = await conn.fetchval(
-            "SELECT count(*) FROM escrow_events e WHERE e.task_id IS NOT NULL AND NOT EXISTS ("
-            " SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
+        behind = await indexed.task_events_not(
+            conn, "EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
         )
         if behind == 0:
             return

@@ -49,7 +49,7 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError
+from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError, classify_send_error
 from chain.fees import (
     BPS,
     GWEI,
@@ -137,15 +137,10 @@ def check_ruling(signed: msg.SignedRuling, trusted: frozenset[str]) -> str | Non
     return None
 
 
-_NODE_HAS_IT = ("alreadyknown", "alreadyimported", "knowntransaction", "noncetoolow", "oldnonce")
-
-
 def node_has_it(message: str) -> bool:
     """True when a node's refusal of a raw transaction means it has it, or mined its nonce
-    (geth/erigon "already known", anvil "already imported", besu "Known transaction",
-    "nonce too low" / nethermind "OldNonce"): not a problem to report."""
-    folded = "".join(ch for ch in message.lower() if ch.isalnum())
-    return any(marker in folded for marker in _NODE_HAS_IT)
+    (already known, or nonce too low): not a problem to report."""
+    return classify_send_error(message) in ("known", "nonce_too_low")
 
 
 def preflight_outcome(error_name: str, args: tuple[Any, ...]) -> str:

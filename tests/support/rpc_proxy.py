@@ -52,6 +52,9 @@ class Faults:
     first: tuple[str, ...] = ()
     """Faults forced on the first eligible requests, in order, so each kind surely happens:
     "http503", "http429", "rpc_internal", "garbage", "timeout", "slow"."""
+    hostile_logs: int = 0
+    """The first this many `eth_getLogs` replies holding logs get one log with a field of the
+    wrong type (a number where JSON-RPC promises a hex string), as a hostile node might."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -276,6 +279,14 @@ class RpcFaultProxy:
                 if isinstance(result, list) and len(result) > 1:
                     result.reverse()
                     self.stats.injected["reversed_logs"] += 1
+            raw = orjson.dumps(reply)
+        if faults.hostile_logs and any(c.get("method") == "eth_getLogs" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, list) and result and self.stats.injected["hostile_log"] < faults.hostile_logs:
+                    result[-1]["data"] = 0
+                    self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
             reply = orjson.loads(raw)

@@ -51,16 +51,20 @@ app = typer.Typer(
 )
 
 
-def _run_verifier(ref: VerifierRef, result_data: object) -> VerifierOutcome:
+def _run_verifier(
+    ref: VerifierRef, result_data: object, sandbox_url: str | None = None
+) -> VerifierOutcome:
     """Run the verifier `ref` names on a result with the default registry.
 
     Imported here, not at the top: the registry brings aiohttp and the sandbox client, which
     `verify auto` never needs. Raises `VerificationError` when the verifier cannot answer.
+    `sandbox_url`: code runs go to that sandbox runner service instead of a local bwrap.
     """
+    from verification.sandbox import SandboxSettings
     from verification.verifiers import default_registry
 
     async def judge() -> VerifierOutcome:
-        registry = default_registry()
+        registry = default_registry(sandbox_settings=SandboxSettings(remote_url=sandbox_url))
         try:
             return await registry.verify(ref, {}, result_data)
         finally:
@@ -130,6 +134,14 @@ def validate_criteria_command(
 def run_command(
     verifier: Annotated[Path, typer.Option("--verifier", help="VerifierRef JSON file {kind, ref, config}.")],
     result: Annotated[Path, typer.Option("--result", help="The agent's result JSON file ({output: ...}).")],
+    sandbox_url: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox-url",
+            envvar="ESCROWD_SANDBOX_URL",
+            help="Sandbox runner service (escrowd verify serve-sandbox) for code; default: bwrap here.",
+        ),
+    ] = None,
 ) -> None:
     """Run one verifier on RESULT as the consumer would (exit 0 on pass or fail, 3 if it cannot answer)."""
     from pydantic import ValidationError
@@ -146,7 +158,7 @@ def run_command(
     from verification.registry import VerificationError
 
     try:
-        outcome = _run_verifier(ref, result_data)
+        outcome = _run_verifier(ref, result_data, sandbox_url)
     except VerificationError as exc:
         typer.echo(f"could not answer: {exc}", err=True)
         _print_json({"error": str(exc)})

@@ -40,6 +40,7 @@ import functools
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -51,10 +52,11 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 _MAX_REPORT_BYTES = 8 * 1024 * 1024
 _MAX_STDERR_BYTES = 64 * 1024
+_POLL_SECONDS = 0.02
 _HARNESS = Path(__file__).with_name("sandbox_harness.py")
 HASH_SEED = 0
 """`PYTHONHASHSEED` of every run (recorded in the proof): set iteration order is reproducible."""
@@ -62,6 +64,10 @@ HASH_SEED = 0
 
 class SandboxUnavailable(RuntimeError):
     """The sandbox itself could not run or answer (never the submitted code's fault)."""
+
+
+Accounting = Literal["auto", "cgroup", "pidns"]
+"""How a run's CPU is accounted: see `SandboxSettings.accounting` and docs/security.md."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,11 @@ class SandboxSettings:
     """Where a readable copy of the interpreter is staged when needed (default: temp dir)."""
     remote_url: str | None = None
     """A sandbox runner service (`escrowd verify serve-sandbox`) to send runs to instead."""
+    accounting: Accounting = "auto"
+    """`cgroup`: one cgroup v2 per run (SandboxUnavailable without one); `pidns`: the pid
+    namespace poll only; `auto`: a cgroup where the host lets this process make one."""
+    cgroup_root: Path | None = None
+    """A delegated cgroup v2 directory to make run cgroups in (default: this process's own)."""
 
 
 DEFAULT_SETTINGS = SandboxSettings()
@@ -166,6 +177,8 @@ class SandboxRun:
     wall_ms: int = 0
     limits: dict[str, int] = field(default_factory=dict)
     stages_run: int = 1
+    accounting: str = "pidns"
+    """How CPU was accounted: "cgroup" (the run's cgroup v2) or "pidns" (the namespace poll)."""
 
     @property
     def completed(self) -> bool:
@@ -363,8 +376,9 @@ def bwrap_argv(
         argv += ["--seccomp", str(seccomp_fd)]
     # /tmp first: the interpreter may itself be bound from a staged copy under /tmp.
     # Every writable mount has a size (its pages also count against memoryMb, see the harness).
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(int(limits["memory_bytes"])), "--tmpfs", "/tmp"]
+    size = str(int(limits["memory_bytes"]))
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+    argv += ["--size", size, "--tmpfs", "/tmp"]
     for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32"):
         if os.path.isdir(lib):
             argv += ["--ro-bind", lib, lib]
@@ -380,6 +394,8 @@ def bwrap_argv(
         argv += ["--tmpfs", str(site_packages), "--remount-ro", str(site_packages)]
     argv += [
         "--dir", "/tmp/work", "--chdir", "/tmp/work",
+        # The root and /dev are tmpfs too, owned by the sandbox's user: read-only, no size to set.
+        "--remount-ro", "/dev", "--remount-ro", "/",
         "--clearenv", "--setenv", "PYTHONHASHSEED", str(HASH_SEED), "--setenv", "LANG", "C.UTF-8",
         *(["--setenv", "LD_LIBRARY_PATH", str(runtime.libraries[0].parent)] if runtime.libraries else []),
         "--",
@@ -410,6 +426,8 @@ DENIED_SYSCALLS_X86_64 = {
 }  # fmt: skip
 PRLIMIT64_X86_64 = 302
 """Allowed only on the caller itself (pid 0): lowering the harness's limits would kill it."""
+RT_SIGACTION_X86_64 = 13
+"""Refused for SIGCHLD with a new action (see `seccomp_program`)."""
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_BIT = 0x40000000
 
@@ -426,23 +444,41 @@ def seccomp_program(machine: str) -> bytes | None:
     ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
     kill_process, allow, errno_eperm = 0x80000000, 0x7FFF0000, 0x00050000 | 1
     denied = sorted(DENIED_SYSCALLS_X86_64.values())
-    # (code, jump-if-true label, jump-if-false label, k); labels resolve to relative offsets.
-    program: list[tuple[int, str | int, str | int, int]] = [
+    # Instructions (code, jump-if-true, jump-if-false, k) with jumps to labels or plain
+    # offsets, and label strings marking the next instruction.
+    source: list[tuple[int, str | int, str | int, int] | str] = [
         (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
         (jeq_k, 1, 0, _AUDIT_ARCH_X86_64),
         (ret_k, 0, 0, kill_process),
         (ld_w_abs, 0, 0, 0),  # seccomp_data.nr
         (jge_k, 0, 1, _X32_BIT),
         (ret_k, 0, 0, kill_process),
-    ]
-    program += [(jeq_k, "eperm", 0, number) for number in denied]
-    program += [
-        (jeq_k, 0, "allow", PRLIMIT64_X86_64),
+        *[(jeq_k, "eperm", 0, number) for number in denied],
+        (jeq_k, 0, "sigaction", PRLIMIT64_X86_64),
         (ld_w_abs, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (pid_t)
         (jeq_k, "allow", "eperm", 0),
+        # rt_sigaction(SIGCHLD, act != NULL): a parent ignoring SIGCHLD has its children
+        # reaped by nobody, their CPU time counted nowhere. Reading the disposition is fine.
+        "sigaction",
+        (jeq_k, 0, "allow", RT_SIGACTION_X86_64),
+        (ld_w_abs, 0, 0, 16),  # args[0]: the signal
+        (jeq_k, 0, "allow", int(signal.SIGCHLD)),
+        (ld_w_abs, 0, 0, 24),  # args[1]: act, low half
+        (jeq_k, 0, "eperm", 0),
+        (ld_w_abs, 0, 0, 28),  # act, high half
+        (jeq_k, "allow", "eperm", 0),
+        "allow",
+        (ret_k, 0, 0, allow),
+        "eperm",
+        (ret_k, 0, 0, errno_eperm),
     ]
-    labels = {"allow": len(program), "eperm": len(program) + 1}
-    program += [(ret_k, 0, 0, allow), (ret_k, 0, 0, errno_eperm)]
+    labels: dict[str, int] = {}
+    program: list[tuple[int, str | int, str | int, int]] = []
+    for item in source:
+        if isinstance(item, str):
+            labels[item] = len(program)
+        else:
+            program.append(item)
 
     def offset(index: int, target: str | int) -> int:
         return target if isinstance(target, int) else labels[target] - index - 1
@@ -462,6 +498,148 @@ def _seccomp_fd() -> int | None:
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
     return fd
+
+
+# ---------------------------------------------------------------------------- the run's cgroup
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `.../unified` on a hybrid host)."""
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if sep and right.split(" ", 1)[0] == "cgroup2":
+            fields = left.split()
+            if len(fields) >= 5:
+                return Path(fields[4])
+    return None
+
+
+def own_cgroup2(proc_cgroup: str) -> str | None:
+    """This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`)."""
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def cpu_stat_usec(text: str) -> int:
+    """`usage_usec` of a `cpu.stat` file: every thread of every process ever in the cgroup."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "usage_usec":
+            return int(value)
+    raise ValueError("no usage_usec in cpu.stat")
+
+
+@functools.lru_cache(maxsize=4)
+def cgroup_base(explicit: Path | None) -> Path | None:
+    """The directory run cgroups are made in: `explicit`, else this process's own v2 cgroup; None if none is writable."""
+    if explicit is None:
+        try:
+            mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text(encoding="utf-8"))
+            own = own_cgroup2(Path("/proc/self/cgroup").read_text(encoding="utf-8"))
+        except OSError:
+            return None
+        if mount is None or own is None:
+            return None
+        explicit = mount / own.lstrip("/")
+    if not (explicit / "cgroup.procs").exists() or not os.access(explicit, os.W_OK):
+        return None
+    return explicit
+
+
+class RunCgroup:
+    """One cgroup v2 per run: every process of the run in it, its CPU counted whatever became of them.
+
+    Memory and process limits are the namespace poll's job (`sandbox_harness.py`) on hosts
+    that delegate no memory or pids controller; where they are delegated (`cgroup.controllers`
+    lists them) `memory.max`, `memory.swap.max` and `pids.max` are set as a second bound.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.controllers = set((path / "cgroup.controllers").read_text().split())
+
+    @staticmethod
+    def create(base: Path) -> RunCgroup:
+        """A fresh cgroup under `base`; OSError when it cannot be made."""
+        path = base / f"escrowd-run-{secrets.token_hex(8)}"
+        path.mkdir()
+        return RunCgroup(path)
+
+    def limit(self, memory_bytes: int, max_processes: int) -> None:
+        """Set the controllers' limits the host delegates (slack for bwrap and the harness)."""
+        if "memory" in self.controllers:
+            (self.path / "memory.max").write_text(str(memory_bytes + _CGROUP_MEMORY_SLACK))
+            with contextlib.suppress(OSError):
+                (self.path / "memory.swap.max").write_text("0")
+        if "pids" in self.controllers:
+            (self.path / "pids.max").write_text(str(max_processes + 4))
+
+    def adopt_tree(self, root: int) -> None:
+        """Move `root` and all its descendants in (they are quiescent: no code has run yet)."""
+        for pid in _process_tree(root):
+            with contextlib.suppress(ProcessLookupError):
+                (self.path / "cgroup.procs").write_text(str(pid))
+
+    def cpu_usec(self) -> int:
+        return cpu_stat_usec((self.path / "cpu.stat").read_text())
+
+    def oom_kills(self) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / "memory.events").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        return 0
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.kill").write_text("1")
+
+    async def remove(self) -> None:
+        """Remove the cgroup once its last process is gone (killing stragglers)."""
+        for _ in range(250):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                self.kill()
+                await asyncio.sleep(0.02)
+
+
+_CGROUP_MEMORY_SLACK = 64 * 2**20
+"""memory.max above memoryMb: bwrap and the harness are in the cgroup too (the namespace poll,
+which excludes them, is what enforces memoryMb itself)."""
+
+
+def _process_tree(root: int) -> list[int]:
+    found, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+                    queue += [int(child) for child in text.split()]
+    return found
+
+
+def _run_cgroup(settings: SandboxSettings) -> RunCgroup | None:
+    """The run's cgroup in mode `cgroup` or `auto`; None in `pidns` (or `auto` without one)."""
+    if settings.accounting == "pidns":
+        return None
+    base = cgroup_base(settings.cgroup_root)
+    cgroup = None
+    if base is not None:
+        with contextlib.suppress(OSError):
+            cgroup = RunCgroup.create(base)
+    if cgroup is None and settings.accounting == "cgroup":
+        raise SandboxUnavailable("accounting 'cgroup' asked for, but no writable cgroup v2 here")
+    return cgroup
 
 
 # ---------------------------------------------------------------------------- running
@@ -519,9 +697,12 @@ async def run_stages(
         + float(limits["blocked_seconds"]) * len(stages)
         + settings.backstop_seconds
     )
+    cgroup = _run_cgroup(settings)
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
+        if cgroup is not None:
+            cgroup.limit(int(limits["memory_bytes"]), int(limits["max_processes"]))
         proc = await asyncio.create_subprocess_exec(
             *bwrap_argv(bwrap, runtime, write_fd, limits, seccomp_fd),
             stdin=asyncio.subprocess.PIPE,
@@ -535,6 +716,8 @@ async def run_stages(
         )
     except (OSError, subprocess.SubprocessError) as exc:
         os.close(read_fd)
+        if cgroup is not None:
+            await cgroup.remove()
         raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
     finally:
         for fd in (write_fd, seccomp_fd):
@@ -542,9 +725,10 @@ async def run_stages(
                 with contextlib.suppress(OSError):
                     os.close(fd)
     job = {"source": source, "entrypoint": entrypoint}
+    account = _CgroupAccount(cgroup, proc.pid, limits) if cgroup is not None else None
     try:
         report, stderr = await asyncio.wait_for(
-            _communicate(proc, read_fd, job, stages), timeout=backstop
+            _communicate(proc, read_fd, job, stages, account), timeout=backstop
         )
     except TimeoutError:
         _kill_group(proc.pid)
@@ -559,10 +743,12 @@ async def run_stages(
     finally:
         with contextlib.suppress(OSError):
             os.close(read_fd)
+        if cgroup is not None:
+            await cgroup.remove()
     # No kill after a normal end: bwrap's exit took its init and the namespace with it, and
     # its reaped process-group id may already belong to someone else.
     wall_ms = int((loop.time() - started) * 1000)
-    run = interpret(report, stderr, proc.returncode, stages, limits, wall_ms)
+    run = interpret(report, stderr, proc.returncode, stages, limits, wall_ms, account)
     if run.stage == "isolate" and host_short_of_memory():
         raise SandboxUnavailable(
             "the run's supervisor was killed while the host is short of memory"
@@ -659,8 +845,43 @@ async def _run_remote(
         raise SandboxUnavailable(f"the sandbox runner's answer is not a run: {exc}") from None
 
 
+class _CgroupAccount:
+    """The host's side of cgroup accounting for one run: adopt the tree, poll, stop, settle."""
+
+    def __init__(self, cgroup: RunCgroup, root: int, limits: dict[str, Any]) -> None:
+        self.cgroup, self.root, self.limits = cgroup, root, limits
+        self.baseline_usec: int | None = None
+        self.final_usec: int | None = None
+        self.stopped = False
+
+    def adopt(self) -> None:
+        """Every process of the run into the cgroup; the CPU it counts starts here."""
+        self.cgroup.adopt_tree(self.root)
+        self.baseline_usec = self.cgroup.cpu_usec()
+
+    def used_ms(self) -> int:
+        if self.baseline_usec is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            self.final_usec = self.cgroup.cpu_usec()
+        return ((self.final_usec or self.baseline_usec) - self.baseline_usec) // 1000
+
+    def over(self) -> bool:
+        """Past the limit even allowing for the harness's own polling (settled exactly at the end)."""
+        limit = int(self.limits["time_limit_ms"])
+        return self.used_ms() > limit * 3 // 2 + 100
+
+    def code_cpu_ms(self, runner_cpu_ms: int) -> int:
+        """The run's CPU without the harness's own (it is in the cgroup too)."""
+        return max(0, self.used_ms() - runner_cpu_ms)
+
+
 async def _communicate(
-    proc: asyncio.subprocess.Process, fd: int, job: dict[str, Any], stages: Sequence[Stage]
+    proc: asyncio.subprocess.Process,
+    fd: int,
+    job: dict[str, Any],
+    stages: Sequence[Stage],
+    account: _CgroupAccount | None = None,
 ) -> tuple[bytes, bytes]:
     """Drive one run: the code, then each stage when the one before has passed; the whole report."""
     from schemas import jsonbounds  # the report comes out of the sandbox: bounded parsing
@@ -674,10 +895,25 @@ async def _communicate(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", closefd=False)
     )
 
+    sending = asyncio.Lock()
+
     async def send(item: dict[str, Any]) -> None:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            stdin.write(json.dumps(item).encode() + b"\n")
-            await stdin.drain()
+        async with sending:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.write(json.dumps(item).encode() + b"\n")
+                await stdin.drain()
+
+    async def watch(account: _CgroupAccount) -> None:
+        # The cgroup sees CPU the namespace poll can miss (children nobody reaps): past the
+        # limit, the harness is told to stop the run, and if it cannot, the cgroup is killed.
+        while True:
+            await asyncio.sleep(_POLL_SECONDS)
+            if account.over():
+                break
+        account.stopped = True
+        await send({"stop": "time"})
+        await asyncio.sleep(2.0)
+        account.cgroup.kill()
 
     async def finish() -> None:
         await send({"end": True})
@@ -688,7 +924,13 @@ async def _communicate(
     sent = 0
     outcomes: list[CaseOutcome] = []
     ended = False
+    watcher: asyncio.Task[None] | None = None
     try:
+        first = await reader.readline()
+        report += first
+        if account is not None and first.startswith(b'{"event": "started"'):
+            account.adopt()
+            watcher = asyncio.create_task(watch(account))
         await send(job)
         while len(report) <= _MAX_REPORT_BYTES:
             try:
@@ -727,7 +969,11 @@ async def _communicate(
             await finish()
     finally:
         transport.close()
+        if watcher is not None:
+            watcher.cancel()
     await proc.wait()
+    if account is not None:
+        account.used_ms()  # the final figure: every process of the run is gone now
     return bytes(report), await stderr_task
 
 
@@ -753,6 +999,7 @@ def interpret(
     stages: Sequence[Stage],
     limits: dict[str, Any],
     wall_ms: int,
+    account: _CgroupAccount | None = None,
 ) -> SandboxRun:
     """The run's outcome from the harness's report; SandboxUnavailable when it is our fault.
 
@@ -788,6 +1035,9 @@ def interpret(
             0, 0.0, wall_ms, recorded, 0,
         )  # fmt: skip
     cpu_ms = int(final.get("cpu_ms") or 0)
+    if account is not None:
+        cpu_ms = max(cpu_ms, account.code_cpu_ms(int(final.get("runner_cpu_ms") or 0)))
+    accounting = "cgroup" if account is not None else "pidns"
     peak_mb = round(int(final.get("maxrss_kb") or 0) / 1024, 1)
 
     outcomes: list[CaseOutcome] = []
@@ -798,10 +1048,12 @@ def interpret(
         kind = event.get("event")
         if kind == "compile_error" and not loaded:
             error = str(event.get("error", ""))[:300]
-            return SandboxRun("compile", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0)
+            return SandboxRun(
+                "compile", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0, accounting
+            )
         if kind == "load_error" and not loaded:
             error = str(event.get("error", ""))[:300]
-            return SandboxRun("load", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0)
+            return SandboxRun("load", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0, accounting)
         if kind == "memory":
             memory = True
             break
@@ -831,7 +1083,7 @@ def interpret(
     cases = tuple(outcomes)
 
     def run(stage: str, error: str | None = None) -> SandboxRun:
-        return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded, sent)
+        return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded, sent, accounting)
 
     reason = final.get("reason")
     limit_mb = recorded["memoryMb"]
@@ -871,6 +1123,7 @@ def run_to_json(run: SandboxRun) -> dict[str, Any]:
         "wallMs": run.wall_ms,
         "limits": run.limits,
         "stagesRun": run.stages_run,
+        "accounting": run.accounting,
     }
 
 
@@ -900,4 +1153,5 @@ def run_from_json(data: Any) -> SandboxRun:
         wall_ms=int(data.get("wallMs") or 0),
         limits={str(k): int(v) for k, v in (data.get("limits") or {}).items()},
         stages_run=int(data.get("stagesRun", 1)),
+        accounting="cgroup" if data.get("accounting") == "cgroup" else "pidns",
     )

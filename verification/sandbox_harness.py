@@ -6,11 +6,13 @@ with the sandboxed interpreter as the sandbox's **pid 1** (`bwrap --as-pid-1`). 
 * argv: `fd` of the result channel (a pipe to the host), the limits as JSON;
 * stdin, one JSON line at a time from the host: first `{"source", "entrypoint"}`; then, each
   only when the host asks for it, `{"cases": [...]}` (a stage's arguments, never expected
-  values) or `{"end": true}`;
+  values) or `{"end": true}`; at any time `{"stop": "time"}` when the host's own accounting
+  (the run's cgroup) saw a limit passed;
 * the result channel receives JSON lines written only by this process: `started`, then
   `compile_error` / `load_error` / `loaded`, for each stage its `case` lines (ok, value or
   error class) and `stage_done`, and last `exit` with the measured CPU time, peak memory and
-  why the worker stopped.
+  why the worker stopped (and this process's own CPU since the code arrived, which the host
+  subtracts from the run's cgroup).
 
 The host sends a stage's cases only after the submission has loaded and, for every stage
 after the first, only after it has judged the stage before: cases the code has not reached
@@ -35,12 +37,13 @@ reaper of every orphan, so nothing escapes by double-forking):
   alive, at each poll (see docs/security.md).
 * Memory: the anonymous and shared-memory resident pages of every process (proportional
   set size: a copy-on-write page shared by a fork counts once), plus the pages
-  and inodes used on every writable mount (`/tmp`, a tmpfs with a size limit), against
+  and inodes used on every writable mount (`/tmp` and `/dev/shm`, tmpfs with a size limit each), against
   `memoryMb`; the address-space rlimit also makes a single process's allocations past the
   limit fail.
-* Blocked time: wall time minus CPU time minus time spent waiting for a CPU on the run queue
-  (of the busiest process), so load on the host never counts against the submission; time
-  spent waiting for the host between stages is not counted either.
+* Blocked time: wall time minus the time threads spent running or waiting for a CPU on the
+  run queue (summed over every thread seen, from `/proc/<pid>/task/<tid>/schedstat`), so
+  load on the host never counts against the submission; time spent waiting for the host
+  between stages is not counted either.
 """
 
 import contextlib
@@ -60,12 +63,26 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 INODE_BYTES = 1024
 """What one inode on a writable mount is charged (kernel memory no page count shows)."""
-WRITABLE_MOUNTS = ("/tmp",)
+WRITABLE_MOUNTS = ("/tmp", "/dev/shm")
+MAX_THREADS_TRACKED = 100_000
+WALL = 0x40000000
+"""`__WALL`: reap children whatever signal they asked for at exit (clone's exit_signal)."""
 
 
-def _schedstat(pid: int) -> tuple[int, int] | None:
+def _thread_schedstats(pid: int) -> list[tuple[int, int, int]]:
+    """(tid, time on a CPU, time waiting for one) for each live thread of `pid`, in ns."""
+    found = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            stat = _schedstat_path(f"/proc/{pid}/task/{tid}/schedstat")
+            if stat is not None:
+                found.append((int(tid), *stat))
+    return found
+
+
+def _schedstat_path(path: str) -> tuple[int, int] | None:
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
+        with open(path) as f:
             cpu, wait, _ = f.read().split()
         return int(cpu), int(wait)
     except (OSError, ValueError):
@@ -222,6 +239,7 @@ class Run:
         self.paused_ns = 0
         self.waiting_since: float | None = None
         self.processes_seen: set[int] = set()
+        self.runnable: dict[int, int] = {}
 
     def emit(self, item: dict[str, Any]) -> None:
         self.result.write(json.dumps(item) + "\n")
@@ -229,7 +247,7 @@ class Run:
     def reap(self, worker: int) -> None:
         while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG | WALL)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -243,14 +261,16 @@ class Run:
         # in neither (a brief undercount), never in both.
         cpu = _children_cpu_ns()
         pids = _pids()
-        busiest = 0
         memory = _mount_bytes()
         for pid in pids:
             cpu += _process_cpu_ns(pid)
             memory += _private_bytes(pid)
-            stat = _schedstat(pid)
-            if stat is not None:
-                busiest = max(busiest, stat[0] + stat[1])
+            if len(self.runnable) < MAX_THREADS_TRACKED:
+                for tid, on_cpu, waiting in _thread_schedstats(pid):
+                    self.runnable[tid] = max(self.runnable.get(tid, 0), on_cpu + waiting)
+        # Time some thread was running or waiting for a CPU, summed over threads (generous:
+        # threads that ran side by side count twice, so load never counts as blocked).
+        busiest = sum(self.runnable.values())
         self.processes_seen.update(pids)
         self.cpu_ns = max(self.cpu_ns, cpu)
         self.peak_bytes = max(self.peak_bytes, memory)
@@ -283,7 +303,6 @@ def main() -> None:
     limits = json.loads(sys.argv[2])
     host = os.fdopen(0, "rb", buffering=0)
     _set_dumpable(0)
-    result.write('{"event": "started"}\n')
     job_read, job_write = os.pipe()
     value_read, value_write = os.pipe()
     pid = os.fork()
@@ -300,6 +319,10 @@ def main() -> None:
             os._exit(0)
     os.close(job_read)
     os.close(value_write)
+    # After the fork: the host may now move every process of the run into its cgroup (the
+    # worker waits for the code, nothing forks until the host sends it).
+    result.write('{"event": "started"}\n')
+    own_cpu_at_job: float | None = None
     for fd in (value_read, job_write, host.fileno()):
         os.set_blocking(fd, False)
     run = Run(limits, result)
@@ -325,6 +348,15 @@ def main() -> None:
             while b"\n" in from_host:
                 line, _, rest = from_host.partition(b"\n")
                 from_host = bytearray(rest)
+                if line.startswith(b'{"stop"'):
+                    # The host's own accounting (the run's cgroup) saw a limit passed.
+                    stop = json.loads(line)["stop"]
+                    run.reason = run.reason or (
+                        stop if stop in ("time", "memory", "processes") else "time"
+                    )
+                    continue
+                if own_cpu_at_job is None:
+                    own_cpu_at_job = _own_cpu()
                 to_worker += line + b"\n"
                 if run.waiting_since is not None:
                     run.paused_ns += int((time.monotonic() - run.waiting_since) * 1e9)
@@ -371,7 +403,7 @@ def main() -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
-            os.wait4(-1, 0)
+            os.wait4(-1, WALL)
         except ChildProcessError:
             break
     run.cpu_ns = max(run.cpu_ns, _children_cpu_ns())
@@ -386,9 +418,16 @@ def main() -> None:
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "reason": run.reason,
             "wall_ms": int((time.monotonic() - started) * 1000),
+            # This process's own CPU since the code arrived: in the run's cgroup, not the code's.
+            "runner_cpu_ms": int((_own_cpu() - (own_cpu_at_job or _own_cpu())) * 1000),
         }
     )
     result.flush()
+
+
+def _own_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return float(ru.ru_utime + ru.ru_stime)
 
 
 def _relay(run: Run, raw: bytes | bytearray) -> bool:

@@ -320,16 +320,20 @@ async def _run(
             )  # fmt: skip
         except SandboxUnavailable as exc:
             raise VerificationError(name, str(exc)) from None
-    first = runs[0]
+    # A run that passed a limit is a FAIL at RESOURCE LIMITS whatever the other did (two runs
+    # stopped at different moments differ in their partial outcomes, not in the finding).
+    limited = [run for run in runs if run.stage in _RESOURCE_STAGES]
+    first = limited[0] if limited else runs[0]
     measured = {
         "cpuMs": max(run.cpu_ms for run in runs),
         "peakMemoryMb": max(run.peak_memory_mb for run in runs),
         "runs": len(runs),
         "hashSeed": HASH_SEED,
+        "accounting": first.accounting,
     }
     digests = tuple(judge(run) if judge is not None else run_digest(run) for run in runs)
     disagreement = None
-    if len(set(digests)) > 1:
+    if len(set(digests)) > 1 and not limited:
         disagreement = Disagreement(digests, tuple(run.stage for run in runs))
     return first, measured, disagreement
 

@@ -173,7 +173,7 @@ def test_no_sandbox_is_could_not_answer_but_a_killed_worker_is_a_fail(workdir: P
 
 
 def test_cpu_in_a_thread_of_an_orphaned_grandchild_is_counted(
-    workdir: Path, mode: dict[str, str]
+    workdir: Path, cpu_mode: dict[str, str]
 ) -> None:
     """The issue's attack: 1.2 s of CPU in a second thread of a double-forked grandchild, timeLimitMs 300."""
     code = (

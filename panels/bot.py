@@ -297,10 +297,9 @@ def verifier_bot(
     ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
-    import signal
-
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     try:
         settings = load_bot_settings(config)
@@ -312,12 +311,10 @@ def verifier_bot(
         raise typer.Exit(2) from None
     configure_logging(json=True)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    async def main(stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            await VerifierBot(settings, scorer, session).run(stop, once=once)
+            bot = VerifierBot(settings, scorer, session)
+            log.info("verifier_bot_started", address=bot.address, operator=settings.operator_id, once=once)
+            await bot.run(stop, once=once)
 
-    asyncio.run(main())
+    run_service("verifier-bot", main, configure=False)

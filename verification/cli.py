@@ -238,16 +238,16 @@ def serve_sandbox_command(
     max_parallel: Annotated[int, typer.Option("--max-parallel", min=1, help="Runs at a time.")] = 2,
 ) -> None:
     """Serve sandboxed runs over HTTP (POST /v1/run) until interrupted."""
-    from aiohttp import web
-
+    from runtime.shell import run_service
     from verification.sandbox import SandboxUnavailable, find_bwrap
-    from verification.sandbox_service import create_app
+    from verification.sandbox_service import create_app, serve
 
     try:
         find_bwrap(None)
     except SandboxUnavailable as exc:
         _fail(str(exc))
-    web.run_app(create_app(max_parallel=max_parallel), host=host, port=port, print=None)
+    app = create_app(max_parallel=max_parallel)
+    run_service("sandbox", lambda stop: serve(app, host=host, port=port, stop=stop))
 
 
 def _rerun_problems(proof: Any, verifier: Path, result: Path) -> list[str]:

@@ -103,7 +103,30 @@ def create_app(
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/run", run)
     app.router.add_get("/health", health)
-    # The probes every escrowd service serves (the runner is ready as soon as it listens).
+    # The probes every escrowd service serves (the runner is ready as soon as it listens),
+    # and its metrics on the same port (a runner has no port of its own to spare).
     app.router.add_get("/healthz", health)
     app.router.add_get("/readyz", health)
+    app.router.add_get("/metrics", _metrics)
     return app
+
+
+async def _metrics(_: web.Request) -> web.Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def serve(app: web.Application, *, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serve `app` until `stop`; runs in flight finish (aiohttp's shutdown waits for them)."""
+    import structlog
+
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        structlog.get_logger(__name__).info("sandbox_runner_ready", host=host, port=port)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -27,7 +27,6 @@ import contextlib
 import json
 import re
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,14 +289,12 @@ class VerifierAgent:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
 
 
-async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: ModelSettings) -> None:
-    """Run until SIGINT / SIGTERM."""
+async def run_verifier_agent(
+    settings: VerifierAgentSettings, model_settings: ModelSettings, stop: asyncio.Event | None = None
+) -> None:
+    """Run until `stop` (the service shell sets it on SIGINT / SIGTERM); the poll in flight ends first."""
     agent = VerifierAgent(settings, ModelClient(model_settings))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop or asyncio.Event()
     log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id)
     try:
         await agent.run(stop)
@@ -329,6 +326,7 @@ def verifier_agent(
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     configure_logging(json=log_json)
     try:
@@ -340,7 +338,7 @@ def verifier_agent(
         # One line naming the field, never a value (the wallet key, the model's key).
         typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(run_verifier_agent(settings, model_settings))
+    run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 
 @dataclass

@@ -248,7 +248,8 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
                     return q, 0.8
 
                 settings = BotSettings(
-                    api_url=f"http://127.0.0.1:{config.api_port}", verifier_key="0x" + secrets.token_hex(32),
+                    api_url=f"http://127.0.0.1:{config.api_port}", rpc_url=dn.rpc_url,
+                    verifier_key="0x" + secrets.token_hex(32),
                     operator_id=f"run-bot-{index}", verifier_chains=[dn.chain_id], scorer="plugin:in:process",
                     poll_seconds=1.0,
                 )

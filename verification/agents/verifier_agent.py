@@ -220,7 +220,8 @@ class VerifierAgent:
         data = response.json()
         if not data.get("private"):
             return str(data.get("brief") or "")
-        key = briefs.unwrap_key(briefs.unb64(data["wrappedKey"], 200), self._enc_key)
+        context = briefs.KeyContext(int(item["chainId"]), str(item["escrow"]), str(item["taskHash"]), self.address)
+        key = briefs.unwrap_key(briefs.unb64(data["wrappedKey"], briefs.WRAPPED_KEY_BYTES), self._enc_key, context)
         return briefs.open_brief(briefs.unb64(data["ciphertext"], briefs.MAX_CIPHERTEXT_BYTES), key)
 
     async def _judge(self, item: dict[str, Any], stats: PollStats) -> None:

@@ -246,3 +246,45 @@ def decode_revert(data: bytes) -> DecodedError:
     except Exception:
         return DecodedError("Malformed", ("0x" + data.hex(),))
     return DecodedError("Unknown", ("0x" + data.hex(),))
+
+
+# ---------------------------------------------------------------------------- reading a task
+
+
+@dataclass(frozen=True)
+class TaskOnChain:
+    """The fields of `getTask(taskId)` a verifier checks what it is shown against (addresses lower-case)."""
+
+    poster: str
+    status: int
+    attempts: int
+    agent: str
+    verifier: str
+    task_hash: str
+    last_evidence_hash: str
+
+
+@functools.cache
+def _task_fields() -> tuple[tuple[str, ...], str]:
+    entry = next(e for e in escrow_abi() if e.get("type") == "function" and e["name"] == "getTask")
+    (output,) = entry["outputs"]
+    return tuple(str(c["name"]) for c in output["components"]), _abi_type(output)
+
+
+def get_task_data(task_id: int) -> bytes:
+    """Calldata of `getTask(taskId)`."""
+    return selector("getTask") + _word(task_id)
+
+
+def decode_task(data: bytes) -> TaskOnChain:
+    """The return value of `getTask`; ValueError when it is not exactly one Task tuple."""
+    names, abi_type = _task_fields()
+    if len(data) != 32 * len(names):  # a static tuple: one word per field, nothing else
+        raise ValueError(f"getTask returned {len(data)} bytes, not {32 * len(names)}")
+    (values,) = abi_decode([abi_type], data)
+    fields = dict(zip(names, values, strict=True))
+    return TaskOnChain(
+        poster=str(fields["poster"]).lower(), status=int(fields["status"]), attempts=int(fields["attempts"]),
+        agent=str(fields["agent"]).lower(), verifier=str(fields["verifier"]).lower(),
+        task_hash="0x" + bytes(fields["taskHash"]).hex(), last_evidence_hash="0x" + bytes(fields["lastEvidenceHash"]).hex(),
+    )  # fmt: skip

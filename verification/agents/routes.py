@@ -430,6 +430,9 @@ class QueueItem(BaseModel):
     acceptance: str | None = None
     private: bool
     failures: int = Field(description="Failed tries reported for this attempt so far")
+    terms: dict[str, Any] = Field(
+        description="The registered terms (canonical form): they hash to the on-chain taskHash, which the verifier checks"
+    )
 
 
 class Queue(BaseModel):
@@ -467,7 +470,8 @@ async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=
             if finalized is None:
                 continue  # delivered on chain, but the agent has not handed over the result yet
             terms = await vstore.load_terms(conn, row["task_hash"])
-            assert terms is not None
+            document = await vstore.load_terms_json(conn, row["task_hash"])
+            assert terms is not None and document is not None
             criteria = terms.criteria or {}
             acceptance = criteria.get("acceptance")
             items.append(
@@ -475,7 +479,7 @@ async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=
                     chain_id=key.chain_id, escrow=key.escrow, task_id=key.task_id, task_hash=row["task_hash"],
                     attempt=attempt, evidence_hash=evidence, result=finalized["payload"].get("result"),
                     acceptance=acceptance if isinstance(acceptance, str) else None, private=terms.private,
-                    failures=int(failure["failures"]) if failure is not None else 0,
+                    failures=int(failure["failures"]) if failure is not None else 0, terms=document,
                 )
             )
     return Queue(items=items)

@@ -188,6 +188,11 @@ class ApiClient:
             await asyncio.sleep(0.1)
         raise RuntimeError(f"listing: task {task_id} never indexed")
 
+    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:
+        response = await self.call("PUT", f"/v1/briefs/0x{task_hash.hex()}", {"brief": brief}, poster_key)
+        if response.status_code != 200:
+            raise RuntimeError(f"brief: {response.status_code} {response.text}")
+
     async def close(self) -> None:
         await self.client.aclose()
 

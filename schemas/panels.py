@@ -9,8 +9,8 @@ their own name:
 
     EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)
       name = "escrowd-panel", version = "1", verifyingContract = the escrow
-    Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,
-                uint32 quality,uint32 confidence)
+    Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint8 attempt,
+                bytes32 evidenceHash,address verifier,uint32 quality,uint32 confidence)
     Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)
 
 An attestation is signed by the verifier's own key; a ruling by the panel service's key and
@@ -49,8 +49,8 @@ CALIBRATION_EVENT_TYPE = "io.escrowd.panel.calibration.v1"
 FEE_EVENT_TYPE = "io.escrowd.panel.fee.v1"
 
 ATTESTATION_TYPE = (
-    "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,"
-    "uint32 quality,uint32 confidence)"
+    "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint8 attempt,"
+    "bytes32 evidenceHash,address verifier,uint32 quality,uint32 confidence)"
 )
 RULING_TYPE = "Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)"
 ATTESTATION_STRUCT = eip712.Struct.parse(ATTESTATION_TYPE)
@@ -67,6 +67,8 @@ ChainId = Annotated[int, Field(gt=0, le=JSON_SAFE_MAX, strict=True)]
 TaskId = Annotated[int, Field(ge=1, le=JSON_SAFE_MAX, strict=True)]
 RoundNo = Annotated[int, Field(ge=1, le=2, strict=True, description="1 = first panel, 2 = rerun")]
 OperatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+Attempt = Annotated[int, Field(ge=1, le=255, strict=True, description="The attempt judged (uint8 on chain)")]
+Hash32 = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{64}$")]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -163,7 +165,8 @@ class PanelRound(BaseModel):
 
 
 class Attestation(BaseModel):
-    """What a verifier signs: its quality and confidence for one round of one task."""
+    """What a verifier signs: its quality and confidence for one round of one task, bound to
+    the attempt it judged and that attempt's on-chain evidence hash (what it was shown)."""
 
     model_config = _FROZEN
 
@@ -171,6 +174,8 @@ class Attestation(BaseModel):
     escrow: Address
     task_id: TaskId
     round: RoundNo
+    attempt: Attempt
+    evidence_hash: Hash32
     verifier: Address
     quality_ppm: Ppm
     confidence_ppm: Ppm
@@ -178,12 +183,17 @@ class Attestation(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _json_integers(cls, data: Any) -> Any:
-        return integral_fields(data, ("chain_id", "task_id", "round", "quality_ppm", "confidence_ppm"))
+        return integral_fields(data, ("chain_id", "task_id", "round", "attempt", "quality_ppm", "confidence_ppm"))
 
     @field_validator("escrow", "verifier")
     @classmethod
     def _checksum(cls, value: str) -> str:
         return checksum_address(value)
+
+    @field_validator("evidence_hash")
+    @classmethod
+    def _lower_hash(cls, value: str) -> str:
+        return value.lower()
 
 
 class SignedAttestation(BaseModel):
@@ -289,6 +299,8 @@ def attestation_message(a: Attestation) -> dict[str, Any]:
         "escrow": a.escrow,
         "taskId": a.task_id,
         "round": a.round,
+        "attempt": a.attempt,
+        "evidenceHash": a.evidence_hash,
         "verifier": a.verifier,
         "quality": a.quality_ppm,
         "confidence": a.confidence_ppm,

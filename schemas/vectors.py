@@ -72,7 +72,8 @@ def vectors() -> dict[str, Any]:
         verifier_id="test_suite:tests/ü", verifier_version="escrowd-verification/1+sandbox-bwrap/1",
     )  # fmt: skip
     a = panels.Attestation(
-        chain_id=10, escrow=ESCROW, task_id=9, round=2, verifier=eip712.signer_address(TEST_KEY),
+        chain_id=10, escrow=ESCROW, task_id=9, round=2, attempt=2, evidence_hash="0x" + "5e" * 32,
+        verifier=eip712.signer_address(TEST_KEY),
         quality_ppm=812_345, confidence_ppm=1_000_000,
     )  # fmt: skip
     ruling = panels.Ruling(chain_id=1, escrow=ESCROW, task_id=9, round=1, agent_share_bps=6_667)

@@ -237,22 +237,26 @@ def test_proofs_against_eth_account(
 
 @given(
     chain_id=chain_ids, escrow=addresses, task_id=chain_ids, rnd=st.integers(1, 2), quality=st.integers(0, 10**6),
-    confidence=st.integers(0, 10**6), share=st.integers(0, 10_000), key=keys,
+    confidence=st.integers(0, 10**6), share=st.integers(0, 10_000), key=keys, attempt=st.integers(1, 3),
+    evidence=st.binary(min_size=32, max_size=32).map(lambda b: "0x" + b.hex()),
 )  # fmt: skip
 @settings(max_examples=100, deadline=None)
 def test_panel_attestations_and_rulings_against_eth_account(
-    chain_id: int, escrow: str, task_id: int, rnd: int, quality: int, confidence: int, share: int, key: str
+    chain_id: int, escrow: str, task_id: int, rnd: int, quality: int, confidence: int, share: int, key: str,
+    attempt: int, evidence: str,
 ) -> None:
     verifier_address = Account.from_key(key).address
-    a = panels.Attestation(chain_id=chain_id, escrow=escrow, task_id=task_id, round=rnd, verifier=verifier_address,
+    a = panels.Attestation(chain_id=chain_id, escrow=escrow, task_id=task_id, round=rnd, attempt=attempt,
+                           evidence_hash=evidence, verifier=verifier_address,
                            quality_ppm=quality, confidence_ppm=confidence)  # fmt: skip
     domain = eip712.Domain("escrowd-panel", "1", chain_id, escrow)
     document = oracle_document(
         domain, "Attestation",
         [("chainId", "uint256"), ("escrow", "address"), ("taskId", "uint256"), ("round", "uint8"),
+         ("attempt", "uint8"), ("evidenceHash", "bytes32"),
          ("verifier", "address"), ("quality", "uint32"), ("confidence", "uint32")],
-        {"chainId": chain_id, "escrow": escrow, "taskId": task_id, "round": rnd, "verifier": verifier_address,
-         "quality": quality, "confidence": confidence},
+        {"chainId": chain_id, "escrow": escrow, "taskId": task_id, "round": rnd, "attempt": attempt,
+         "evidenceHash": evidence, "verifier": verifier_address, "quality": quality, "confidence": confidence},
     )  # fmt: skip
     assert panels.attestation_digest(a) == oracle_digest(document)
     signed = panels.sign_attestation(a, key)

@@ -18,7 +18,8 @@ ESCROW = "0x" + "e3" * 20
 
 def _attestation(**changes: object) -> panels.Attestation:
     fields: dict[str, object] = {
-        "chain_id": 31337, "escrow": ESCROW, "task_id": 7, "round": 1, "verifier": VERIFIER,
+        "chain_id": 31337, "escrow": ESCROW, "task_id": 7, "round": 1, "attempt": 2,
+        "evidence_hash": "0x" + "ab" * 32, "verifier": VERIFIER,
         "quality_ppm": 812_345, "confidence_ppm": 900_000,
     }
     fields.update(changes)
@@ -50,8 +51,9 @@ def test_signature_recovers_the_verifier_and_a_wallet_signature_verifies() -> No
 
 
 @pytest.mark.parametrize("change", [{"chain_id": 1}, {"escrow": "0x" + "e4" * 20}, {"round": 2},
-                                    {"quality_ppm": 812_346}, {"task_id": 8}])
-def test_a_signature_does_not_carry_over_to_another_chain_escrow_round_or_score(change: dict[str, object]) -> None:
+                                    {"quality_ppm": 812_346}, {"task_id": 8}, {"attempt": 1},
+                                    {"evidence_hash": "0x" + "ac" * 32}])
+def test_a_signature_does_not_carry_over_to_another_chain_escrow_round_attempt_evidence_or_score(change: dict[str, object]) -> None:
     signed = panels.sign_attestation(_attestation(), KEY)
     moved = panels.SignedAttestation(attestation=_attestation(**change), signature=signed.signature)
     assert panels.attestation_signer(moved) != VERIFIER
@@ -65,7 +67,8 @@ def test_ruling_sign_and_recover() -> None:
 
 
 def test_hostile_values_are_refused() -> None:
-    for change in ({"quality_ppm": 1_000_001}, {"confidence_ppm": -1}, {"round": 3},
+    for change in ({"quality_ppm": 1_000_001}, {"confidence_ppm": -1}, {"round": 3}, {"attempt": 0},
+                   {"attempt": 256}, {"evidence_hash": "0x" + "ab" * 31}, {"evidence_hash": None},
                    {"quality_ppm": 0.5}, {"quality_ppm": True}, {"extra": 1}):
         with pytest.raises(ValidationError):
             _attestation(**change)

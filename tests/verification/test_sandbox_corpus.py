@@ -366,6 +366,23 @@ def test_output_flood_on_every_descriptor_fails(workdir: Path) -> None:
     assert out["detail"]["stage"] in ("PUBLIC TESTS", "RESOURCE LIMITS"), out
 
 
+def test_deeply_nested_lines_for_the_runner_fail(workdir: Path) -> None:
+    """200,000 nested brackets on every descriptor (the runner parses the worker's lines): a FAIL."""
+    code = (
+        "import os\n"
+        "def solve(a, b):\n"
+        "    deep = b'[' * 200000 + b'\\n' + b'{\"event\": \"case\", \"ok\": true, \"value\": ' + b'[' * 100000 + b'\\n'\n"
+        "    for fd in range(64):\n"
+        "        try:\n"
+        "            os.write(fd, deep)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return -1\n"
+    )
+    out = verify(workdir, ADD, code)
+    assert_fail(out, "PUBLIC TESTS")
+
+
 def test_huge_return_value_fails(workdir: Path) -> None:
     """A 20 MB answer per case overruns the report bound: a FAIL, not a stalled or unanswered run."""
     code = "def solve(a, b):\n    return 'x' * (20 * 1024 * 1024)\n"

@@ -30,6 +30,7 @@ _OPTIONAL_MODELS = (
     ("schemas.task_state", "TimerRetracted"),
     ("schemas.verdict", "Verdict"),
     ("schemas.verdict", "SignedVerdict"),
+    ("schemas.proof", "SignedProof"),
     ("schemas.task_terms", "TaskTerms"),
     ("schemas.task_terms", "FinalizeRequested"),
     ("schemas.task_terms", "ReviewSubmitted"),

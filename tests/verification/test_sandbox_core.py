@@ -291,3 +291,22 @@ def test_the_seccomp_filter_decides_each_call_as_documented() -> None:
     assert run_bpf(program, 13, (17, 0x7FFF0000)) == EPERM
     assert run_bpf(program, 13, (17, 0x7F00_0000_0000)) == EPERM
     assert run_bpf(program, 13, (2, 0x7FFF0000)) == ALLOW
+
+
+def test_a_run_the_cgroup_had_to_kill_is_a_time_limit(tmp_path: Any) -> None:
+    """Told to stop past the limit, a harness that did not is killed with its cgroup: a time limit, not ISOLATE."""
+    from verification.sandbox import RunCgroup, _CgroupAccount
+
+    (tmp_path / "cgroup.controllers").write_text("")
+    (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
+    account = _CgroupAccount(RunCgroup(tmp_path), 1, LIMITS)
+    account.baseline_usec = 1000
+    (tmp_path / "cpu.stat").write_text("usage_usec 901000\n")
+    assert account.over()  # 900 ms > 1.5 × 300 ms + 100 ms
+    account.stopped = True
+    run = interpret(
+        report({"event": "started"}, {"event": "loaded"}), b"", 137, [PUBLIC], LIMITS, 10, account
+    )
+    assert run.stage == "time_limit" and run.cpu_ms == 900 and run.accounting == "cgroup"
+    (tmp_path / "cpu.stat").write_text("usage_usec 551000\n")
+    assert not account.over()  # 550 ms: within the allowance for the harness's own polling

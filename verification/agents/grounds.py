@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from eth_utils.crypto import keccak
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from chain.txs import TaskOnChain
+from chain.abi import TaskOnChain
 from schemas.task_terms import CanonicalJsonError, TaskTerms, canonical_json, result_hash
 from verification.agents import briefs
 

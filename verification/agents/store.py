@@ -6,6 +6,7 @@ from typing import Any
 
 import asyncpg
 
+from chain import indexed
 from verification.agents import briefs
 from verification.agents.listing import BriefState
 from verification.routing import TaskKey
@@ -102,9 +103,9 @@ async def verifier_tasks(conn: asyncpg.Connection, verifier: str, limit: int) ->
         await conn.fetch(
             "SELECT l.chain_id, l.escrow_address, l.task_id, l.task_hash FROM task_listings l"
             " JOIN task_terms t ON t.task_hash = l.task_hash WHERE t.verification_mode = 'agent'"
-            " AND lower(t.verifier_address) = lower($1) AND (SELECT (e.args->>'status')::int FROM escrow_events e"
-            "  WHERE e.chain_id = l.chain_id AND e.task_id = l.task_id AND lower(e.escrow_address) = lower(l.escrow_address)"
-            "  AND e.args ? 'status' ORDER BY e.block_number DESC, e.log_index DESC LIMIT 1) = 2"
+            " AND lower(t.verifier_address) = lower($1) AND "
+            + indexed.LATEST_STATUS_SQL.format(chain="l.chain_id", task="l.task_id", escrow="l.escrow_address")
+            + " = 2"
             " ORDER BY l.listed_at, l.task_id LIMIT $2",
             verifier,
             limit,

@@ -32,7 +32,6 @@ import contextlib
 import json
 import re
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +45,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from web3 import Web3
 
+from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, RpcError
-from chain.txs import complete_verification_data, decode_task, get_task_data, is_judged_data
+from chain.txs import complete_verification_data, is_judged_data
 from runtime.logging import register_secret
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
@@ -373,14 +373,12 @@ class VerifierAgent:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
 
 
-async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: ModelSettings) -> None:
-    """Run until SIGINT / SIGTERM."""
+async def run_verifier_agent(
+    settings: VerifierAgentSettings, model_settings: ModelSettings, stop: asyncio.Event | None = None
+) -> None:
+    """Run until `stop` (the service shell sets it on SIGINT / SIGTERM); the poll in flight ends first."""
     agent = VerifierAgent(settings, ModelClient(model_settings))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop or asyncio.Event()
     log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id)
     try:
         await agent.run(stop)
@@ -412,6 +410,7 @@ def verifier_agent(
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     configure_logging(json=log_json)
     try:
@@ -423,7 +422,7 @@ def verifier_agent(
         # One line naming the field, never a value (the wallet key, the model's key).
         typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(run_verifier_agent(settings, model_settings))
+    run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 
 @dataclass

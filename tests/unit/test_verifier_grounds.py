@@ -10,7 +10,7 @@ from eth_utils.crypto import keccak
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chain.txs import TaskOnChain, decode_task, get_task_data, selector
+from chain.abi import TaskOnChain, decode_task, get_task_data, selector
 from schemas.task_terms import TaskTerms, result_hash, task_hash
 from verification.agents import briefs
 from verification.agents.grounds import (

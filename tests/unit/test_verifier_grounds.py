@@ -178,3 +178,21 @@ def test_get_task_round_trips_and_refuses_other_lengths(status: int, attempts: i
         with pytest.raises(ValueError):
             decode_task(wrong)
     assert get_task_data(7) == selector("getTask") + (7).to_bytes(32, "big")
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_change_to_the_terms_is_refused(data: st.DataObject) -> None:
+    """Whatever field of the terms the API alters (or drops, or adds), they no longer hash to the chain's taskHash."""
+    item, on_chain = setup()
+    document = dict(item["terms"])
+    key = data.draw(st.sampled_from([*sorted(document), "extra"]))
+    action = data.draw(st.sampled_from(["drop", "replace"]))
+    if action == "drop" and key in document:
+        del document[key]
+    else:
+        replacement = data.draw(st.one_of(st.text(max_size=5), st.integers(), st.booleans(), st.none()))
+        if document.get(key, object()) == replacement:
+            return
+        document[key] = replacement
+    assert refusal({**item, "terms": document}, on_chain) in ("TERMS_MISMATCH", "QUEUE_ITEM_INVALID")

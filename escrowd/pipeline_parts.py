@@ -157,6 +157,11 @@ class ApiClient:
             raise RuntimeError(f"register terms: {response.status_code} {response.text}")
         return bytes.fromhex(response.json()["taskHash"][2:])
 
+    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:
+        response = await self.call("PUT", f"/v1/briefs/0x{task_hash.hex()}", {"brief": brief}, poster_key)
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"brief: {response.status_code} {response.text}")
+
     def _task_path(self, task_id: int, what: str) -> str:
         return f"/v1/tasks/{self.devnet.chain_id}/{self.devnet.escrow_address}/{task_id}/{what}"
 

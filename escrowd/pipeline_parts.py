@@ -157,11 +157,6 @@ class ApiClient:
             raise RuntimeError(f"register terms: {response.status_code} {response.text}")
         return bytes.fromhex(response.json()["taskHash"][2:])
 
-    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:
-        response = await self.call("PUT", f"/v1/briefs/0x{task_hash.hex()}", {"brief": brief}, poster_key)
-        if response.status_code not in (200, 201):
-            raise RuntimeError(f"brief: {response.status_code} {response.text}")
-
     def _task_path(self, task_id: int, what: str) -> str:
         return f"/v1/tasks/{self.devnet.chain_id}/{self.devnet.escrow_address}/{task_id}/{what}"
 
@@ -192,6 +187,11 @@ class ApiClient:
                 raise RuntimeError(f"listing: {response.status_code} {response.text}")
             await asyncio.sleep(0.1)
         raise RuntimeError(f"listing: task {task_id} never indexed")
+
+    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:
+        response = await self.call("PUT", f"/v1/briefs/0x{task_hash.hex()}", {"brief": brief}, poster_key)
+        if response.status_code != 200:
+            raise RuntimeError(f"brief: {response.status_code} {response.text}")
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -278,12 +278,13 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
 
 async def settle(pipeline: Any) -> None:
     """Wait until the consumers have caught up with every indexed event."""
+    from chain import indexed
+
     conn = pipeline.conn
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
-        behind = await conn.fetchval(
-            "SELECT count(*) FROM escrow_events e WHERE e.task_id IS NOT NULL AND NOT EXISTS ("
-            " SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
+        behind = await indexed.task_events_not(
+            conn, "EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
         )
         if behind == 0:
             return

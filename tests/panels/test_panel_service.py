@@ -263,6 +263,25 @@ async def test_a_forged_attestation_is_refused(panel: Harness) -> None:
     assert response.status_code == 401
 
 
+async def test_an_attestation_has_one_signature_encoding(panel: Harness) -> None:
+    """The v = 0/1 form and the high-s twin of a verifier's valid signature are 401; the signature itself is taken."""
+    rid = await panel.dispute(12)
+    seat = (await panel.seats(rid))[0]
+    who = next(v for v in VERIFIERS if v.address.lower() == seat)
+    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=12, round=1, attempt=1, evidence_hash=EVIDENCE,
+                        verifier=who.address, quality_ppm=800_000, confidence_ppm=900_000)
+    signed = msg.sign_attestation(a, who.key)
+    raw = bytes.fromhex(signed.signature[2:])
+    s = int.from_bytes(raw[32:64], "big")
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    for other in (raw[:64] + bytes([raw[64] - 27]), raw[:32] + (n - s).to_bytes(32, "big") + bytes([55 - raw[64]])):
+        body = signed.model_copy(update={"signature": "0x" + other.hex()}).model_dump(mode="json")
+        response = await panel.api.call("POST", "/panels/attestations", body)
+        assert response.status_code == 401, response.text
+    accepted = await panel.api.call("POST", "/panels/attestations", signed.model_dump(mode="json"))
+    assert accepted.status_code == 201, accepted.text
+
+
 async def test_duplicate_dispute_message_opens_one_round_and_a_retraction_closes_it(panel: Harness) -> None:
     rid = await panel.dispute(11)
     args = {"taskId": 11, "by": AGENT.address, "previousStatus": 3, "attempt": 1, "status": 5}

@@ -19,7 +19,7 @@ from aiohttp import web
 from eth_account import Account
 
 from escrowd.devnet import Devnet
-from panels.bot import BotSettings, Refused, VerifierBot, check_shown, decode_task, load_scorer
+from panels.bot import BotSettings, ChainUnavailable, Refused, VerifierBot, check_shown, load_scorer
 from schemas import panels as msg
 from schemas.task_terms import canonical_json, keccak_hex, result_hash
 
@@ -126,14 +126,52 @@ def test_check_shown_passes_only_what_the_chain_committed_to() -> None:
             pytest.fail(f"{name} was not refused")
 
 
-def test_decode_task_reads_the_thirteen_words() -> None:
-    words = [0] * 13
-    words[3] = 2
-    data = b"".join(w.to_bytes(32, "big") for w in words[:11]) + b"\x11" * 32 + b"\x22" * 32
-    assert decode_task(data) == (2, "0x" + "11" * 32, "0x" + "22" * 32)
-    for bad in (data[:-1], data + b"\x00" * 32, b"\x00" * 96 + (256).to_bytes(32, "big") + data[128:]):
-        with pytest.raises(Refused):
-            decode_task(bad)
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A JSON-RPC node whose `eth_call` answer (or HTTP status) the test sets."""
+    state: dict[str, Any] = {"call": "0x", "status": 200}
+
+    async def rpc(request: web.Request) -> web.Response:
+        body = await request.json()
+        if state["status"] != 200:
+            return web.Response(status=state["status"])
+        result = "0x7a69" if body["method"] == "eth_chainId" else state["call"]
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/", rpc)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_node_answering_junk_is_a_refusal_and_a_silent_one_is_not_a_verdict(
+    node: tuple[str, dict[str, Any]],
+) -> None:
+    url, state = node
+    settings = BotSettings(api_url="http://127.0.0.1:9", rpc_url=url, verifier_key="0x" + "11" * 32,
+                           operator_id="op", verifier_chains=[31337], scorer="plugin:a:b")
+    assignment = {**_shown(), "chain_id": 31337, "escrow": "0x" + "e3" * 20, "task_id": 1}
+    async with aiohttp.ClientSession() as session:
+        bot = VerifierBot(settings, load_scorer("plugin:tests.panels.plugins.scorer:fixed"), session)
+        try:
+            for junk in ("0x" + "00" * 31, "0x" + "00" * 96 + f"{256:064x}" + "00" * 288, "0x" + "00" * 448):
+                state["call"] = junk
+                with pytest.raises(Refused, match="no Task"):
+                    await bot.on_chain(assignment)
+            with pytest.raises(Refused, match="chain 31337"):
+                await bot.on_chain({**assignment, "chain_id": 1})
+            state["status"] = 503
+            with pytest.raises(ChainUnavailable):
+                await bot.on_chain(assignment)
+        finally:
+            await bot.rpc.close()
 
 
 def test_non_loopback_urls_must_be_https() -> None:

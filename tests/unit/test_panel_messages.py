@@ -7,7 +7,7 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 from pydantic import ValidationError
 
-from schemas import panels
+from schemas import eip712, panels
 from schemas.verdict import InvalidSignature
 
 KEY = "0x" + "11" * 32
@@ -55,7 +55,7 @@ def test_signature_recovers_the_verifier_and_a_wallet_signature_verifies() -> No
     signed = panels.sign_attestation(a, KEY)
     assert panels.attestation_signer(signed) == VERIFIER
     wallet = Account.sign_message(encode_typed_data(full_message=panels.attestation_typed_data(a)), KEY)
-    assert panels.recover(panels.attestation_digest(a), "0x" + bytes(wallet.signature).hex()) == VERIFIER
+    assert eip712.recover(panels.attestation_digest(a), "0x" + bytes(wallet.signature).hex()) == VERIFIER
     with pytest.raises(ValueError, match="verifier"):
         panels.sign_attestation(a, OTHER_KEY)
 
@@ -84,4 +84,4 @@ def test_hostile_values_are_refused() -> None:
             _attestation(**change)
     high_s = "0x" + "01" * 32 + "ff" * 32 + "1b"
     with pytest.raises(InvalidSignature):
-        panels.recover(b"\x00" * 32, high_s)
+        eip712.recover(b"\x00" * 32, high_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -271,3 +272,13 @@ async def test_the_bot_process_judges_only_what_the_chain_committed_to(devnet: D
     text = out.decode(errors="replace")
     assert "does not hash to the attempt's on-chain evidence hash" in text
     assert "does not hash to the terms' instructionsDigest" in text
+
+
+def test_the_bot_process_refuses_plain_http_off_loopback() -> None:
+    env = {**os.environ, "ESCROWD_API_URL": "http://api.example.org", "ESCROWD_RPC_URL": "https://rpc.example.org",
+           "ESCROWD_VERIFIER_KEY": "0x" + "61" * 32, "ESCROWD_OPERATOR_ID": "bot-op", "ESCROWD_VERIFIER_CHAINS": "[31337]",
+           "ESCROWD_SCORER": "plugin:tests.panels.plugins.scorer:fixed", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([str(Path(sys.executable).with_name("escrowd")), "verifier-bot", "--once"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "api_url must be https://" in done.stderr and "61" * 32 not in done.stderr

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -508,7 +509,10 @@ class RpcClient:
 
     async def _exchange(self, body: Any, label: str, parse: Parse, *, logs: bool = False) -> Any:
         """POST `body` and `parse` the reply, retrying transient failures across URLs."""
-        encoded = orjson.dumps(body)
+        try:
+            encoded = orjson.dumps(body)
+        except TypeError:  # an integer beyond 64 bits in the params: the standard encoder is exact
+            encoded = json.dumps(body, separators=(",", ":")).encode()
         for attempt in range(self._attempts):
             endpoint = self._pick(attempt)
             started = time.perf_counter()

@@ -293,45 +293,50 @@ def header_reply(value: Any) -> dict[str, Any] | None:
     return value
 
 
-_LOG_QUANTITIES = ("blockNumber", "logIndex", "transactionIndex")
+def _quantity_text(value: Any) -> bool:
+    return type(value) is str and 3 <= len(value) <= 18 and value[:2] == "0x"
 
 
 def logs_reply(value: Any) -> list[dict[str, Any]]:
     """An `eth_getLogs` result: a list of logs whose fields have the types and sizes the
-    decoder and the store rely on (hex digits are checked where they are decoded)."""
-    if not isinstance(value, list):
+    decoder and the store rely on. Hex digits are checked where they are decoded (a log
+    that does not decode is reported by the indexer, never stored). On the hot path of the
+    backfill, hence `type(...) is` rather than isinstance."""
+    if type(value) is not list:
         raise _bad("logs are not a list")
     for entry in value:
-        if not isinstance(entry, dict):
+        if type(entry) is not dict:
             raise _bad("log is not an object")
-        for field in _LOG_QUANTITIES:
-            raw = entry.get(field)
-            if not isinstance(raw, str) or not raw.startswith("0x") or not 3 <= len(raw) <= 18:
-                raise _bad(f"log {field}")
-            try:
-                int(raw, 16)
-            except ValueError:
-                raise _bad(f"log {field}") from None
-        for field in ("blockHash", "transactionHash"):
-            raw = entry.get(field)
-            if not isinstance(raw, str) or len(raw) != 66:
-                raise _bad(f"log {field}")
-        address = entry.get("address")
-        if not isinstance(address, str) or len(address) != 42:
-            raise _bad("log address")
-        topics = entry.get("topics")
-        if not isinstance(topics, list) or len(topics) > 4:
+        get = entry.get
+        if not (
+            _quantity_text(get("blockNumber"))
+            and _quantity_text(get("logIndex"))
+            and _quantity_text(get("transactionIndex"))
+        ):
+            raise _bad("log quantities")
+        block_hash, tx_hash, address, data = get("blockHash"), get("transactionHash"), get("address"), get("data")
+        if not (
+            type(block_hash) is str
+            and len(block_hash) == 66
+            and type(tx_hash) is str
+            and len(tx_hash) == 66
+            and type(address) is str
+            and len(address) == 42
+            and type(data) is str
+            and data[:2] == "0x"
+            and not len(data) % 2
+        ):
+            raise _bad("log hashes, address or data")
+        topics = get("topics")
+        if type(topics) is not list or len(topics) > 4:
             raise _bad("log topics")
         for topic in topics:
-            if not isinstance(topic, str) or len(topic) != 66:
+            if type(topic) is not str or len(topic) != 66:
                 raise _bad("log topic")
-        data = entry.get("data")
-        if not isinstance(data, str) or not data.startswith("0x") or len(data) % 2:
-            raise _bad("log data")
-        stamp = entry.get("blockTimestamp")
-        if stamp is not None and (not isinstance(stamp, str) or not 3 <= len(stamp) <= 18):
+        stamp = get("blockTimestamp")
+        if stamp is not None and not _quantity_text(stamp):
             raise _bad("log blockTimestamp")
-        if not isinstance(entry.get("removed", False), bool):
+        if type(get("removed", False)) is not bool:
             raise _bad("log removed")
     return value
 

@@ -568,7 +568,8 @@ class RpcClient:
         return body, ids, label
 
     @staticmethod
-    def _by_id(reply: Any, ids: list[int]) -> dict[int, dict[str, Any]]:
+    def _answers(reply: Any, ids: list[int], calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Each call's result or its `RpcError`, matched by id (a malformed batch raises)."""
         if not isinstance(reply, list):
             if isinstance(reply, dict) and "error" in reply:
                 raise node_error("batch", reply["error"])  # some nodes refuse a whole batch at once
@@ -582,7 +583,18 @@ class RpcClient:
                     if key in by_id:
                         raise _bad("batch reply answers one request twice")
                     by_id[key] = item
-        return by_id
+        out: list[Any] = []
+        for i, (method, _) in zip(ids, calls, strict=True):
+            item = by_id.get(i)
+            if item is None:
+                out.append(_bad(f"{method}: missing from the batch reply"))
+            elif "error" in item:
+                out.append(node_error(method, item["error"]))
+            elif "result" not in item:
+                out.append(_bad(f"{method}: neither result nor error"))
+            else:
+                out.append(item["result"])
+        return out
 
     async def batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Many requests in one round trip; each result is a value or an `RpcError` instance.
@@ -592,23 +604,7 @@ class RpcClient:
             return []
         body, ids, label = self._batch_body(calls)
         logs = any(m == "eth_getLogs" for m, _ in calls)
-
-        def parse(reply: Any) -> list[Any]:
-            by_id = self._by_id(reply, ids)
-            out: list[Any] = []
-            for i, (method, _) in zip(ids, calls, strict=True):
-                item = by_id.get(i)
-                if item is None:
-                    out.append(RpcTransportError(f"{method}: missing from the batch reply"))
-                elif "error" in item:
-                    out.append(node_error(method, item["error"]))
-                elif "result" not in item:
-                    out.append(_bad(f"{method}: neither result nor error"))
-                else:
-                    out.append(item["result"])
-            return out
-
-        result: list[Any] = await self._exchange(body, label, parse, logs=logs)
+        result: list[Any] = await self._exchange(body, label, lambda reply: self._answers(reply, ids, calls), logs=logs)
         return result
 
     async def batch_strict(
@@ -624,17 +620,10 @@ class RpcClient:
         logs = any(m == "eth_getLogs" for m, _ in calls)
 
         def parse(reply: Any) -> list[Any]:
-            by_id = self._by_id(reply, ids)
-            results: list[Any] = []
-            for i, (method, _) in zip(ids, calls, strict=True):
-                item = by_id.get(i)
-                if item is None:
-                    raise _bad(f"{method}: missing from the batch reply")
-                if "error" in item:
-                    raise node_error(method, item["error"])
-                if "result" not in item:
-                    raise _bad(f"{method}: neither result nor error")
-                results.append(item["result"])
+            results = self._answers(reply, ids, calls)
+            for result in results:
+                if isinstance(result, RpcError):
+                    raise result
             return check(results) if check is not None else results
 
         result: list[Any] = await self._exchange(body, label, parse, logs=logs)

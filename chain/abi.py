@@ -342,3 +342,49 @@ def encode_call(function: str, *args: Any) -> bytes:
 def decode_revert(data: bytes) -> DecodedError:
     """Revert data as the escrow's custom error (or Panic / Error(string))."""
     return escrow_codec().decode_error(data)
+
+
+# ---------------------------------------------------------------------------- reading a task
+
+
+@dataclass(frozen=True)
+class TaskOnChain:
+    """The fields of `getTask(taskId)` a verifier checks what it is shown against (addresses lower-case)."""
+
+    poster: str
+    status: int
+    attempts: int
+    agent: str
+    verifier: str
+    task_hash: str
+    last_evidence_hash: str
+
+
+def get_task_data(task_id: int) -> bytes:
+    """Calldata of `getTask(taskId)`."""
+    return encode_call("getTask", task_id)
+
+
+@functools.cache
+def _task_fields() -> tuple[str, ...]:
+    entry = next(e for e in escrow_abi() if e.get("type") == "function" and e["name"] == "getTask")
+    (output,) = entry["outputs"]
+    return tuple(str(c["name"]) for c in output["components"])
+
+
+def decode_task(data: bytes) -> TaskOnChain:
+    """The return value of `getTask`; ValueError when it is not exactly one Task tuple."""
+    names = _task_fields()
+    if len(data) != 32 * len(names):  # a static tuple: one word per field, nothing else
+        raise ValueError(f"getTask returned {len(data)} bytes, not {32 * len(names)}")
+    (values,) = escrow_codec().decode_output("getTask", data)
+    fields = dict(zip(names, values, strict=True))
+    return TaskOnChain(
+        poster=str(fields["poster"]).lower(), status=int(fields["status"]), attempts=int(fields["attempts"]),
+        agent=str(fields["agent"]).lower(), verifier=str(fields["verifier"]).lower(),
+        task_hash=_hex32(fields["taskHash"]), last_evidence_hash=_hex32(fields["lastEvidenceHash"]),
+    )  # fmt: skip
+
+
+def _hex32(value: Any) -> str:
+    return value if isinstance(value, str) else "0x" + bytes(value).hex()

@@ -186,5 +186,3 @@ def sign_eip1559(
     return SignedTx(
         raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
     )
-
-

@@ -23,7 +23,8 @@ Same rules as verdicts:
   `sent` and the same nonce's transaction is broadcast again;
 - **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
   count `confirmations` blocks below the head has passed its nonce and none of its versions
-  was mined (another transaction of the key took the nonce); the preflight then decides
+  was mined, in two passes in a row, the count read before the receipts (`chain.taken`:
+  another transaction of the key took the nonce); the preflight then decides
   whether it is still needed. The database refuses a version at any other nonce;
 - **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
@@ -61,6 +62,7 @@ from chain.fees import (
     price,
 )
 from chain.keys import KeyLoadError, SecretKey, load_keystore
+from chain.taken import TakenWatch
 from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
@@ -261,6 +263,8 @@ class RulingSender:
     finality_depth: int = 64
     replace_after: float = 30.0
 
+    _taken: TakenWatch = field(default_factory=TakenWatch, init=False, repr=False)
+
     def __post_init__(self) -> None:
         if self.confirmations < 1 or self.finality_depth < self.confirmations:
             raise ValueError("need 1 <= confirmations <= finality_depth")
@@ -447,8 +451,13 @@ class RulingSender:
     async def _follow_one(self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head) -> int:
         task_id = int(row["task_id"])
         versions = await self._versions(pool, task_id)
+        # The count is read before the receipts: a transaction of ours mined between the two
+        # reads then shows up in the receipts, never as a count past the nonce alone.
+        taken = row["status"] == "sent" and row["nonce"] is not None and await self._nonce_taken(
+            head, int(row["nonce"]))
         mined = await self._mined_version(versions)
         if mined is not None:
+            self._taken.look((task_id, int(row["nonce"] or 0)), count_passed=taken, own_receipt=True)
             return await self._record_mined(pool, row, head, *mined)
         changed = 0
         waited = float(row["waited"] or 0.0)
@@ -473,10 +482,11 @@ class RulingSender:
         live = [v for v in versions if v.nonce == nonce]
         if not live:
             return changed
-        if await self._nonce_taken(head, nonce):
-            # Another transaction of the arbiter key took this nonce (none of ours was mined):
-            # no version can be mined any more. Queue the ruling again; the preflight sees
-            # whether it is still needed, and only then does it get a fresh nonce.
+        if self._taken.look((task_id, nonce), count_passed=taken, own_receipt=False):
+            # Another transaction of the arbiter key took this nonce (none of ours was mined,
+            # two passes in a row): no version can be mined any more. Queue the ruling again;
+            # the preflight sees whether it is still needed, and only then does it get a
+            # fresh nonce.
             await self._requeue(pool, task_id, nonce)
             return 1
         action, fees = stuck_action(

@@ -525,9 +525,11 @@ class RpcClient:
                 result = parse(await self._post(endpoint, encoded, label, logs))
             except RpcError as exc:
                 self._count(endpoint, label, exc)
-                if not exc.retryable or attempt + 1 == self._attempts:
+                if not exc.retryable:
                     raise
                 endpoint.record_failure()
+                if attempt + 1 == self._attempts:
+                    raise
                 if len(self.endpoints) > 1:
                     self._preferred = (self._preferred + 1) % len(self.endpoints)
                 log.warning("rpc_retry", endpoint=endpoint.name, method=label, error=str(exc), attempt=attempt)

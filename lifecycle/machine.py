@@ -273,7 +273,6 @@ class _TimerEffect(BaseModel):
     """A timer of one task: what a scheduled and a cancelled timer both carry."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
     chain_id: int
     escrow: Address
     task_id: int

@@ -66,6 +66,7 @@ from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
 from relayer.settlement.crash import CrashPoints
 from relayer.settlement.store import MinedUpdate, TxVersion, VerdictRow
+from runtime.aio import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +120,13 @@ class SendGate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self.reason: str | None = "waiting for the first health check"
+        self._closures = 0
+
+    @property
+    def closures(self) -> int:
+        """How many times the gate was closed: a health check that started before the last
+        closure read the chain too early to reopen it."""
+        return self._closures
 
     @property
     def is_open(self) -> bool:
@@ -133,6 +141,7 @@ class SendGate:
     def close(self, reason: str) -> None:
         """Stop sending, saying why."""
         self.reason = reason
+        self._closures += 1
         self._open.clear()
 
     async def wait_open(self) -> None:
@@ -237,6 +246,7 @@ class ChainSender:
         self._refusals: dict[int, tuple[int, VerdictRow]] = {}  # verdict id -> (nonce, item) to record
         self.last_error: str | None = None
         self.started = asyncio.Event()
+        self._tracking = False
 
     # ------------------------------------------------------------------ public
 
@@ -321,7 +331,10 @@ class ChainSender:
         plan = reconcile(local, chain_latest, chain_pending, held)
         self._note_chain_count(chain_latest)
         if plan.check_mined:
-            await self._track(full=False)
+            # Held nonces below the chain's count: the track loop reads their receipts. It
+            # is the only caller of `_track`: two rounds at once would both count a missing
+            # receipt (a nonce called lost after one look) and both handle the same slots.
+            self._head_event.set()
         for nonce in plan.rebroadcast:
             slot = self.slots[nonce]
             if not slot.in_flight:
@@ -386,8 +399,8 @@ class ChainSender:
 
     @staticmethod
     async def _wait(event: asyncio.Event, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+        # Not `asyncio.wait_for`: on 3.11 it can drop a cancellation (see runtime/aio.py).
+        await wait_event(event, seconds)
         event.clear()
 
     def _note_chain_count(self, chain_latest: int) -> None:
@@ -736,6 +749,17 @@ class ChainSender:
         return found
 
     async def _track(self, *, full: bool) -> None:
+        # One round at a time, from the track loop only: two rounds at once would both count
+        # a missing receipt and both handle the same lost, reverted or refused slots.
+        if self._tracking:
+            raise RuntimeError("two track rounds at once")
+        self._tracking = True
+        try:
+            await self._track_round(full=full)
+        finally:
+            self._tracking = False
+
+    async def _track_round(self, *, full: bool) -> None:
         head = self.head
         if head is None:
             return
@@ -1011,7 +1035,8 @@ class ChainSender:
                 for item in slot.items if slot.kind == "batch" else []:
                     await store.requeue_verdict(conn, item.id, "nonce used by another transaction")
         for slot in slots:
-            del self.slots[slot.nonce]
+            if self.slots.get(slot.nonce) is slot:
+                del self.slots[slot.nonce]
         log.warning("nonces_lost", chain_id=self.chain_id, nonces=[s.nonce for s in slots])
         self._reconcile_requested = "nonce_lost"
         self._wake.set()
@@ -1078,9 +1103,10 @@ class ChainSender:
                 elif int(str(reply), 16) != 0:
                     judged.add(slot.nonce)
         if judged:
-            receipts = await self._receipts([v.tx_hash for n in judged for v in self.slots[n].versions])
+            by_nonce = {s.nonce: s for s in verdict_slots}
+            receipts = await self._receipts([v.tx_hash for n in judged for v in by_nonce[n].versions])
             # Judged by our own transaction, just mined: the tracker takes it from here.
-            judged = {n for n in judged if not any(v.tx_hash in receipts for v in self.slots[n].versions)}
+            judged = {n for n in judged if not any(v.tx_hash in receipts for v in by_nonce[n].versions)}
         fees_now = await self._fees_now()
         head = self.head
         base_fee = head.base_fee if head else 0

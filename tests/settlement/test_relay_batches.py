@@ -267,12 +267,6 @@ def _urgent(devnet: Devnet, sender: str, to: str, data: str, nonce: int | None =
     devnet.rpc("eth_sendTransaction", tx)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known intermittent fault of the opt-in packing path (off by default): in 1 of ~9 runs "
-    "(a loaded clean-clone run) the re-queued items were never confirmed after the gate reopened; "
-    "not yet diagnosed, see docs/relayer.md",
-)
 @pytest.mark.timeout(180)
 async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
@@ -311,11 +305,6 @@ async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
         await run.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent with packing (off by default): in one clean-clone run the relayer's own batch, "
-    "not the outbidding transaction, took the nonce (state 'confirmed', not 'lost'); see docs/relayer.md",
-)
 @pytest.mark.timeout(180)
 async def test_a_batch_nonce_taken_by_another_transaction_is_sent_again(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer

@@ -97,7 +97,7 @@ class RelayerSettings(BaseSettings):
     relayer_max_priority_fee_wei: int = Field(default=50 * GWEI, ge=0)
     relayer_base_fee_multiplier_bps: int = Field(default=20_000, ge=10_000)
     relayer_fee_bump_bps: int = Field(default=1_250, ge=NODE_MIN_BUMP_BPS, description="Replacement bump")
-    relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
+    relayer_gas_limit: int = Field(default=400_000, ge=21_000, description="Gas limit of a verdict tx")
 
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
     relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")

@@ -182,7 +182,7 @@ class SenderOptions:
     """Tuning of one chain's sender (from the settings)."""
 
     policy: FeePolicy
-    gas_limit: int = 300_000
+    gas_limit: int = 400_000
     max_in_flight: int = 512
     batch_size: int = 128
     broadcast_concurrency: int = 16
@@ -195,7 +195,7 @@ class SenderOptions:
     settle_batch: int = 0  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
     settle_batch_min: int = 16  # pack only rounds with at least this many verdicts ready
     batch_gas_per_item: int = 60_000
-    batch_gas_base: int = 100_000
+    batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:

@@ -97,22 +97,22 @@ class RelayerSettings(BaseSettings):
     relayer_max_priority_fee_wei: int = Field(default=50 * GWEI, ge=0)
     relayer_base_fee_multiplier_bps: int = Field(default=20_000, ge=10_000)
     relayer_fee_bump_bps: int = Field(default=1_250, ge=NODE_MIN_BUMP_BPS, description="Replacement bump")
-    relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
+    relayer_gas_limit: int = Field(default=400_000, ge=21_000, description="Gas limit of a verdict tx")
 
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
     relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
     relayer_settle_batch_size: int = Field(
-        default=0,
+        default=50,
         ge=0,
         le=256,
         description=(
             "Verdicts per completeVerificationBatch transaction when a round is deep enough; 0 or 1:"
-            " one completeVerification per verdict (the default: see docs/relayer.md)"
+            " one completeVerification per verdict (measured in docs/relayer.md)"
         ),
     )
     relayer_settle_batch_min: int = Field(
-        default=16, ge=2, description="Verdicts ready in one dispatch round before they are packed"
+        default=2, ge=2, description="Verdicts ready in one dispatch round before they are packed"
     )
     relayer_preflight_simulation: bool = Field(
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"

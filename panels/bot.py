@@ -34,8 +34,8 @@ import aiohttp
 import structlog
 import typer
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
@@ -50,10 +50,8 @@ class CannotJudge(Exception):
     """The scorer gave no usable answer: attest confidence 0."""
 
 
-class BotSettings(BaseSettings):
+class BotSettings(ServiceSettings):
     """`escrowd verifier-bot` (`ESCROWD_*` over the file's `verifier_bot:` section); the keys are never logged."""
-
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
     api_url: str = Field(description="Base URL of the escrowd API")
     verifier_key: SecretStr | None = Field(default=None, description="0x hex key of this verifier (its address is its id)")

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
 
 MIN_SECRET_BYTES = 16
@@ -16,12 +16,10 @@ MAX_SECRET_BYTES = 4096
 MAX_KEY_FILE_BYTES = 256
 
 
-class PanelSettings(BaseSettings):
+class PanelSettings(ServiceSettings):
     """What `escrowd consume panels` needs. The secret and the key are never logged."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")

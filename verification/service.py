@@ -22,13 +22,13 @@ import structlog
 from eth_account import Account
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.consumer import IdempotentConsumer
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import register_secret
 from runtime.outbox import OutboxPublisher, enqueue
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas import topics
 from schemas.task_terms import RetryDue
 from verification import results_store as store
@@ -46,12 +46,10 @@ from verification.verifiers import default_registry
 log = structlog.get_logger(__name__)
 
 
-class VerificationSettings(BaseSettings):
+class VerificationSettings(ServiceSettings):
     """Everything the verification consumer needs (`ESCROWD_*` environment variables)."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
     verification_group: str = Field(default=CONSUMER_NAME, description="Consumer group id")
     events_topic: str = Field(default=topics.ESCROW_EVENTS, description="Indexed escrow events")
@@ -90,13 +88,6 @@ class VerificationSettings(BaseSettings):
     max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
     @field_validator("trusted_api_signers")
     @classmethod

@@ -37,11 +37,12 @@ import structlog
 import typer
 from eth_account import Account
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from web3 import Web3
 
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.logging import register_secret
+from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from verification.agents import briefs
 from verification.agents.judging import VerifierAnswer, verifier_messages
@@ -53,7 +54,7 @@ MAX_FAILED_TRIES = 5
 _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]{40})/")
 
 
-class VerifierAgentSettings(BaseSettings):
+class VerifierAgentSettings(ServiceSettings):
     """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
     the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 

@@ -173,4 +173,10 @@ def panels(
         dlq_topic=settings.dead_letter_topic,
         idle_interval=settings.panel_idle_interval,
     )
+    from panels.rules import Outcome
+    from panels.service import ROUNDS
+    from runtime.metrics import at_zero
+
+    events = ("opened", "pool_too_small", "superseded", "retracted", "ruled", "sample_calibrated")
+    at_zero(ROUNDS, (*events, *(outcome.value for outcome in Outcome)))
     _serve("panels", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)

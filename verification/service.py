@@ -200,6 +200,19 @@ class RetryScheduler:
                 await asyncio.sleep(1.0)
 
 
+def _metrics_at_start() -> None:
+    """The verdict and verifier-error series at 0 (see `runtime.metrics`)."""
+    from typing import get_args
+
+    from runtime.metrics import at_zero
+    from schemas.task_terms import VerifierKind
+    from verification.consumer import VERDICTS, VERIFIER_ERRORS
+    from verification.routing import Mode, Source
+
+    at_zero(VERDICTS, get_args(Mode), get_args(Source), ("passed", "failed"))
+    at_zero(VERIFIER_ERRORS, get_args(VerifierKind))
+
+
 def build_consumer(
     settings: VerificationSettings, *, signing_key: str | None = None, registry: VerifierRegistry | None = None
 ) -> IdempotentConsumer:
@@ -238,6 +251,7 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
 
     stop = stop or asyncio.Event()
     key = load_signing_key(settings)
+    _metrics_at_start()
     if settings.metrics_port is not None:
         from runtime.health import start_server
 

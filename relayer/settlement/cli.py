@@ -10,6 +10,10 @@ from typing import Annotated
 
 import typer
 
+RULING_OUTCOMES = ("accepted", "duplicate", "rejected", "sent", "broadcast_refused", "replaced", "reorged",
+                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed")  # fmt: skip
+"""The outcomes `relay rulings` counts (`escrowd_relayer_rulings_total`), created at 0 at start."""
+
 app = typer.Typer(help="Settlement relayer: signed verdicts in, completeVerification out.", no_args_is_help=True)
 
 
@@ -36,6 +40,9 @@ def run(
         typer.echo(f"invalid relayer settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
+    from relayer.settlement import metrics
+
+    metrics.at_start(chain.chain_id for chain in settings.chains)
     try:
         # The relayer's loops stop by cancellation: each one's `finally` is its drain.
         run_service("relayer", lambda stop: cancel_on_stop(stop, run_relayer(settings)), configure=False)
@@ -55,7 +62,7 @@ def rulings(
     from pydantic import ValidationError
 
     from chain.keys import KeyLoadError
-    from relayer.settlement.rulings import load_ruling_settings, run_ruling_relay
+    from relayer.settlement.rulings import RULINGS, load_ruling_settings, run_ruling_relay
     from runtime.errors import StartupError, safe_message
     from runtime.logging import configure_logging
     from runtime.shell import run_service
@@ -67,6 +74,9 @@ def rulings(
         typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=True)
+    from runtime.metrics import at_zero
+
+    at_zero(RULINGS, RULING_OUTCOMES)
     try:
         run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
     except KeyLoadError as exc:

@@ -68,6 +68,9 @@ class VerificationSettings(ServiceSettings):
     verification_keystore_password: SecretStr | None = Field(
         default=None, description="Password of the keystore file"
     )
+    verification_keystore_password_file: Path | None = Field(
+        default=None, description="File holding that password (a mounted secret), instead of the password itself"
+    )
     trusted_api_signers: list[str] = Field(
         default_factory=list,
         description="API service addresses whose signature vouches for a relayed request (besides the"
@@ -124,12 +127,28 @@ class SigningKeyError(RuntimeError):
     """The signing key is missing or unreadable (the message never holds key material)."""
 
 
+def _keystore_password(settings: VerificationSettings) -> str:
+    given, path = settings.verification_keystore_password, settings.verification_keystore_password_file
+    if given is not None and path is not None:
+        raise SigningKeyError("set one of verification_keystore_password and verification_keystore_password_file")
+    if path is not None:
+        from runtime.config_file import read_secret_file
+
+        try:
+            return read_secret_file(path, "verification_keystore_password_file")
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read verification_keystore_password_file: {exc.strerror}") from None
+        except ValueError as exc:
+            raise SigningKeyError(str(exc)) from None
+    if given is None:
+        raise SigningKeyError("verification_keystore is set but its password is not")
+    return given.get_secret_value()
+
+
 def load_signing_key(settings: VerificationSettings) -> str:
     """The signing key as 0x hex, from the keystore (preferred) or the raw setting."""
     if settings.verification_keystore is not None:
-        if settings.verification_keystore_password is None:
-            raise SigningKeyError("verification_keystore is set but its password is not")
-        password = settings.verification_keystore_password.get_secret_value()
+        password = _keystore_password(settings)
         register_secret(password)
         try:
             keystore = settings.verification_keystore.read_text(encoding="utf-8")

@@ -11,8 +11,8 @@ import typer
 from pydantic import Field
 
 from escrowd.verification_cli import app as verification_app
-from runtime.errors import safe_message
 from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.shell import startup_failure
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
 if TYPE_CHECKING:
@@ -84,8 +84,7 @@ def _settings(config: Path | None) -> ConsumerSettings:
     try:
         return load(ConsumerSettings, "consumers", config)
     except Exception as exc:
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
 
 
 @app.command()
@@ -155,8 +154,7 @@ def panels(
     except Exception as exc:
         # One line naming the field (safe_message never prints an input value), and
         # read_secret / signing_key name no byte of what they read.
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
     configure_logging(json=log_json)
     panel_config = PanelConfig(
         secret=secret,

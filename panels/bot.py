@@ -295,9 +295,8 @@ def verifier_bot(
     ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     try:
         settings = load_bot_settings(config)
@@ -305,8 +304,7 @@ def verifier_bot(
         scorer = load_scorer(settings.scorer, timeout=settings.scorer_timeout, api_key=settings.scorer_key())
     except Exception as exc:
         # One line naming the field, never a value (the key, the scorer's bearer key).
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
     configure_logging(json=True)
 
     async def main(stop: asyncio.Event) -> None:

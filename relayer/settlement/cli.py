@@ -29,16 +29,14 @@ def run(
     from chain.keys import KeyLoadError
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.service import run_relayer
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import cancel_on_stop, run_service
+    from runtime.shell import cancel_on_stop, run_service, startup_failure
 
     try:
         settings = RelayerSettings.load(config)
     except (ValidationError, FileNotFoundError) as exc:
         # pydantic hides SecretStr values in its messages; nothing else here is secret.
-        typer.echo(f"invalid relayer settings: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid relayer settings", exc)
     configure_logging(json=settings.log_json)
     from relayer.settlement import metrics
 
@@ -47,8 +45,7 @@ def run(
         # The relayer's loops stop by cancellation: each one's `finally` is its drain.
         run_service("relayer", lambda stop: cancel_on_stop(stop, run_relayer(settings)), configure=False)
     except KeyLoadError as exc:
-        typer.echo(f"relayer key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("relayer key", exc)
 
 
 @app.command("rulings")
@@ -63,16 +60,15 @@ def rulings(
 
     from chain.keys import KeyLoadError
     from relayer.settlement.rulings import RULINGS, load_ruling_settings, run_ruling_relay
-    from runtime.errors import StartupError, safe_message
+    from runtime.errors import StartupError
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     try:
         settings = load_ruling_settings(config)
     except (ValidationError, StartupError) as exc:
         # One line naming the field; never a value of the input (the key, the database URL).
-        typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid ruling relay settings", exc)
     configure_logging(json=True)
     from runtime.metrics import at_zero
 
@@ -80,8 +76,7 @@ def rulings(
     try:
         run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
     except KeyLoadError as exc:
-        typer.echo(f"arbiter key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("arbiter key", exc)
 
 
 @app.command("keystore")

@@ -325,9 +325,8 @@ def verifier_agent(
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     configure_logging(json=log_json)
     try:
@@ -337,8 +336,7 @@ def verifier_agent(
             raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
         # One line naming the field, never a value (the wallet key, the model's key).
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 

@@ -143,6 +143,7 @@ def panels(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
+    from panels.rules import to_ppm
     from panels.service import PanelConfig, build_consumer
     from panels.settings import load_panel_settings
     from runtime.logging import configure_logging
@@ -151,6 +152,7 @@ def panels(
         settings = load_panel_settings(config)
         secret = settings.read_secret()
         signing_key = settings.signing_key()
+        allowlist = settings.read_allowlist()
     except Exception as exc:
         # One line naming the field (safe_message never prints an input value), and
         # read_secret / signing_key name no byte of what they read.
@@ -162,6 +164,10 @@ def panels(
         ruling_key=signing_key,
         attestation_seconds=settings.panel_attestation_seconds,
         fee_units=settings.panel_fee_units,
+        min_confidence_ppm=to_ppm(settings.panel_min_confidence),
+        operator_cap_ppm=to_ppm(settings.panel_operator_cap),
+        admission=settings.panel_admission,
+        allowlist=allowlist,
     )
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,

@@ -23,7 +23,8 @@ Same rules as verdicts:
   `sent` and the same nonce's transaction is broadcast again;
 - **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
   count `confirmations` blocks below the head has passed its nonce and none of its versions
-  was mined (another transaction of the key took the nonce); the preflight then decides
+  was mined, in two passes in a row, the count read before the receipts (`chain.taken`:
+  another transaction of the key took the nonce); the preflight then decides
   whether it is still needed. The database refuses a version at any other nonce;
 - **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
@@ -48,7 +49,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError
+from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError, classify_send_error
 from chain.fees import (
     BPS,
     GWEI,
@@ -60,6 +61,7 @@ from chain.fees import (
     price,
 )
 from chain.keys import KeyLoadError, SecretKey, load_keystore
+from chain.taken import TakenWatch
 from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
@@ -137,15 +139,10 @@ def check_ruling(signed: msg.SignedRuling, trusted: frozenset[str]) -> str | Non
     return None
 
 
-_NODE_HAS_IT = ("alreadyknown", "alreadyimported", "knowntransaction", "noncetoolow", "oldnonce")
-
-
 def node_has_it(message: str) -> bool:
     """True when a node's refusal of a raw transaction means it has it, or mined its nonce
-    (geth/erigon "already known", anvil "already imported", besu "Known transaction",
-    "nonce too low" / nethermind "OldNonce"): not a problem to report."""
-    folded = "".join(ch for ch in message.lower() if ch.isalnum())
-    return any(marker in folded for marker in _NODE_HAS_IT)
+    (already known, or nonce too low): not a problem to report."""
+    return classify_send_error(message) in ("known", "nonce_too_low")
 
 
 def preflight_outcome(error_name: str, args: tuple[Any, ...]) -> str:
@@ -265,6 +262,8 @@ class RulingSender:
     escrow_arbiter: str | None = None
     finality_depth: int = 64
     replace_after: float = 30.0
+
+    _taken: TakenWatch = field(default_factory=TakenWatch, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.confirmations < 1 or self.finality_depth < self.confirmations:
@@ -452,8 +451,13 @@ class RulingSender:
     async def _follow_one(self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head) -> int:
         task_id = int(row["task_id"])
         versions = await self._versions(pool, task_id)
+        # The count is read before the receipts: a transaction of ours mined between the two
+        # reads then shows up in the receipts, never as a count past the nonce alone.
+        taken = row["status"] == "sent" and row["nonce"] is not None and await self._nonce_taken(
+            head, int(row["nonce"]))
         mined = await self._mined_version(versions)
         if mined is not None:
+            self._taken.look((task_id, int(row["nonce"] or 0)), count_passed=taken, own_receipt=True)
             return await self._record_mined(pool, row, head, *mined)
         changed = 0
         waited = float(row["waited"] or 0.0)
@@ -478,10 +482,11 @@ class RulingSender:
         live = [v for v in versions if v.nonce == nonce]
         if not live:
             return changed
-        if await self._nonce_taken(head, nonce):
-            # Another transaction of the arbiter key took this nonce (none of ours was mined):
-            # no version can be mined any more. Queue the ruling again; the preflight sees
-            # whether it is still needed, and only then does it get a fresh nonce.
+        if self._taken.look((task_id, nonce), count_passed=taken, own_receipt=False):
+            # Another transaction of the arbiter key took this nonce (none of ours was mined,
+            # two passes in a row): no version can be mined any more. Queue the ruling again;
+            # the preflight sees whether it is still needed, and only then does it get a
+            # fresh nonce.
             await self._requeue(pool, task_id, nonce)
             return 1
         action, fees = stuck_action(

@@ -44,6 +44,7 @@ from chain.eth_rpc import (
     Reverted,
     RpcCallError,
     RpcError,
+    classify_send_error,
     new_heads,
     sleep_backoff,
 )
@@ -75,30 +76,6 @@ PRIORITY_FEE_TTL = 2.0  # seconds a suggested tip is reused
 
 
 # ---------------------------------------------------------------------------- pure decisions
-
-
-def classify_send_error(message: str) -> str:
-    """What a node's refusal of `eth_sendRawTransaction` means for us.
-
-    known: the pool has this exact transaction; nonce_too_low: the nonce is used (by this
-    transaction, mined, or by another); nonce_too_high: a gap below it; underpriced: a
-    replacement below the pool's bump rule; below_base_fee: max fee under the base fee;
-    insufficient_funds; refused: anything else.
-    """
-    text = message.lower()
-    if "already known" in text or "already imported" in text or "known transaction" in text:
-        return "known"
-    if "nonce too low" in text or "nonce is too low" in text or "oldnonce" in text:
-        return "nonce_too_low"
-    if "nonce too high" in text or "nonce gap" in text:
-        return "nonce_too_high"
-    if "base fee" in text or "basefee" in text or "fee cap less than" in text:
-        return "below_base_fee"
-    if "underpriced" in text:
-        return "underpriced"
-    if "insufficient funds" in text:
-        return "insufficient_funds"
-    return "refused"
 
 
 def revert_outcome(error: DecodedError) -> str:

@@ -22,6 +22,7 @@ from tests.panels.rulings_support import (
     ruling_consumer,
     ruling_message,
 )
+from tests.support.rpc_proxy import Faults, RpcFaultProxy
 
 
 async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
@@ -180,3 +181,32 @@ async def test_a_nonce_taken_by_another_arbiter_transaction_requeues_the_ruling(
         assert view.status == TaskStatus.RESOLVED
     finally:
         await rpc.close()
+
+
+async def test_a_mined_ruling_whose_receipt_lags_the_count_is_confirmed_not_requeued(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    """The node's count has passed the ruling's nonce (our own transaction took it) but the
+    receipt is not there yet: one look is not enough to call the nonce taken by someone else.
+    `escrowd run --tasks 1000` saw exactly this: rulings queued again after their own
+    transaction was mined, then recorded `already_resolved`."""
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 3_300))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    count_before = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    with RpcFaultProxy(devnet.rpc_url, Faults(receipt_lag=1)) as proxy:
+        rpc = EthRpc([proxy.url], chain_id=devnet.chain_id)
+        try:
+            sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
+            row = await _until(pool, sender, task_id, "confirmed")
+        finally:
+            await rpc.close()
+    assert proxy.stats.injected["receipt_lag"] >= 1  # the lag really happened
+    async with pool.acquire() as conn:
+        versions = await conn.fetch("SELECT nonce, tx_hash FROM settlement_ruling_txs WHERE task_id = $1", task_id)
+    # Sent once, at one nonce; confirmed with that transaction, never queued again.
+    assert [(v["nonce"], v["tx_hash"]) for v in versions] == [(row["nonce"], row["tx_hash"])]
+    assert row["agent_share_bps"] == 3_300
+    count_after = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    assert int(count_after, 16) == int(count_before, 16) + 1
+    assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED

@@ -52,6 +52,13 @@ class Faults:
     first: tuple[str, ...] = ()
     """Faults forced on the first eligible requests, in order, so each kind surely happens:
     "http503", "http429", "rpc_internal", "garbage", "timeout", "slow"."""
+    hostile_logs: int = 0
+    """The first this many `eth_getLogs` replies holding logs get one log with a field of the
+    wrong type (a number where JSON-RPC promises a hex string), as a hostile node might."""
+    receipt_lag: int = 0
+    """Answer null to the first `receipt_lag` `eth_getTransactionReceipt` requests of each
+    transaction hash, as a node whose receipt index lags its state does (anvil under load
+    for a moment after mining; a load-balanced provider whose nodes are a block apart)."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -88,6 +95,7 @@ class RpcFaultProxy:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._websockets: set[web.WebSocketResponse] = set()
+        self._receipt_reads: Counter[str] = Counter()
 
     @property
     def url(self) -> str:
@@ -277,6 +285,16 @@ class RpcFaultProxy:
                     result.reverse()
                     self.stats.injected["reversed_logs"] += 1
             raw = orjson.dumps(reply)
+        if faults.hostile_logs and any(c.get("method") == "eth_getLogs" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, list) and result and self.stats.injected["hostile_log"] < faults.hostile_logs:
+                    result[-1]["data"] = 0
+                    self.stats.injected["hostile_log"] += 1
+            raw = orjson.dumps(reply)
+        if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
+            raw = self._lag_receipts(calls, raw, faults.receipt_lag)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
             reply = orjson.loads(raw)
             replies = reply if isinstance(reply, list) else [reply]
@@ -292,6 +310,23 @@ class RpcFaultProxy:
                         _replace_with_error(payload, call, -32005, TOO_MANY_RESULTS, reply)
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
+
+    def _lag_receipts(self, calls: list[Any], raw: bytes, lag: int) -> bytes:
+        reply = orjson.loads(raw)
+        replies = reply if isinstance(reply, list) else [reply]
+        by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+        for call in calls:
+            if call.get("method") != "eth_getTransactionReceipt" or not call.get("params"):
+                continue
+            tx_hash = str(call["params"][0]).lower()
+            answer = by_id.get(call.get("id"))
+            with self._lock:
+                self._receipt_reads[tx_hash] += 1
+                held = self._receipt_reads[tx_hash] <= lag
+            if held and answer is not None and answer.get("result") is not None:
+                answer["result"] = None
+                self.stats.injected["receipt_lag"] += 1
+        return orjson.dumps(reply)
 
     def _error_reply(self, calls: list[Any], payload: Any, kind: str | None = None) -> web.Response:
         kind = kind or self._choice(["http503", "http429", "rpc_internal", "garbage"])

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from runtime.config_file import load as config_file_load
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
 
@@ -50,12 +51,12 @@ class ChainSettings(BaseModel):
         return max(1, self.confirmations)
 
 
-class RelayerSettings(BaseSettings):
+class RelayerSettings(ServiceSettings):
     """Everything `escrowd relay` needs."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(frozen=True)
 
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     chains: list[ChainSettings] = Field(min_length=1, description="Chains to send to")
     verdicts_topic: str = Field(default=VERDICTS, description="Topic of signed verdicts")
@@ -136,13 +137,6 @@ class RelayerSettings(BaseSettings):
     relayer_fault_injection: str | None = Field(
         default=None, description="Tests only: 'point:probability,...' kill -9 at named crash points"
     )
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
     @field_validator("relayer_trusted_signers", mode="before")
     @classmethod

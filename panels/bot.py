@@ -27,7 +27,6 @@ never a verdict. The API and the node must be HTTPS unless they are on a loopbac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import ipaddress
@@ -46,6 +45,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
+from runtime.aio import wait_event
 from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
@@ -381,8 +381,7 @@ class VerifierBot:
                 log.warning("register_failed", error_type=type(exc).__name__)
                 if once:
                     raise
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+                await wait_event(stop, self.settings.poll_seconds)
         while not stop.is_set():
             try:
                 await self.poll_once()
@@ -390,9 +389,7 @@ class VerifierBot:
                 log.warning("poll_failed", error_type=type(exc).__name__)
             if once:
                 return
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
-            except TimeoutError:
+            if not await wait_event(stop, self.settings.poll_seconds):
                 continue
 
 

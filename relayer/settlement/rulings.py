@@ -63,6 +63,7 @@ from chain.fees import (
 from chain.keys import KeyLoadError, SecretKey, load_keystore
 from chain.taken import TakenWatch
 from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
+from runtime.aio import wait_event
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
 from runtime.settings import PostgresUrl, ServiceSettings
@@ -626,8 +627,7 @@ class RulingSender:
                 health.mark(SENDER_PART, False)
                 RULINGS.labels("step_crashed").inc()
                 log.error("ruling_step_crashed", error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+            await wait_event(stop, interval)
 
 
 def build_ruling_consumer(

@@ -48,6 +48,7 @@ from web3 import Web3
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, RpcError
 from chain.txs import complete_verification_data, is_judged_data
+from runtime.aio import wait_event
 from runtime.logging import register_secret
 from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
@@ -370,8 +371,7 @@ class VerifierAgent:
                     log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
             except Exception as exc:
                 log.warning("verifier_poll_failed", error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+            await wait_event(stop, self.settings.poll_seconds)
 
 
 async def run_verifier_agent(

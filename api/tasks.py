@@ -22,12 +22,12 @@ from typing import Annotated, Any, Literal
 
 import asyncpg
 from eth_utils.address import is_address, to_checksum_address
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.settings import ApiSettings
 from runtime.outbox import enqueue
-from runtime.web.auth import Caller, authenticate, has_auth
+from runtime.web.auth import Caller, Signed, authenticate, has_auth
 from runtime.web.errors import ApiProblem
 from schemas.task_state import MAX_SUBMISSIONS
 from schemas.task_terms import (
@@ -93,22 +93,6 @@ _POLL_SECONDS = 0.2
 EscrowPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$", description="Escrow address")]
 ChainPath = Annotated[int, Path(gt=0, le=2**63 - 1)]
 TaskPath = Annotated[int, Path(ge=1, le=2**256 - 1)]
-
-
-def _signature_headers(
-    signer: Annotated[str | None, Header(alias="X-Escrowd-Signer", description="Acting address")] = None,
-    nonce: Annotated[str | None, Header(alias="X-Escrowd-Nonce", description="Single-use nonce")] = None,
-    expires_at: Annotated[str | None, Header(alias="X-Escrowd-Expires-At", description="Unix seconds")] = None,
-    signature: Annotated[str | None, Header(alias="X-Escrowd-Signature", description="EIP-712 signature")] = None,
-) -> None:
-    """Declares the four headers of a signed request so that OpenAPI documents them.
-
-    It reads nothing: `runtime.web.auth` checks them, inside the route, once the body is valid
-    (a dependency runs before the body is validated, and a nonce must not be spent on a 422).
-    """
-
-
-_SIGNED = [Depends(_signature_headers)]
 
 
 @dataclass(frozen=True)
@@ -290,12 +274,12 @@ def result_view(row: Any, view: Literal["full", "summary"]) -> ResultView:
     response_model=RegisterTermsResponse,
     responses={200: {"model": RegisterTermsResponse, "description": "Already registered"}, **_ERRORS},
     summary="Register a task's off-chain terms; returns the taskHash to post on chain",
-    dependencies=_SIGNED,
 )
 async def register_terms(
     body: RegisterTermsRequest,
     request: Request,
     response: Response,
+    _signed: Signed,
 ) -> RegisterTermsResponse:
     """Signed by the poster named in the terms."""
     ctx = _ctx(request)
@@ -444,7 +428,6 @@ def _status_of(mode: str, request_row: Any, failures: Any) -> Literal["pending",
     response_model=FinalizeResponse,
     responses={202: {"model": FinalizeResponse, "description": "Accepted, verdict pending"}, **_ERRORS},
     summary="The agent delivers the result of its current on-chain attempt (runs the check in auto mode)",
-    dependencies=_SIGNED,
 )
 async def finalize(
     chain_id: ChainPath,
@@ -453,6 +436,7 @@ async def finalize(
     body: FinalizeRequest,
     request: Request,
     response: Response,
+    _signed: Signed,
 ) -> FinalizeResponse:
     """Signed by the agent holding the task. 200 with the verdict when judged in time, else 202."""
     ctx = _ctx(request)
@@ -557,7 +541,6 @@ def _finalize_response(key: TaskKey, attempt: int, evidence: str, status: Any, r
     response_model=RequestAccepted,
     responses={200: {"model": RequestAccepted, "description": "The same review again"}, **_ERRORS},
     summary="The poster approves or rejects the current attempt of a manual task",
-    dependencies=_SIGNED,
 )
 async def review(
     chain_id: ChainPath,
@@ -566,6 +549,7 @@ async def review(
     body: ReviewRequest,
     request: Request,
     response: Response,
+    _signed: Signed,
 ) -> RequestAccepted:
     """Signed by the poster; names the attempt and evidence hash it judges; up to 20 reasons."""
     ctx = _ctx(request)
@@ -619,7 +603,6 @@ async def review(
     response_model=RequestAccepted,
     responses=_ERRORS,
     summary="The named verifier reports its on-chain verdict (with reasons) or a failed try",
-    dependencies=_SIGNED,
 )
 async def verifier_report(
     chain_id: ChainPath,
@@ -627,6 +610,7 @@ async def verifier_report(
     task_id: TaskPath,
     body: VerifierReportRequest,
     request: Request,
+    _signed: Signed,
 ) -> RequestAccepted:
     """Signed by the verifier agent; a verdict is recorded once it matches the chain."""
     ctx = _ctx(request)
@@ -695,13 +679,13 @@ async def _optional_caller(
     response_model_exclude_none=True,
     responses=_ERRORS,
     summary="Every attempt's verdict; on a private task only its parties see more than passed and score",
-    dependencies=_SIGNED,
 )
 async def task_results(
     chain_id: ChainPath,
     escrow: EscrowPath,
     task_id: TaskPath,
     request: Request,
+    _signed: Signed,
 ) -> TaskResults:
     """Anonymous, or signed by a party of the task (poster, agent, verifier) to see a private task in full."""
     ctx = _ctx(request)
@@ -768,11 +752,11 @@ async def task_proof(
     response_model_exclude_none=True,
     responses=_ERRORS,
     summary="An agent's finalized attempts with their verdicts (full for the agent itself)",
-    dependencies=_SIGNED,
 )
 async def executions(
     address: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
     request: Request,
+    _signed: Signed,
     limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
 ) -> ExecutionsPage:
     """Anonymous callers see private tasks' executions as passed and score only."""

@@ -57,16 +57,19 @@ from chain.txs import (
     SignedTx,
     complete_verification_batch_data,
     complete_verification_data,
+    decode_batch_refusals,
     decode_revert,
     is_judged_data,
     marketplace_verifier_data,
     settled_attempts,
     sign_eip1559,
+    signed_call,
 )
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
 from relayer.settlement.crash import CrashPoints
 from relayer.settlement.store import MinedUpdate, TxVersion, VerdictRow
+from runtime.aio import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +99,13 @@ class SendGate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self.reason: str | None = "waiting for the first health check"
+        self._closures = 0
+
+    @property
+    def closures(self) -> int:
+        """How many times the gate was closed: a health check that started before the last
+        closure read the chain too early to reopen it."""
+        return self._closures
 
     @property
     def is_open(self) -> bool:
@@ -110,6 +120,7 @@ class SendGate:
     def close(self, reason: str) -> None:
         """Stop sending, saying why."""
         self.reason = reason
+        self._closures += 1
         self._open.clear()
 
     async def wait_open(self) -> None:
@@ -150,7 +161,7 @@ class SenderOptions:
     """Tuning of one chain's sender (from the settings)."""
 
     policy: FeePolicy
-    gas_limit: int = 300_000
+    gas_limit: int = 400_000
     max_in_flight: int = 512
     batch_size: int = 128
     broadcast_concurrency: int = 16
@@ -160,10 +171,10 @@ class SenderOptions:
     track_interval: float = 0.02  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
     dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
-    settle_batch: int = 0  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
-    settle_batch_min: int = 16  # pack only rounds with at least this many verdicts ready
+    settle_batch: int = 50  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
+    settle_batch_min: int = 2  # pack only rounds with at least this many verdicts ready
     batch_gas_per_item: int = 60_000
-    batch_gas_base: int = 100_000
+    batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
 
 
 def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
@@ -214,6 +225,7 @@ class ChainSender:
         self._refusals: dict[int, tuple[int, VerdictRow]] = {}  # verdict id -> (nonce, item) to record
         self.last_error: str | None = None
         self.started = asyncio.Event()
+        self._tracking = False
 
     # ------------------------------------------------------------------ public
 
@@ -298,7 +310,10 @@ class ChainSender:
         plan = reconcile(local, chain_latest, chain_pending, held)
         self._note_chain_count(chain_latest)
         if plan.check_mined:
-            await self._track(full=False)
+            # Held nonces below the chain's count: the track loop reads their receipts. It
+            # is the only caller of `_track`: two rounds at once would both count a missing
+            # receipt (a nonce called lost after one look) and both handle the same slots.
+            self._head_event.set()
         for nonce in plan.rebroadcast:
             slot = self.slots[nonce]
             if not slot.in_flight:
@@ -363,8 +378,8 @@ class ChainSender:
 
     @staticmethod
     async def _wait(event: asyncio.Event, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+        # Not `asyncio.wait_for`: on 3.11 it can drop a cancellation (see runtime/aio.py).
+        await wait_event(event, seconds)
         event.clear()
 
     def _note_chain_count(self, chain_latest: int) -> None:
@@ -504,9 +519,8 @@ class ChainSender:
             self.gate.close("the escrow refused our key (NotVerifier)")
             self._on_key_refused()
             return len(outcomes)
-        if ready:
-            await self._sign_and_send(ready)
-        return len(outcomes) + len(ready)
+        signed = await self._sign_and_send(ready) if ready else 0
+        return len(outcomes) + signed
 
     def _calldata(self, row: VerdictRow) -> bytes:
         return complete_verification_data(row.task_id, row.attempt, row.evidence_hash, row.passed, row.score)
@@ -557,9 +571,56 @@ class ChainSender:
         )
         return items[0].escrow, data, self._opt.batch_gas_base + self._opt.batch_gas_per_item * len(items)
 
-    async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> None:
+    async def _simulate_batches(self, groups: list[list[VerdictRow]]) -> list[list[VerdictRow]]:
+        """Each batch exactly as it would be signed (calldata and gas limit), simulated in one
+        JSON-RPC batch before any nonce is spent on it. An item the batch would refuse leaves
+        it and stays queued (`GasTooLow`: the items before it used the gas; anything else: the
+        next round's own simulation records it); a batch that would revert as a whole goes out
+        as single sends, each of which passed its own simulation."""
+        batches = [g for g in groups if len(g) > 1]
+        if not batches:
+            return groups
+        calls = []
+        for group in batches:
+            to, data, gas = self._batch_call(group)
+            call = {"from": self.address, "to": to, "gas": hex(gas), "data": "0x" + data.hex()}
+            calls.append(("eth_call", [call, "latest"]))
+        replies = dict(zip(map(id, batches), await self._rpc.batch(calls), strict=True))
+        out: list[list[VerdictRow]] = []
+        left = 0
+        for group in groups:
+            if len(group) == 1:
+                out.append(group)
+                continue
+            reply = replies[id(group)]
+            if isinstance(reply, Reverted):
+                log.warning("batch_would_revert", chain_id=self.chain_id, items=len(group), error=str(decode_revert(reply.revert_data)))
+                out += [[row] for row in group]
+                continue
+            refusals: list[DecodedError | None] | None = None
+            if not isinstance(reply, Exception):
+                with contextlib.suppress(ValueError, TypeError, OverflowError):  # a node's reply: hostile
+                    refusals = decode_batch_refusals(bytes.fromhex(str(reply).removeprefix("0x")))
+            if refusals is None or len(refusals) != len(group):
+                left += len(group)  # transient or malformed: nothing packed blind, next round
+                continue
+            keep = [row for row, why in zip(group, refusals, strict=True) if why is None]
+            left += len(group) - len(keep)
+            if keep:
+                out.append(keep)
+        if left:
+            # Still queued: the dispatch loop goes round again at once if this round made
+            # progress, else at its next wake-up (no tight loop on a failing node).
+            log.info("batch_items_left_queued", chain_id=self.chain_id, count=left)
+        return out
+
+    async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> int:
+        """Sign and store the rows' transactions in one database transaction, then broadcast;
+        the number of verdicts signed (a batch's simulation may leave some queued)."""
+        groups = await self._simulate_batches(self._groups(rows))
+        if not groups:
+            return 0
         fees = await self._fees_now()
-        groups = self._groups(rows)
         self._crash.maybe_crash("before_sign")
         async with self._pool.acquire() as conn, conn.transaction():
             first = await store.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
@@ -601,6 +662,7 @@ class ChainSender:
             slots.append(slot)
         self._update_gauges()
         self._spawn_broadcast(slots, "new")
+        return sum(len(group) for _, group in signed)
 
     # ------------------------------------------------------------------ broadcast
 
@@ -713,6 +775,17 @@ class ChainSender:
         return found
 
     async def _track(self, *, full: bool) -> None:
+        # One round at a time, from the track loop only: two rounds at once would both count
+        # a missing receipt and both handle the same lost, reverted or refused slots.
+        if self._tracking:
+            raise RuntimeError("two track rounds at once")
+        self._tracking = True
+        try:
+            await self._track_round(full=full)
+        finally:
+            self._tracking = False
+
+    async def _track_round(self, *, full: bool) -> None:
         head = self.head
         if head is None:
             return
@@ -768,6 +841,8 @@ class ChainSender:
         for slot in confirmed:
             slot.state = "confirmed"
         for slot in reorged:
+            for item in slot.items:  # refused by the block that is gone: decided again
+                self._refusals.pop(item.id, None)
             slot.state = "pending"
             slot.mined_hash = slot.block_hash = None
             slot.block_number = slot.receipt_status = None
@@ -848,8 +923,12 @@ class ChainSender:
         """Which items of a mined batch its logs show settled; the others are refusals to
         record (`_handle_refused_items`)."""
         if int(receipt["status"], 16) != 1:
+            # A reverted batch settled nothing: each item is checked on its own, like the
+            # items a mined batch refused (never all recorded `reverted` for the batch's fault).
             slot.settled = set()
-            return  # a reverted batch: `_handle_reverted` records every item
+            for item in slot.items:
+                self._refusals[item.id] = (slot.nonce, item)
+            return
         done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
         slot.settled = {v.id for v in slot.items if (v.task_id, v.attempt) in done}
         for item in slot.items:
@@ -868,8 +947,18 @@ class ChainSender:
     async def _handle_refused_items(self) -> None:
         """Items a mined batch did not settle: what the single call says about each now (one
         JSON-RPC batch of simulations), recorded like a refused single send. Only verdicts
-        still `sent` are touched (a restart reads a batch's logs again)."""
-        pending = list(self._refusals.values())
+        still `sent` are touched (a restart reads a batch's logs again).
+
+        Only once the batch is confirmed: until then a reorg may put the batch back in the
+        pool with its signed bytes, which still carry every item; an item queued again
+        meanwhile would stand in two transactions."""
+        pending = [
+            (nonce, item)
+            for nonce, item in self._refusals.values()
+            if (slot := self.slots.get(nonce)) is None or slot.state == "confirmed"
+        ]
+        if not pending:
+            return
         replies = await self._rpc.batch(
             [
                 (
@@ -936,17 +1025,16 @@ class ChainSender:
 
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
         batches = [s for s in slots if s.kind == "batch"]
-        if batches:
-            # A whole batch reverted (out of gas, too large): nothing settled; every item is
-            # recorded with the error, as a reverted single send is (never retried blindly).
-            batch_outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
-            for slot in batches:
-                slot.reverted_handled = True
-                data = await self._rpc.revert_data(slot.mined_hash or "")
-                error = decode_revert(data) if data is not None else DecodedError("Reverted")
-                batch_outcomes += [(item, "reverted", error) for item in slot.items]
-            await self._record_outcomes(batch_outcomes, stage="mined")
-            slots = [s for s in slots if s.kind != "batch"]
+        for slot in batches:
+            # A whole batch reverted: nothing settled, and the cause may be the batch's (its
+            # gas) rather than any item's: `_set_settled` put every item among the refusals,
+            # each checked alone and recorded or queued again (`_handle_refused_items`).
+            slot.reverted_handled = True
+            data = await self._rpc.revert_data(slot.mined_hash or "")
+            error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            metrics.TX_REVERTED.labels(self._label, f"batch:{error.name}").inc()
+            log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
+        slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         requeue: list[Slot] = []
         for slot in slots:
@@ -988,7 +1076,8 @@ class ChainSender:
                 for item in slot.items if slot.kind == "batch" else []:
                     await store.requeue_verdict(conn, item.id, "nonce used by another transaction")
         for slot in slots:
-            del self.slots[slot.nonce]
+            if self.slots.get(slot.nonce) is slot:
+                del self.slots[slot.nonce]
         log.warning("nonces_lost", chain_id=self.chain_id, nonces=[s.nonce for s in slots])
         self._reconcile_requested = "nonce_lost"
         self._wake.set()
@@ -1055,9 +1144,10 @@ class ChainSender:
                 elif int(str(reply), 16) != 0:
                     judged.add(slot.nonce)
         if judged:
-            receipts = await self._receipts([v.tx_hash for n in judged for v in self.slots[n].versions])
+            by_nonce = {s.nonce: s for s in verdict_slots}
+            receipts = await self._receipts([v.tx_hash for n in judged for v in by_nonce[n].versions])
             # Judged by our own transaction, just mined: the tracker takes it from here.
-            judged = {n for n in judged if not any(v.tx_hash in receipts for v in self.slots[n].versions)}
+            judged = {n for n in judged if not any(v.tx_hash in receipts for v in by_nonce[n].versions)}
         fees_now = await self._fees_now()
         head = self.head
         base_fee = head.base_fee if head else 0
@@ -1090,9 +1180,12 @@ class ChainSender:
         verdict = slot.verdict
         if kind == "verdict" and verdict is not None:
             to, data, gas = verdict.escrow, self._calldata(verdict), self._opt.gas_limit
-        elif kind == "batch" and slot.items:
-            # The same items in the same order: the calldata of every version is identical.
-            to, data, _ = self._batch_call(slot.items)
+        elif kind == "batch":
+            # The calldata first signed for this nonce, whatever left the slot since: one
+            # nonce never stands for two different calls (both could be mined in turn after
+            # a reorg, and anyone may broadcast an old version).
+            first = next(v for v in slot.versions if v.kind == "batch")
+            to, data = signed_call(bytes.fromhex(first.raw_hex.removeprefix("0x")))
             gas = slot.latest.gas_limit
         else:
             to, data, gas = self.address, b"", FILLER_GAS

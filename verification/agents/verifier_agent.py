@@ -42,13 +42,15 @@ import structlog
 import typer
 from eth_account import Account
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from web3 import Web3
 
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, RpcError
 from chain.txs import complete_verification_data, is_judged_data
+from runtime.aio import wait_event
 from runtime.logging import register_secret
+from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from verification.agents import briefs
@@ -78,7 +80,7 @@ class ReplyTooLarge(Exception):
 _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]{40})/")
 
 
-class VerifierAgentSettings(BaseSettings):
+class VerifierAgentSettings(ServiceSettings):
     """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
     the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 
@@ -369,8 +371,7 @@ class VerifierAgent:
                     log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
             except Exception as exc:
                 log.warning("verifier_poll_failed", error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+            await wait_event(stop, self.settings.poll_seconds)
 
 
 async def run_verifier_agent(
@@ -408,9 +409,8 @@ def verifier_agent(
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     configure_logging(json=log_json)
     try:
@@ -420,8 +420,7 @@ def verifier_agent(
             raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
         # One line naming the field, never a value (the wallet key, the model's key).
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 

@@ -59,33 +59,26 @@ class Report:
         return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
 
 
+# The flow each event's amount arguments add to (the ABI's argument names).
+_FLOWS: dict[str, tuple[tuple[str, str], ...]] = {
+    "TaskCreated": (("deposits", "reward"),),
+    "VerificationCompleted": (("payouts", "agentPayout"), ("fees", "fee")),
+    "DisputeResolved": (("payouts", "agentAmount"), ("fees", "fee"), ("refunds", "posterAmount")),
+    "EscalationCollected": (("payouts", "agentAmount"), ("fees", "fee")),
+    "TaskCancelled": (("refunds", "refund"),),
+    "TaskRefunded": (("refunds", "amount"),),
+    "PaymentDeferred": (("deferred", "amount"),),
+    "Withdrawn": (("withdrawn", "amount"),),
+}
+
+
 def token_flows(events: Iterable[ChainEvent]) -> dict[str, int]:
     """Deposits, payouts, fees and refunds as the escrow's events report them, and the part
     of those the token refused (`deferred`: credited, still in the escrow) and `withdrawn`."""
-    flows = {"deposits": 0, "payouts": 0, "fees": 0, "refunds": 0, "deferred": 0, "withdrawn": 0}
+    flows = dict.fromkeys(("deposits", "payouts", "fees", "refunds", "deferred", "withdrawn"), 0)
     for event in events:
-        a = event.args
-        match event.name:
-            case "TaskCreated":
-                flows["deposits"] += int(a["reward"])
-            case "VerificationCompleted":
-                flows["payouts"] += int(a["agentPayout"])
-                flows["fees"] += int(a["fee"])
-            case "DisputeResolved":
-                flows["payouts"] += int(a["agentAmount"])
-                flows["fees"] += int(a["fee"])
-                flows["refunds"] += int(a["posterAmount"])
-            case "EscalationCollected":
-                flows["payouts"] += int(a["agentAmount"])
-                flows["fees"] += int(a["fee"])
-            case "TaskCancelled":
-                flows["refunds"] += int(a["refund"])
-            case "TaskRefunded":
-                flows["refunds"] += int(a["amount"])
-            case "PaymentDeferred":
-                flows["deferred"] += int(a["amount"])
-            case "Withdrawn":
-                flows["withdrawn"] += int(a["amount"])
+        for flow, argument in _FLOWS.get(event.name, ()):
+            flows[flow] += int(event.args[argument])
     return flows
 
 

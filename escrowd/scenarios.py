@@ -6,27 +6,36 @@ task id; `every_event_type` runs them all, so every event the contract emits app
 
 from __future__ import annotations
 
-from escrowd.devnet import APPEAL_WINDOW, DAY, ESCALATION_DELAY, USDC, Devnet, text_hash
+from escrowd.devnet import APPEAL_WINDOW, DAY, ESCALATION_DELAY, USDC, Actor, Devnet, text_hash
+
+
+def _parties(dn: Devnet, n: int) -> tuple[Actor, Actor]:
+    """The `n`th poster and agent (cycling through the devnet's accounts)."""
+    return dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+
+
+def _deliver(dn: Devnet, task: int, agent: Actor, label: str) -> bytes:
+    """`agent` accepts `task` and submits the evidence `label`; the evidence hash."""
+    dn.accept_task(task, sender=agent)
+    evidence = text_hash(f"{label} {task}")
+    dn.submit_evidence(task, evidence, sender=agent)
+    return evidence
 
 
 def pass_first_time(dn: Devnet, n: int = 0) -> int:
     """Create → accept → submit → verified pass (90/10 payout)."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster, reward=10 * USDC)
-    dn.accept_task(task, sender=agent)
-    evidence = text_hash(f"result {task}")
-    dn.submit_evidence(task, evidence, sender=agent)
+    evidence = _deliver(dn, task, agent, "result")
     dn.complete_verification(task, 1, evidence, True, 90, sender=dn.marketplace_verifier)
     return task
 
 
 def fail_then_pass(dn: Devnet, n: int = 0) -> int:
     """A failed verdict, a resubmission, then a pass."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster)
-    dn.accept_task(task, sender=agent)
-    first = text_hash(f"first {task}")
-    dn.submit_evidence(task, first, sender=agent)
+    first = _deliver(dn, task, agent, "first")
     dn.complete_verification(task, 1, first, False, 20, sender=dn.marketplace_verifier)
     second = text_hash(f"second {task}")
     dn.submit_evidence(task, second, sender=agent)
@@ -36,23 +45,19 @@ def fail_then_pass(dn: Devnet, n: int = 0) -> int:
 
 def agent_review(dn: Devnet, n: int = 0) -> int:
     """A named verifier agent judges on chain."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     verifier = dn.verifier_agents[n % len(dn.verifier_agents)]
     task = dn.post_task(poster, verifier=verifier)
-    dn.accept_task(task, sender=agent)
-    evidence = text_hash(f"reviewed {task}")
-    dn.submit_evidence(task, evidence, sender=agent)
+    evidence = _deliver(dn, task, agent, "reviewed")
     dn.complete_verification(task, 1, evidence, True, 100, sender=verifier)
     return task
 
 
 def dispute_and_ruling(dn: Devnet, n: int = 0) -> int:
     """A failed verdict disputed by the agent and split by the arbiter."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster)
-    dn.accept_task(task, sender=agent)
-    evidence = text_hash(f"disputed {task}")
-    dn.submit_evidence(task, evidence, sender=agent)
+    evidence = _deliver(dn, task, agent, "disputed")
     dn.complete_verification(task, 1, evidence, False, 10, sender=dn.marketplace_verifier)
     dn.raise_dispute(task, sender=agent)
     dn.resolve_dispute(task, 5_000)
@@ -69,7 +74,7 @@ def cancelled(dn: Devnet, n: int = 0) -> int:
 
 def timeout_refund(dn: Devnet, n: int = 0) -> int:
     """Never delivered: the poster reclaims after the deadline."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster, duration=DAY)
     dn.accept_task(task, sender=agent)
     dn.increase_time(DAY + 1)
@@ -79,10 +84,9 @@ def timeout_refund(dn: Devnet, n: int = 0) -> int:
 
 def escalation_and_collection(dn: Devnet, n: int = 0) -> int:
     """Delivered, never judged: escalated at the deadline, collected 14 days later."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster, duration=DAY)
-    dn.accept_task(task, sender=agent)
-    dn.submit_evidence(task, text_hash(f"unjudged {task}"), sender=agent)
+    _deliver(dn, task, agent, "unjudged")
     dn.increase_time(DAY + 1)
     dn.claim_timeout(task, sender=poster)
     dn.increase_time(ESCALATION_DELAY)
@@ -92,11 +96,9 @@ def escalation_and_collection(dn: Devnet, n: int = 0) -> int:
 
 def failed_refund_after_appeal(dn: Devnet, n: int = 0) -> int:
     """Failed, deadline passed, appeal window closed: full refund."""
-    poster, agent = dn.posters[n % len(dn.posters)], dn.agents[n % len(dn.agents)]
+    poster, agent = _parties(dn, n)
     task = dn.post_task(poster, duration=DAY)
-    dn.accept_task(task, sender=agent)
-    evidence = text_hash(f"failed {task}")
-    dn.submit_evidence(task, evidence, sender=agent)
+    evidence = _deliver(dn, task, agent, "failed")
     dn.complete_verification(task, 1, evidence, False, 0, sender=dn.marketplace_verifier)
     dn.increase_time(DAY + APPEAL_WINDOW + 1)
     dn.claim_timeout(task, sender=poster)

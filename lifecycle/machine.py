@@ -14,7 +14,7 @@ tables. An event the contract could not have emitted from the current state rais
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -269,26 +269,31 @@ class StatePublished(BaseModel):
     state: TaskState
 
 
-class TimerScheduled(BaseModel):
+class _TimerEffect(BaseModel):
+    """A timer of one task: what a scheduled and a cancelled timer both carry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    chain_id: int
+    escrow: Address
+    task_id: int
+    timer: Timer
+
+    @classmethod
+    def of(cls, state: TaskState, timer: Timer) -> Self:
+        """The effect for `timer` of the task `state` describes."""
+        return cls(chain_id=state.chain_id, escrow=state.escrow, task_id=state.task_id, timer=timer)
+
+
+class TimerScheduled(_TimerEffect):
     """A timer became relevant; a scheduler may wake at `timer.at` (chain time)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["timer_scheduled"] = "timer_scheduled"
-    chain_id: int
-    escrow: Address
-    task_id: int
-    timer: Timer
 
 
-class TimerCancelled(BaseModel):
+class TimerCancelled(_TimerEffect):
     """A pending timer became moot (the task moved on before chain time reached it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["timer_cancelled"] = "timer_cancelled"
-    chain_id: int
-    escrow: Address
-    task_id: int
-    timer: Timer
 
 
 class RoundJudged(BaseModel):
@@ -413,7 +418,7 @@ def _created(event: TaskCreated) -> tuple[TaskState, list[Effect]]:
         last_block_timestamp=event.block_timestamp,
     )
     _expect_status(state, event)
-    return state, [_scheduled(state, deadline_timer)]
+    return state, [TimerScheduled.of(state, deadline_timer)]
 
 
 def _apply(state: TaskState, event: DomainEvent) -> tuple[TaskState, list[Effect]]:
@@ -599,12 +604,8 @@ def _retime(state: TaskState, new_timers: list[Timer]) -> tuple[TaskState, list[
         if _still_relevant(timer, state):
             kept.append(timer)
         else:
-            effects.append(
-                TimerCancelled(
-                    chain_id=state.chain_id, escrow=state.escrow, task_id=state.task_id, timer=timer
-                )
-            )
-    effects.extend(_scheduled(state, timer) for timer in new_timers)
+            effects.append(TimerCancelled.of(state, timer))
+    effects.extend(TimerScheduled.of(state, timer) for timer in new_timers)
     pending = tuple(sorted([*kept, *new_timers], key=_timer_order))
     return state.model_copy(update={"pending_timers": pending}), effects
 
@@ -659,12 +660,6 @@ def _timer_event(state: TaskState, timer: Timer, now: int) -> Effect:
         case TimerKind.ESCALATION_COLLECTIBLE:
             assert state.escalated_at is not None and state.agent is not None
             return EscalationCollectible(**key, escalated_at=state.escalated_at, agent=state.agent)
-
-
-def _scheduled(state: TaskState, timer: Timer) -> TimerScheduled:
-    return TimerScheduled(
-        chain_id=state.chain_id, escrow=state.escrow, task_id=state.task_id, timer=timer
-    )
 
 
 def _split(amount: int) -> tuple[int, int]:

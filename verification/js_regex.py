@@ -404,14 +404,20 @@ class _Parser:
             alternatives=alternatives,
         )
 
-    def atom_escape(self) -> _Node:
-        self.position += 1  # "\"
+    def escape_start(self) -> tuple[str, Ranges | None]:
+        """Step over a `\\`: the escaped character, and its class when it names one (then consumed too)."""
+        self.position += 1
         if self.at_end():
             raise self.error("\\ at end of pattern")
         char = self.peek()
         sets = _class_escape(char)
         if sets is not None:
             self.position += 1
+        return char, sets
+
+    def atom_escape(self) -> _Node:
+        char, sets = self.escape_start()
+        if sets is not None:
             return _Node(python=_emit_class(sets), min_width=1, charset=sets)
         if char in "123456789":
             start = self.position
@@ -531,13 +537,8 @@ class _Parser:
         if char != "\\":
             self.position += 1
             return ord(char)
-        self.position += 1
-        if self.at_end():
-            raise self.error("\\ at end of pattern")
-        char = self.peek()
-        sets = _class_escape(char)
+        char, sets = self.escape_start()
         if sets is not None:
-            self.position += 1
             return sets
         if char == "b":
             self.position += 1

@@ -111,18 +111,6 @@ async def load_terms_json(conn: asyncpg.Connection, task_hash: str) -> dict[str,
 # ---------------------------------------------------------------------------- chain views
 
 
-def _chain_event(row: asyncpg.Record) -> ChainEvent:
-    """A row of the consumer's own copy of the task's events (`verification_chain_events`)."""
-    return ChainEvent(
-        event_id=row["event_id"],
-        block_number=row["block_number"],
-        log_index=row["log_index"],
-        tx_hash=row["tx_hash"],
-        name=row["event_name"],
-        args=row["args"],
-    )
-
-
 async def indexed_events(conn: asyncpg.Connection, key: TaskKey) -> list[ChainEvent]:
     """The task's events as the indexer stored them (the API's view of the chain)."""
     return await indexed.task_events(conn, key)
@@ -148,11 +136,11 @@ async def load_state(conn: asyncpg.Connection, key: TaskKey) -> TaskState:
     """Everything the consumer knows about one task."""
     args = (key.chain_id, key.escrow, key.task_id)
     event_rows = await conn.fetch(
-        "SELECT event_id, block_number, log_index, tx_hash, event_name, args FROM verification_chain_events"
+        "SELECT event_id, block_number, log_index, tx_hash, event_name AS name, args FROM verification_chain_events"
         " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND NOT removed",
         *args,
     )
-    state = TaskState(key=key, events=tuple(_chain_event(r) for r in event_rows))
+    state = TaskState(key=key, events=tuple(ChainEvent(**dict(r)) for r in event_rows))
     task_hash = state.chain.task_hash
     terms = await load_terms(conn, task_hash) if task_hash else None
     request_rows = await conn.fetch(
@@ -173,22 +161,9 @@ async def load_state(conn: asyncpg.Connection, key: TaskKey) -> TaskState:
     return dataclasses.replace(
         state,
         terms=terms,
-        requests={r["request_id"]: _request(r) for r in request_rows},
+        requests={r["request_id"]: RequestRecord(**dict(r)) for r in request_rows},
         results={r["attempt"]: ResultRecord(**dict(r)) for r in result_rows},
         failures={r["attempt"]: FailureRecord(r["failures"], r["never_judged"]) for r in failure_rows},
-    )
-
-
-def _request(row: asyncpg.Record) -> RequestRecord:
-    return RequestRecord(
-        request_id=row["request_id"],
-        kind=row["kind"],
-        attempt=row["attempt"],
-        evidence_hash=row["evidence_hash"],
-        actor=row["actor"],
-        payload=row["payload"],
-        state=row["state"],
-        retry_count=row["retry_count"],
     )
 
 

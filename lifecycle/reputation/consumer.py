@@ -100,21 +100,8 @@ class ReputationHandler:
             " block_timestamp FROM reputation_outcomes WHERE agent = $1",
             agent,
         )
-        outcomes = [
-            RoundOutcome(
-                agent=r["agent"],
-                passed=r["passed"],
-                chain_id=r["chain_id"],
-                escrow=r["escrow"],
-                task_id=int(r["task_id"]),
-                attempt=r["attempt"],
-                event_id=r["event_id"],
-                block_number=r["block_number"],
-                log_index=r["log_index"],
-                block_timestamp=r["block_timestamp"],
-            )
-            for r in rows
-        ]
+        # The columns are the outcome's fields; task_id is NUMERIC (a uint256) in the table.
+        outcomes = [RoundOutcome(**{**dict(r), "task_id": int(r["task_id"])}) for r in rows]
         reputation = fold(agent, outcomes, self.rules)
         await conn.execute(
             "INSERT INTO agent_reputation (agent, score, dispute_count, passes, failures, matching_score)"

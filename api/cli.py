@@ -19,13 +19,14 @@ def serve(
 ) -> None:
     """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
     import structlog
-    import uvicorn
 
     from api.app import create_app
     from api.settings import ApiSettings
     from runtime.config_file import load
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
+    from runtime.web.server import serve_asgi
     from schemas.jsonbounds import cap_recursion_limit
 
     configure_logging(json=log_json)
@@ -38,12 +39,12 @@ def serve(
     # Every import is done: a library that raised the recursion limit on the way is undone.
     limit = cap_recursion_limit()
     structlog.get_logger(__name__).info("api_starting", recursion_limit=limit)
-    uvicorn.run(
-        application,
-        host=host or settings.api_host,
-        port=port if port is not None else settings.api_port,
-        log_config=None,
-        access_log=False,
+    listen_host = host or settings.api_host
+    listen_port = port if port is not None else settings.api_port
+    run_service(
+        "api",
+        lambda stop: serve_asgi(application, host=listen_host, port=listen_port, stop=stop),
+        configure=False,
     )
 
 

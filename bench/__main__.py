@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, cli, indexer, relayer, rulings, sandbox (default: all that exist). Extra arguments after `--`
+Names: autocheck, eip712, cli, indexer, relayer, rulings, sandbox (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -12,6 +12,7 @@ import sys
 
 BENCHMARKS = {
     "autocheck": "bench.bench_autocheck",
+    "eip712": "bench.bench_eip712",
     "cli": "bench.bench_cli",
     "indexer": "bench.bench_indexer",
     "relayer": "bench.bench_relayer",

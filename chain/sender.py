@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from chain.eth_rpc import (
     RetryableRpcError,
     RpcCallError,
     RpcError,
+    classify_send_error,
     new_heads,
     sleep_backoff,
 )
@@ -81,38 +81,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- pure decisions
-
-_WORDS = re.compile(r"[a-z0-9]+")
-_KNOWN = re.compile(r"\b(already known|alreadyknown|already imported|known transaction)\b")
-_NONCE_LOW = re.compile(r"\b(nonce too low|nonce is too low|oldnonce|old nonce)\b")
-_NONCE_HIGH = re.compile(r"\b(nonce too high|nonce gap)\b")
-_BASE_FEE = re.compile(r"\b(base fee|basefee|fee cap less than)\b")
-
-
-def classify_send_error(message: str) -> str:
-    """What a node's refusal of `eth_sendRawTransaction` means for us.
-
-    known: the pool has this exact transaction; nonce_too_low: the nonce is used (by this
-    transaction, mined, or by another); nonce_too_high: a gap below it; underpriced: a
-    replacement below the pool's bump rule; below_base_fee: max fee under the base fee;
-    insufficient_funds; refused: anything else.
-    """
-    # Letters and digits only, one space between words: "ALREADY_KNOWN", "OldNonce" and
-    # "already known" read alike; whole words only ("unknown transaction" is not "known").
-    text = " ".join(_WORDS.findall(message.lower()))
-    if _KNOWN.search(text):
-        return "known"
-    if _NONCE_LOW.search(text):
-        return "nonce_too_low"
-    if _NONCE_HIGH.search(text):
-        return "nonce_too_high"
-    if _BASE_FEE.search(text):
-        return "below_base_fee"
-    if "underpriced" in text:
-        return "underpriced"
-    if "insufficient funds" in text:
-        return "insufficient_funds"
-    return "refused"
 
 
 NODE_HAS_IT = frozenset({"known", "nonce_too_low"})

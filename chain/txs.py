@@ -1,4 +1,5 @@
-"""Transaction building: calldata, EIP-1559 signing with coincurve, and escrow error decoding.
+"""Transaction building: the escrow's calldata (over the one ABI codec, `chain.abi`, which
+also decodes its errors) and EIP-1559 signing with coincurve.
 
 All pure. Signing is done by hand (RLP + keccak + one recoverable signature) rather than
 through `eth_account.sign_transaction`: it gives the same bytes (a unit test compares them)
@@ -7,57 +8,34 @@ and is about ten times faster, which matters when hundreds of verdicts are in fl
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from eth_abi.abi import decode as abi_decode
 from eth_utils.crypto import keccak
 
+from chain.abi import DecodedError, decode_revert, encode_call, event_topic, selector
 from chain.fees import Fees
 from chain.keys import SecretKey
-from schemas.abi import escrow_abi
+
+__all__ = [
+    "FILLER_GAS",
+    "DecodedError",
+    "SignedTx",
+    "VerdictItem",
+    "complete_verification_batch_data",
+    "complete_verification_data",
+    "decode_batch_refusals",
+    "decode_complete_verification",
+    "decode_revert",
+    "is_judged_data",
+    "marketplace_verifier_data",
+    "selector",
+    "settled_attempts",
+    "sign_eip1559",
+]
 
 FILLER_GAS = 21_000
-_PANIC = bytes.fromhex("4e487b71")
-_ERROR_STRING = bytes.fromhex("08c379a0")
-
-
-def _abi_type(param: dict[str, Any]) -> str:
-    kind = str(param["type"])
-    if kind.startswith("tuple"):
-        return f"({','.join(_abi_type(c) for c in param['components'])}){kind[5:]}"
-    return kind
-
-
-def _signature(entry: dict[str, Any]) -> str:
-    return f"{entry['name']}({','.join(_abi_type(p) for p in entry['inputs'])})"
-
-
-@functools.cache
-def _selectors() -> dict[str, bytes]:
-    return {
-        entry["name"]: keccak(text=_signature(entry))[:4]
-        for entry in escrow_abi()
-        if entry.get("type") == "function"
-    }
-
-
-@functools.cache
-def _errors() -> dict[bytes, tuple[str, tuple[str, ...]]]:
-    return {
-        keccak(text=_signature(entry))[:4]: (
-            str(entry["name"]),
-            tuple(_abi_type(p) for p in entry["inputs"]),
-        )
-        for entry in escrow_abi()
-        if entry.get("type") == "error"
-    }
-
-
-def selector(function: str) -> bytes:
-    """The 4-byte selector of an escrow function."""
-    return _selectors()[function]
 
 
 def _word(value: int) -> bytes:
@@ -84,13 +62,11 @@ VerdictItem = tuple[int, int, str, bool, int]
 
 def complete_verification_batch_data(items: list[VerdictItem]) -> bytes:
     """Calldata of `completeVerificationBatch((taskId, attempt, evidenceHash, passed, score)[])`."""
-    from eth_abi.abi import encode
-
     values = [
         (task_id, attempt, bytes.fromhex(evidence.removeprefix("0x")), passed, score)
         for task_id, attempt, evidence, passed, score in items
     ]
-    return selector("completeVerificationBatch") + encode(["(uint256,uint8,bytes32,bool,uint8)[]"], [values])
+    return encode_call("completeVerificationBatch", values)
 
 
 def decode_batch_refusals(data: bytes) -> list[DecodedError | None]:
@@ -100,16 +76,10 @@ def decode_batch_refusals(data: bytes) -> list[DecodedError | None]:
     return [decode_revert(bytes(r)) if r else None for r in refusals]
 
 
-@functools.cache
-def _verification_completed_topic() -> str:
-    entry = next(e for e in escrow_abi() if e.get("type") == "event" and e["name"] == "VerificationCompleted")
-    return "0x" + keccak(text=_signature(entry)).hex()
-
-
 def settled_attempts(logs: list[dict[str, Any]], escrow: str, verifier: str) -> set[tuple[int, int]]:
     """(task id, attempt) of every `VerificationCompleted` that `verifier` caused at `escrow`
     in a receipt's logs: which items of a `completeVerificationBatch` settled."""
-    topic = _verification_completed_topic()
+    topic = event_topic("VerificationCompleted")
     out: set[tuple[int, int]] = set()
     for entry in logs:
         topics = [str(t).lower() for t in entry.get("topics") or []]
@@ -216,33 +186,3 @@ def sign_eip1559(
     return SignedTx(
         raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
     )
-
-
-@dataclass(frozen=True)
-class DecodedError:
-    """A revert reason: the escrow's custom error name and its arguments."""
-
-    name: str
-    args: tuple[Any, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.name}{self.args!r}" if self.args else f"{self.name}()"
-
-
-def decode_revert(data: bytes) -> DecodedError:
-    """Decode revert data into the escrow's custom error (or Panic / Error(string))."""
-    if not data:
-        return DecodedError("Reverted")
-    head, body = data[:4], data[4:]
-    known = _errors().get(head)
-    try:
-        if known is not None:
-            name, types = known
-            return DecodedError(name, tuple(abi_decode(list(types), body)))
-        if head == _PANIC:
-            return DecodedError("Panic", tuple(abi_decode(["uint256"], body)))
-        if head == _ERROR_STRING:
-            return DecodedError("Error", tuple(abi_decode(["string"], body)))
-    except Exception:
-        return DecodedError("Malformed", ("0x" + data.hex(),))
-    return DecodedError("Unknown", ("0x" + data.hex(),))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import Field, field_validator
@@ -15,6 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from escrowd.verification_cli import app as verification_app
 from runtime.errors import safe_message
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
+
+if TYPE_CHECKING:
+    from runtime.consumer import IdempotentConsumer
 
 app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, panels.", no_args_is_help=True)
 app.add_typer(verification_app, name="verification")
@@ -44,33 +46,45 @@ class ConsumerSettings(BaseSettings):
         return url
 
 
-async def _run_until_signal(consumer: object, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
-    from runtime.consumer import IdempotentConsumer
+async def _consume(
+    consumer: IdempotentConsumer, database_url: str, bootstrap: str, metrics_port: int | None, stop: asyncio.Event
+) -> None:
+    """Run `consumer` and an outbox publisher until `stop`; then the consumer drains first."""
     from runtime.db import migrate_url
     from runtime.kafka import make_producer, start_producer
     from runtime.outbox import OutboxPublisher
+    from runtime.shell import wait_stopped
 
-    assert isinstance(consumer, IdempotentConsumer)
     if metrics_port is not None:
         from runtime.health import start_server
 
         start_server(metrics_port)
     await migrate_url(database_url)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, consumer.stop)
     producer = make_producer(bootstrap, client_id=consumer.name)
     await start_producer(producer)
     publisher = OutboxPublisher(database_url, producer)
     publishing = asyncio.create_task(publisher.run())
+    consuming = asyncio.create_task(consumer.run())
     try:
-        await consumer.run()
+        await wait_stopped(stop, consuming, publishing)
+        consumer.stop()
+        await consuming  # the batch in flight ends and commits, the mark is cleared, the group left
     finally:
+        consumer.stop()
+        if not consuming.done():
+            consuming.cancel()  # the drain was cut short: the batch is handed back
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await consuming
         publisher.stop()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(publishing, 10)
         await producer.stop()
+
+
+def _serve(name: str, consumer: IdempotentConsumer, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
+    from runtime.shell import run_service
+
+    run_service(name, lambda stop: _consume(consumer, database_url, bootstrap, metrics_port, stop), configure=False)
 
 
 def _settings(config: Path | None) -> ConsumerSettings:
@@ -102,7 +116,7 @@ def lifecycle(
         timers_topic=settings.timers_topic,
         dlq_topic=settings.dead_letter_topic,
     )
-    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+    _serve("lifecycle", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)
 
 
 @app.command()
@@ -127,7 +141,7 @@ def reputation(
         reputation_topic=settings.reputation_topic,
         dlq_topic=settings.dead_letter_topic,
     )
-    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+    _serve("reputation", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)
 
 
 @app.command()
@@ -139,6 +153,7 @@ def panels(
     log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
 ) -> None:
     """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
+    from panels.rules import to_ppm
     from panels.service import PanelConfig, build_consumer
     from panels.settings import load_panel_settings
     from runtime.logging import configure_logging
@@ -147,6 +162,7 @@ def panels(
         settings = load_panel_settings(config)
         secret = settings.read_secret()
         signing_key = settings.signing_key()
+        allowlist = settings.read_allowlist()
     except Exception as exc:
         # One line naming the field (safe_message never prints an input value), and
         # read_secret / signing_key name no byte of what they read.
@@ -159,6 +175,10 @@ def panels(
         ruling_key=signing_key,
         attestation_seconds=settings.panel_attestation_seconds,
         fee_units=settings.panel_fee_units,
+        min_confidence_ppm=to_ppm(settings.panel_min_confidence),
+        operator_cap_ppm=to_ppm(settings.panel_operator_cap),
+        admission=settings.panel_admission,
+        allowlist=allowlist,
     )
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,
@@ -168,4 +188,4 @@ def panels(
         dlq_topic=settings.dead_letter_topic,
         idle_interval=settings.panel_idle_interval,
     )
-    asyncio.run(_run_until_signal(consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port))
+    _serve("panels", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)

@@ -31,6 +31,7 @@ from web3 import HTTPProvider, Web3
 from web3.exceptions import TransactionNotFound
 from web3.types import RPCEndpoint, TxReceipt
 
+from chain.abi import Codec, abi_type, devnet_codec
 from schemas.task_state import TaskStatus  # re-exported: the escrow's fixed codes
 
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
@@ -50,9 +51,6 @@ MAX_SUBMISSIONS = 3
 # Mnemonic indexes of the fixed roles; posters, agents, verifier agents and spares follow.
 _OWNER, _ARBITER, _MARKETPLACE_VERIFIER, _FEE_RECIPIENT = 0, 1, 2, 3
 _FIRST_FREE_INDEX = 4
-
-_PANIC_SELECTOR = bytes.fromhex("4e487b71")
-_ERROR_SELECTOR = bytes.fromhex("08c379a0")
 
 
 class EscrowRevert(Exception):
@@ -151,103 +149,34 @@ def load_artifact(name: str) -> dict[str, Any]:
     return artifact
 
 
-def _abi_type(param: dict[str, Any]) -> str:
-    kind = str(param["type"])
-    if kind.startswith("tuple"):
-        inner = ",".join(_abi_type(c) for c in param["components"])
-        return f"({inner}){kind[5:]}"
-    return kind
-
-
-def _signature(item: dict[str, Any]) -> str:
-    return f"{item['name']}({','.join(_abi_type(p) for p in item['inputs'])})"
-
-
-@dataclass(frozen=True)
-class _Function:
-    selector: bytes
-    input_types: tuple[str, ...]
-    output_types: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Event:
-    name: str
-    inputs: tuple[tuple[str, str, bool], ...]  # (name, type, indexed)
-
-
 class _Codec:
-    """Precomputed selectors and types: encoding/decoding without per-call ABI lookups."""
+    """The one ABI codec (`chain.abi`, escrow and token, native values) as the driver uses
+    it: calldata as 0x hex, errors as (name, args), logs of raw or web3-formatted receipts."""
 
-    def __init__(self, abis: Sequence[list[dict[str, Any]]]) -> None:
-        self.functions: dict[str, _Function] = {}
-        self.errors: dict[bytes, tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
-        self.events: dict[bytes, _Event] = {}
-        for abi in abis:
-            for item in abi:
-                kind = item["type"]
-                if kind == "function":
-                    self.functions.setdefault(
-                        item["name"],
-                        _Function(
-                            selector=keccak(text=_signature(item))[:4],
-                            input_types=tuple(_abi_type(p) for p in item["inputs"]),
-                            output_types=tuple(_abi_type(p) for p in item["outputs"]),
-                        ),
-                    )
-                elif kind == "error":
-                    self.errors[keccak(text=_signature(item))[:4]] = (
-                        item["name"],
-                        tuple(p["name"] for p in item["inputs"]),
-                        tuple(_abi_type(p) for p in item["inputs"]),
-                    )
-                elif kind == "event":
-                    self.events[keccak(text=_signature(item))] = _Event(
-                        name=item["name"],
-                        inputs=tuple(
-                            (p["name"], _abi_type(p), bool(p["indexed"])) for p in item["inputs"]
-                        ),
-                    )
+    def __init__(self, codec: Codec) -> None:
+        self._codec = codec
+        self.functions = codec.functions
 
     def encode_call(self, fn: str, args: Sequence[Any]) -> str:
-        f = self.functions[fn]
-        return "0x" + (f.selector + abi_encode(f.input_types, list(args))).hex()
+        return "0x" + self._codec.encode_call(fn, args).hex()
 
     def decode_error(self, data: bytes) -> tuple[str, tuple[Any, ...]]:
-        selector, body = data[:4], data[4:]
-        if selector in self.errors:
-            name, _, types = self.errors[selector]
-            return name, tuple(abi_decode(types, body))
-        if selector == _PANIC_SELECTOR:
-            return "Panic", tuple(abi_decode(["uint256"], body))
-        if selector == _ERROR_SELECTOR:
-            return "Error", tuple(abi_decode(["string"], body))
-        return ("Unknown", (data.hex(),)) if data else ("Reverted", ())
+        error = self._codec.decode_error(data)
+        return error.name, error.args
 
     def decode_log(self, log: dict[str, Any]) -> EscrowEvent | None:
-        topics = [HexBytes(t) for t in log["topics"]]
-        if not topics or bytes(topics[0]) not in self.events:
+        topics = [HexBytes(t).to_0x_hex() for t in log["topics"]]
+        decoded = self._codec.decode_log(topics, HexBytes(log["data"]).to_0x_hex())
+        if decoded is None:
             return None
-        event = self.events[bytes(topics[0])]
-        data_types = [t for _, t, indexed in event.inputs if not indexed]
-        data_values = iter(abi_decode(data_types, HexBytes(log["data"])))
-        topic_values = iter(topics[1:])
-        args: dict[str, Any] = {}
-        for name, kind, indexed in event.inputs:
-            if indexed:
-                # Indexed value types are one 32-byte word; the escrow indexes no dynamic types.
-                (value,) = abi_decode([kind], bytes(next(topic_values)))
-            else:
-                value = next(data_values)
-            args[name] = to_checksum_address(value) if kind == "address" else value
-        tx_hash = log["transactionHash"]
+        name, args = decoded
         return EscrowEvent(
-            name=event.name,
+            name=name,
             args=args,
             address=to_checksum_address(log["address"]),
             block_number=_as_int(log["blockNumber"]),
             log_index=_as_int(log["logIndex"]),
-            tx_hash=HexBytes(tx_hash).to_0x_hex(),
+            tx_hash=HexBytes(log["transactionHash"]).to_0x_hex(),
         )
 
 
@@ -258,7 +187,7 @@ def _as_int(value: int | str) -> int:
 
 @cache
 def _default_codec() -> _Codec:
-    return _Codec([load_artifact("AgentEscrow")["abi"], load_artifact("MockUSDC")["abi"]])
+    return _Codec(devnet_codec())
 
 
 def _addr(who: Actor | str) -> str:
@@ -757,7 +686,7 @@ def deploy_contract(
     a contract of their own (e.g. a hostile token).
     """
     ctor = next((i for i in abi if i["type"] == "constructor"), None)
-    types = [_abi_type(p) for p in ctor["inputs"]] if ctor else []
+    types = [abi_type(p) for p in ctor["inputs"]] if ctor else []
     data = bytecode + abi_encode(types, list(args)).hex()
     tx_hash = rpc("eth_sendTransaction", {"from": sender, "data": data, "gas": hex(8_000_000)})
     receipt: dict[str, Any] | None = None

@@ -16,6 +16,7 @@ import asyncpg
 import structlog
 from prometheus_client import start_http_server
 
+from chain import indexed
 from escrowd import pipeline_parts
 from escrowd.pipeline_config import Component, PipelineConfig
 from indexer.config import ChainConfig
@@ -148,20 +149,17 @@ class Pipeline:
     async def snapshot(self) -> dict[str, Any]:
         """Numbers for the progress display."""
         assert self._conn is not None
-        row = await self._conn.fetchrow(
-            "SELECT (SELECT count(*) FROM escrow_events) AS events,"
-            " (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
-            " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published') AS outbox_pending,"
-            " (SELECT coalesce(max(head_number - block_number), 0) FROM chain_cursor) AS lag,"
-            " (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed_block,"
-            " (SELECT count(*) FROM escrow_events WHERE event_name = 'VerificationCompleted') AS verdicts"
+        indexing = await indexed.progress(self._conn)
+        pending = await self._conn.fetchval(
+            "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
+            " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published')"
         )
         # Tasks by state as the lifecycle consumer holds them (what subscribers see).
         statuses = await self._conn.fetch("SELECT status, count(*) AS n FROM task_states GROUP BY status ORDER BY status")
         relayed = await self._conn.fetchval("SELECT count(*) FROM settlement_verdicts WHERE status = 'confirmed'")
-        assert row is not None
         return {
-            **dict(row),
+            **indexing,
+            "outbox_pending": pending,
             "verdicts_relayed": relayed,
             "tasks_by_status": {r["status"]: r["n"] for r in statuses},
         }
@@ -177,20 +175,18 @@ class Pipeline:
         assert self._conn is not None
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
-            row = await self._conn.fetchrow(
-                "SELECT (SELECT coalesce(max(block_number), -1) FROM chain_cursor) AS indexed,"
-                " (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
-                " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published') AS pending"
+            at = await indexed.highest_cursor(self._conn)
+            pending = await self._conn.fetchval(
+                "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)"
+                " + (SELECT count(*) FROM event_log_messages WHERE state <> 'published')"
             )
-            assert row is not None
-            if row["indexed"] >= block and row["pending"] == 0:
+            if at >= block and pending == 0:
                 return
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"indexer at {row['indexed']} (want {block}), {row['pending']} unpublished")
+                raise TimeoutError(f"indexer at {at} (want {block}), {pending} unpublished")
             await asyncio.sleep(0.1)
 
     async def indexed_event_ids(self) -> set[tuple[int, int]]:
         """(block number, log index) of every stored event."""
         assert self._conn is not None
-        rows = await self._conn.fetch("SELECT block_number, log_index FROM escrow_events")
-        return {(r["block_number"], r["log_index"]) for r in rows}
+        return await indexed.positions(self._conn)

@@ -188,6 +188,11 @@ class ApiClient:
             await asyncio.sleep(0.1)
         raise RuntimeError(f"listing: task {task_id} never indexed")
 
+    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:
+        response = await self.call("PUT", f"/v1/briefs/0x{task_hash.hex()}", {"brief": brief}, poster_key)
+        if response.status_code != 200:
+            raise RuntimeError(f"brief: {response.status_code} {response.text}")
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -248,7 +253,8 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
                     return q, 0.8
 
                 settings = BotSettings(
-                    api_url=f"http://127.0.0.1:{config.api_port}", verifier_key="0x" + secrets.token_hex(32),
+                    api_url=f"http://127.0.0.1:{config.api_port}", rpc_url=dn.rpc_url,
+                    verifier_key="0x" + secrets.token_hex(32),
                     operator_id=f"run-bot-{index}", verifier_chains=[dn.chain_id], scorer="plugin:in:process",
                     poll_seconds=1.0,
                 )
@@ -272,12 +278,13 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
 
 async def settle(pipeline: Any) -> None:
     """Wait until the consumers have caught up with every indexed event."""
+    from chain import indexed
+
     conn = pipeline.conn
     deadline = asyncio.get_running_loop().time() + 60
     while asyncio.get_running_loop().time() < deadline:
-        behind = await conn.fetchval(
-            "SELECT count(*) FROM escrow_events e WHERE e.task_id IS NOT NULL AND NOT EXISTS ("
-            " SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
+        behind = await indexed.task_events_not(
+            conn, "EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
         )
         if behind == 0:
             return

@@ -60,6 +60,10 @@ class OffChain:
     async def list_task(self, poster_key: str, task_id: int) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    async def put_brief(self, poster_key: str, task_hash: bytes, brief: str) -> None:  # pragma: no cover
+        """Store the task's public brief (it hashes to the terms' instructionsDigest)."""
+        raise NotImplementedError
+
 
 @dataclass
 class TaskPlan:
@@ -305,12 +309,16 @@ class TrafficGenerator:
         """Agent review by the running hosted verifier: terms, post with it, list, deliver; it judges."""
         assert self.offchain is not None and self.hosted_verifier is not None
         poster, _ = self._actors(plan)
+        # The verifier judges against the brief, which must hash to the terms' instructionsDigest.
+        brief = f"Task plan {plan.index}: write a short report on the escrow flow."
         terms = {
             "verificationMode": "agent",
             "verifierAddress": self.hosted_verifier.address,
             "verificationCriteria": {"acceptance": 'The report covers the "escrow" flow.'},
+            "instructionsDigest": "0x" + text_hash(brief).hex(),
         }
         task_hash = await self.offchain.register_terms(poster.private_key, terms)
+        await self.offchain.put_brief(poster.private_key, task_hash, brief)
         task = await self._post(plan, duration=LONG_DEADLINE, verifier=self.hosted_verifier, task_hash=task_hash)
         await self.offchain.list_task(poster.private_key, task)
         await self._deliver(plan, self._good_result(plan, 1))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +20,7 @@ def run(
 ) -> None:
     """Run the verification consumer, the retry scheduler and an outbox publisher until Ctrl-C."""
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
     from verification.service import (
         SigningKeyError,
         VerificationSettings,
@@ -35,8 +34,7 @@ def run(
         typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run_verification_consumer(settings))
+        run_service("verification", lambda stop: run_verification_consumer(settings, stop), configure=False)
     except SigningKeyError as exc:
         typer.echo(f"signing key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None

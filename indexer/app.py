@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 
 import structlog
 
@@ -20,12 +19,8 @@ log = structlog.get_logger(__name__)
 
 
 async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop`): index every chain and publish the outbox."""
+    """Run until `stop` (the service shell sets it on SIGTERM/SIGINT): index every chain and publish the outbox."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, stop.set)
     await migrate_url(settings.database_url)
     topics = list(all_topics(settings.topic_partitions))
     if settings.events_topic not in {t.name for t in topics}:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import typer
@@ -11,6 +10,7 @@ from pydantic import ValidationError
 
 from runtime.errors import safe_message
 from runtime.logging import configure_logging
+from runtime.shell import run_service, wait_stopped
 
 app = typer.Typer(help="Index escrow events into PostgreSQL and Kafka.", no_args_is_help=True)
 
@@ -29,10 +29,7 @@ def run(
         typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
-    try:
-        asyncio.run(run_indexer(settings))
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_service("indexer", lambda stop: run_indexer(settings, stop), configure=False)
 
 
 @app.command("publish")
@@ -48,7 +45,6 @@ def publish(
     may run, one publishes and the others wait on the advisory lock as standbys.
     """
     import contextlib
-    import signal
 
     from runtime.config_file import config_path, read_config, section
     from runtime.db import migrate_url
@@ -69,18 +65,18 @@ def publish(
     db_url, bootstrap = str(database_url), str(kafka_bootstrap)
     configure_logging(json=log_json)
 
-    async def main() -> None:
+    async def main(stop: asyncio.Event) -> None:
         await migrate_url(db_url)  # like every service: the schema before the first query
         producer = make_producer(bootstrap, client_id="escrowd-publisher")
         await start_producer(producer)
         publisher = OutboxPublisher(db_url, producer)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, publisher.stop)
+        publishing = asyncio.create_task(publisher.run())
         try:
-            await publisher.run()
+            await wait_stopped(stop, publishing)
         finally:
+            publisher.stop()  # ends after the batch it is sending; a standby waiting on the lock is cancelled
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(publishing, 10)
             await producer.stop()
 
-    asyncio.run(main())
+    run_service("publisher", main, configure=False)

@@ -31,7 +31,14 @@ import asyncpg
 import orjson
 import structlog
 
-from chain.rpc import RpcClient, RpcError, RpcRangeTooLarge
+from chain.rpc import (
+    RpcClient,
+    RpcError,
+    RpcRangeTooLarge,
+    RpcTransportError,
+    header_reply,
+    logs_reply,
+)
 from indexer import metrics
 from indexer.config import ChainConfig
 from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
@@ -189,7 +196,9 @@ class ChainIndexer:
             await self._settle()
 
     async def _sync(self, conn: asyncpg.Connection, stop: asyncio.Event | None) -> None:
-        latest = await self.rpc.call("eth_getBlockByNumber", ["latest", False])
+        latest = header_reply(await self.rpc.call("eth_getBlockByNumber", "latest", False))
+        if latest is None:
+            raise RpcTransportError("the node has no latest block")
         head = BlockRef.from_header(latest)
         self.head = head
         metrics.CHAIN_HEAD.labels(self.chain_label).set(head.number)
@@ -275,14 +284,15 @@ class ChainIndexer:
     async def _fetch_range(self, start: int, end: int) -> RangeFetch:
         started = time.perf_counter()
         numbers = [start] if start == end else [start, end]
-        replies = await self.rpc.batch(
+        replies = await self.rpc.batch_strict(
             [
                 (
                     "eth_getLogs",
                     [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
                 ),
                 *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
-            ]
+            ],
+            _window_reply,
         )
         headers = [BlockRef.from_header(h) if h is not None else None for h in replies[1:]]
         return replies[0], headers, time.perf_counter() - started
@@ -372,14 +382,15 @@ class ChainIndexer:
     async def _fetch_window(self, start: int, end: int) -> WindowFetch:
         started = time.perf_counter()
         numbers = list(range(start, end + 1))
-        replies = await self.rpc.batch(
+        replies = await self.rpc.batch_strict(
             [
                 (
                     "eth_getLogs",
                     [{"address": self.chain.escrow_addresses, "fromBlock": hex(start), "toBlock": hex(end)}],
                 ),
                 *[("eth_getBlockByNumber", [hex(n), False]) for n in numbers],
-            ]
+            ],
+            _window_reply,
         )
         return replies[0], replies[1:], time.perf_counter() - started
 
@@ -530,3 +541,9 @@ def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> d
         if only is None or number in only:
             by_block.setdefault(number, set()).add(raw["blockHash"])
     return by_block
+
+
+def _window_reply(replies: list[Any]) -> list[Any]:
+    """A window's batch reply (logs, then headers) checked field by field before anything
+    reads it: a malformed reply is a transport fault, retried on another URL."""
+    return [logs_reply(replies[0]), *(header_reply(h) for h in replies[1:])]

@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import asyncpg
 
+from chain import indexed
+
 # The newest kept block at or below the confirmation line and below the first indexed event
 # of the task that the lifecycle consumer has not applied.
-TASK_TIME_SQL = (
-    "SELECT b.timestamp FROM chain_cursor c"
-    " JOIN chain_blocks b ON b.chain_id = c.chain_id AND b.block_number <= c.block_number - c.confirmations"
-    " AND b.block_number < COALESCE((SELECT min(e.block_number) FROM escrow_events e"
-    "   WHERE e.chain_id = {chain} AND e.task_id = {task} AND lower(e.escrow_address) = {escrow}"
-    "   AND e.block_number <= c.block_number - c.confirmations"
-    "   AND NOT EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)),"
-    "   9223372036854775807)"
-    " WHERE c.chain_id = {chain} ORDER BY b.block_number DESC LIMIT 1"
+TASK_TIME_SQL = indexed.TASK_TIME_SQL.replace(
+    "{applied}", "EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
 )
 
 

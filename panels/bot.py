@@ -14,8 +14,14 @@ Scorers (`ESCROWD_SCORER`), the kinds of seed 001:
 - `chat:BASE_URL:MODEL`: an OpenAI-compatible `/chat/completions` endpoint (key from
   `ESCROWD_SCORER_API_KEY`), asked to answer with that JSON object.
 
-The bot sees what the API shows a seat: frozen terms, output schema, output and compute
-report; the scorer gets exactly that, never the poster's claim.
+The bot sees what the API shows a seat: frozen terms, brief, output schema, output and
+compute report; the scorer gets exactly that, never the poster's claim. It trusts none of
+it: before judging it reads the task from the chain (`getTask` on its own RPC node) and
+refuses (attests a decline, confidence 0) unless the output hashes to the attempt's
+on-chain evidence hash, the terms to the on-chain `taskHash`, and the brief to the terms'
+`instructionsDigest`. Its attestation signs the attempt and that evidence hash. When the
+node cannot be read the bot does not attest and tries again at the next poll: our fault is
+never a verdict. The API and the node must be HTTPS unless they are on a loopback address.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
@@ -36,9 +44,12 @@ import typer
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chain.eth_rpc import EthRpc, Reverted, RpcError
+from chain.txs import selector
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
+from schemas.task_terms import canonical_json, keccak_hex, result_hash
 
 log = structlog.get_logger(__name__)
 
@@ -50,12 +61,80 @@ class CannotJudge(Exception):
     """The scorer gave no usable answer: attest confidence 0."""
 
 
+class Refused(Exception):
+    """What the bot was shown is not what the chain committed to: attest a decline."""
+
+
+class ChainUnavailable(Exception):
+    """The bot's own node did not answer: do not attest now, try at the next poll."""
+
+
+def require_https(url: str, field: str) -> str:
+    """`url` itself when it is HTTPS, or HTTP on a loopback host; ValueError otherwise."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme == "https" and host:
+        return url
+    loopback = host == "localhost"
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+    if parts.scheme == "http" and loopback:
+        return url
+    raise ValueError(f"{field} must be https:// (plain http only on a loopback address)")
+
+
+TASK_WORDS = 13
+"""`getTask` returns the static `Task` struct: 13 words (docs/contract.md)."""
+
+
+def decode_task(data: bytes) -> tuple[int, str, str]:
+    """(attempts, taskHash, lastEvidenceHash) from `getTask`'s return data; Refused when it
+    is not a 13-word `Task`."""
+    if len(data) != TASK_WORDS * 32:
+        raise Refused(f"getTask returned {len(data)} bytes, not a Task")
+    word = [data[i * 32:(i + 1) * 32] for i in range(TASK_WORDS)]
+    attempts = int.from_bytes(word[3], "big")
+    if attempts > 255:
+        raise Refused("getTask returned an attempt count above uint8")
+    return attempts, "0x" + word[11].hex(), "0x" + word[12].hex()
+
+
+def check_shown(assignment: dict[str, Any], attempts: int, task_hash: str, evidence_hash: str) -> tuple[int, str]:
+    """Refused unless the assignment is what the chain committed to; else the (attempt,
+    evidence hash) to sign. Pure: the chain's values come in as arguments."""
+    attempt = assignment.get("attempt")
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt != attempts or attempts < 1:
+        raise Refused("the assignment's attempt is not the task's latest attempt on chain")
+    shown = assignment.get("evidence_hash")
+    if shown is not None and str(shown).lower() != evidence_hash:
+        raise Refused("the assignment names another evidence hash than the chain")
+    if "output" not in assignment or assignment["output"] is None:
+        raise Refused("no delivered output shown")
+    if result_hash(assignment["output"]) != evidence_hash:
+        raise Refused("the output does not hash to the attempt's on-chain evidence hash")
+    terms = assignment.get("terms")
+    if not isinstance(terms, dict) or keccak_hex(canonical_json(terms).encode("utf-8")) != task_hash:
+        raise Refused("the terms do not hash to the task's on-chain taskHash")
+    brief = assignment.get("brief")
+    if not isinstance(brief, str):
+        raise Refused("no brief shown (a private brief is not readable by a panel)")
+    if keccak_hex(brief.encode("utf-8")) != str(terms.get("instructionsDigest", "")).lower():
+        raise Refused("the brief does not hash to the terms' instructionsDigest")
+    return attempt, evidence_hash
+
+
 class BotSettings(BaseSettings):
     """`escrowd verifier-bot` (`ESCROWD_*` over the file's `verifier_bot:` section); the keys are never logged."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
-    api_url: str = Field(description="Base URL of the escrowd API")
+    api_url: str = Field(description="Base URL of the escrowd API (https unless loopback)")
+    rpc_url: str = Field(
+        description="JSON-RPC node the bot reads each task from before judging (https unless loopback)"
+    )
     verifier_key: SecretStr | None = Field(default=None, description="0x hex key of this verifier (its address is its id)")
     verifier_key_file: Path | None = Field(
         default=None, description="File holding that key (a mounted secret), instead of verifier_key"
@@ -72,6 +151,8 @@ class BotSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_of_each(self) -> BotSettings:
+        require_https(self.api_url, "api_url")
+        require_https(self.rpc_url, "rpc_url")
         if (self.verifier_key is None) == (self.verifier_key_file is None):
             raise ValueError("set exactly one of verifier_key and verifier_key_file")
         if self.scorer_api_key is not None and self.scorer_api_key_file is not None:
@@ -185,16 +266,42 @@ async def _post_json(url: str, body: Any, seconds: float, api_key: str | None) -
 class VerifierBot:
     """Register, poll, score, attest."""
 
-    def __init__(self, settings: BotSettings, scorer: Scorer, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, settings: BotSettings, scorer: Scorer, session: aiohttp.ClientSession, rpc: EthRpc | None = None
+    ) -> None:
         from eth_account import Account
 
         self.settings = settings
         self.scorer = scorer
         self.session = session
+        self.rpc = rpc or EthRpc([settings.rpc_url], chain_id=settings.verifier_chains[0], attempts=3)
         self._key = settings.signing_key()
         self.address = str(Account.from_key(self._key).address)
         self.attested = 0
+        self.refused = 0
         self._served: Deployment | None = None
+        self._chain_id: int | None = None
+
+    async def on_chain(self, assignment: dict[str, Any]) -> tuple[int, str]:
+        """Check the assignment against the chain: the (attempt, evidence hash) to sign, or
+        Refused; ChainUnavailable when the node does not answer."""
+        try:
+            if self._chain_id is None:
+                self._chain_id = await self.rpc.chain_id()
+            if self._chain_id != assignment.get("chain_id"):
+                raise Refused(f"the bot's node serves chain {self._chain_id}, not the assignment's")
+            task_id = assignment.get("task_id")
+            if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 < task_id < 2**256:
+                raise Refused("the assignment names no task id")
+            data = await self.rpc.eth_call(str(assignment["escrow"]), selector("getTask") + task_id.to_bytes(32, "big"))
+        except Reverted:
+            raise Refused("the escrow does not know this task") from None
+        except RpcError as exc:
+            raise ChainUnavailable(type(exc).__name__) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ChainUnavailable(type(exc).__name__) from None
+        attempts, task_hash, evidence_hash = decode_task(data)
+        return check_shown(assignment, attempts, task_hash, evidence_hash)
 
     async def _deployment(self) -> Deployment:
         """The API's own deployment (the domain its panel routes verify signatures for)."""
@@ -243,10 +350,24 @@ class VerifierBot:
             return 0
         accepted = 0
         for assignment in assignments:
-            quality, confidence = await self.score(assignment)
+            try:
+                attempt, evidence_hash = await self.on_chain(assignment)
+            except ChainUnavailable as exc:
+                log.warning("chain_unavailable", round_id=assignment.get("round_id"), error_type=str(exc))
+                continue
+            except Refused as exc:
+                log.warning("verifier_refused", round_id=assignment.get("round_id"), reason=str(exc))
+                self.refused += 1
+                if not isinstance(assignment.get("attempt"), int) or not assignment.get("evidence_hash"):
+                    continue  # nothing to bind a decline to
+                # A decline bound to what the round says it judges: the seat is kept, no weight.
+                attempt, evidence_hash = assignment["attempt"], str(assignment["evidence_hash"])
+                quality, confidence = 0.0, 0.0
+            else:
+                quality, confidence = await self.score(assignment)
             attestation = msg.Attestation(
                 chain_id=assignment["chain_id"], escrow=assignment["escrow"], task_id=assignment["task_id"],
-                round=assignment["round"], verifier=self.address,
+                round=assignment["round"], attempt=attempt, evidence_hash=evidence_hash, verifier=self.address,
                 quality_ppm=round(quality * msg.PPM), confidence_ppm=round(confidence * msg.PPM),
             )
             signed = msg.sign_attestation(attestation, self._key)
@@ -297,10 +418,9 @@ def verifier_bot(
     ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
-    import signal
-
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     try:
         settings = load_bot_settings(config)
@@ -312,12 +432,13 @@ def verifier_bot(
         raise typer.Exit(2) from None
     configure_logging(json=True)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    async def main(stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            await VerifierBot(settings, scorer, session).run(stop, once=once)
+            bot = VerifierBot(settings, scorer, session)
+            log.info("verifier_bot_started", address=bot.address, operator=settings.operator_id, once=once)
+            try:
+                await bot.run(stop, once=once)
+            finally:
+                await bot.rpc.close()
 
-    asyncio.run(main())
+    run_service("verifier-bot", main, configure=False)

@@ -5,7 +5,10 @@
   POOL.json is ``[{"id", "operator", "calibration"}]``.
 * ``panel consensus --attestations FILE`` prints ``{"consensus", "rerun", ...}``; FILE is
   ``{"round": N, "attestations": [{"verifier", "quality", "confidence", "calibration"}]}``
-  (optional per attestation: ``"timed_out"``; optional at the top: ``"schema_ok"``).
+  (optional per attestation: ``"timed_out"``; optional at the top: ``"schema_ok"`` and
+  ``"min_confidence"``, default 0.1: below it an attestation is a decline).
+* ``panel draw`` takes ``--operator-cap`` (default 1): the most one operator's verifiers
+  weigh together in the draw.
 
 Bad input exits 2 with a one-line error on stderr; a pool too small for the panel exits 3.
 The secret is never printed.
@@ -72,6 +75,7 @@ class ConsensusFile(BaseModel):
     round: int = Field(ge=rules.FIRST_ROUND, le=rules.MAX_ROUND)
     attestations: list[AttestationEntry] = Field(max_length=1000)
     schema_ok: StrictBool = True
+    min_confidence: _Unit = rules.MIN_CONFIDENCE_PPM / rules.PPM
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -130,6 +134,9 @@ def draw_command(
     exclude_ids: Annotated[
         str | None, typer.Option("--exclude-ids", help="Comma-separated verifier ids (parties, earlier seats)")
     ] = None,
+    operator_cap: Annotated[
+        str, typer.Option("--operator-cap", help="Most draw weight of one operator's verifiers together (0..1]")
+    ] = "1",
 ) -> None:
     """Print the verifiers drawn for TASK_KEY and ROUND from POOL."""
     if not TASK_KEY.match(task_key):
@@ -149,6 +156,12 @@ def draw_command(
     candidates = [rules.Candidate(e.id, e.operator, rules.to_ppm(e.calibration)) for e in entries]
     key = task_key.lower()
     try:
+        cap = rules.to_ppm(operator_cap)
+    except (ValueError, ArithmeticError):
+        _fail("--operator-cap must be a decimal in (0, 1]")
+    if cap == 0:
+        _fail("--operator-cap must be a decimal in (0, 1]")
+    try:
         chosen = rules.draw(
             secret,
             key,
@@ -156,6 +169,7 @@ def draw_command(
             candidates,
             exclude_operators=_names(exclude_operators),
             exclude_ids=_names(exclude_ids),
+            operator_cap_ppm=cap,
         )
     except rules.PoolTooSmall as error:
         _fail(str(error), EXIT_POOL_TOO_SMALL)
@@ -183,8 +197,9 @@ def consensus_command(
         )
         for a in parsed.attestations
     ]
+    minimum = rules.to_ppm(parsed.min_confidence)
     try:
-        result = rules.decide(parsed.round, seats)
+        result = rules.decide(parsed.round, seats, minimum)
     except ValueError as error:
         _fail(str(error))
     ppm = result.consensus_ppm
@@ -199,6 +214,8 @@ def consensus_command(
             "round": result.round,
             "spread": None if result.spread_ppm is None else result.spread_ppm / rules.PPM,
             "weighted": list(result.weighted),
+            "declined": [a.verifier for a in seats if not rules.counts(a, minimum)],
+            "min_confidence": minimum / rules.PPM,
             "schema_ok": parsed.schema_ok,
             "band": None if capped is None else rules.band(capped).value,
             "agent_share_bps": None

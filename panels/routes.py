@@ -18,6 +18,7 @@ from fastapi import APIRouter, Body, Path, Request
 from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict
 
+from panels.rules import OPERATOR_COOLDOWN_SECONDS
 from panels.service import output_schema
 from runtime.web.auth import authenticate
 from runtime.web.errors import ApiProblem
@@ -46,8 +47,11 @@ class Assignment(BaseModel):
     escrow: str
     task_id: int
     round: int
+    attempt: int | None
+    evidence_hash: str | None
     deadline: datetime
     terms: dict[str, Any] | None
+    brief: str | None
     output_schema: dict[str, Any] | None
     output: Any
     compute_report: dict[str, Any]
@@ -62,18 +66,37 @@ async def _caller_address(request: Request) -> str:
 
 @router.post("/panels/verifiers", status_code=201, summary="Join the verifier pool (signed by the verifier)")
 async def register_verifier(request: Request, body: Annotated[msg.VerifierRegistration, Body()]) -> dict[str, Any]:
-    """Register or update the caller as a verifier; calibration is kept across updates."""
+    """Register or update the caller as a verifier; calibration is kept across updates.
+
+    A new operator id of a registered verifier takes effect only `OPERATOR_COOLDOWN_SECONDS`
+    later (7 days): a verifier cannot leave a party's operator just before its dispute. A
+    change already due is folded in first; asking for the current id cancels a pending one.
+    """
+    chains = sorted(set(body.chains))
     async with request.app.state.pool.acquire() as conn, conn.transaction():
         caller = await _caller_address(request)
         if caller != body.address.lower():
             raise ApiProblem(403, "NOT_VERIFIER", "a verifier registers only its own address")
+        await conn.execute(
+            "UPDATE panel_verifiers SET operator = pending_operator, pending_operator = NULL,"
+            " operator_effective_at = NULL WHERE address = $1 AND operator_effective_at <= now()", caller,
+        )
         row = await conn.fetchrow(
             "INSERT INTO panel_verifiers (address, operator, chains) VALUES ($1, $2, $3)"
-            " ON CONFLICT (address) DO UPDATE SET operator = EXCLUDED.operator, chains = EXCLUDED.chains,"
-            " active = true, updated_at = now() RETURNING calibration_ppm, rounds",
-            caller, body.operator, sorted(set(body.chains)),
+            " ON CONFLICT (address) DO UPDATE SET chains = EXCLUDED.chains, active = true, updated_at = now(),"
+            " pending_operator = CASE WHEN panel_verifiers.operator = EXCLUDED.operator THEN NULL"
+            "   WHEN panel_verifiers.pending_operator = EXCLUDED.operator THEN panel_verifiers.pending_operator"
+            "   ELSE EXCLUDED.operator END,"
+            " operator_effective_at = CASE WHEN panel_verifiers.operator = EXCLUDED.operator THEN NULL"
+            "   WHEN panel_verifiers.pending_operator = EXCLUDED.operator THEN panel_verifiers.operator_effective_at"
+            "   ELSE now() + make_interval(secs => $4) END"
+            " RETURNING operator, pending_operator, operator_effective_at, calibration_ppm, rounds",
+            caller, body.operator, chains, OPERATOR_COOLDOWN_SECONDS,
         )
-    return {"address": caller, "operator": body.operator, "chains": sorted(set(body.chains)),
+    effective_at = row["operator_effective_at"]
+    return {"address": caller, "operator": row["operator"], "chains": chains,
+            "pending_operator": row["pending_operator"],
+            "operator_effective_at": None if effective_at is None else effective_at.isoformat(),
             "calibration_ppm": row["calibration_ppm"], "rounds": row["rounds"]}
 
 
@@ -84,7 +107,8 @@ async def my_assignments(request: Request) -> list[Assignment]:
         async with conn.transaction():
             caller = await _caller_address(request)
         rows = await conn.fetch(
-            "SELECT r.round_id, r.chain_id, r.escrow, r.task_id, r.round, r.deadline, t.task_hash, t.attempt"
+            "SELECT r.round_id, r.chain_id, r.escrow, r.task_id, r.round, r.deadline, r.attempt, r.evidence_hash,"
+            " t.task_hash"
             " FROM panel_seats s JOIN panel_rounds r USING (round_id)"
             " LEFT JOIN panel_tasks t ON t.chain_id = r.chain_id AND t.escrow = r.escrow AND t.task_id = r.task_id"
             " WHERE s.verifier = $1 AND s.attested_at IS NULL AND r.status = 'open' AND r.deadline > now()"
@@ -94,6 +118,11 @@ async def my_assignments(request: Request) -> list[Assignment]:
         out = []
         for r in rows:
             terms = await conn.fetchval("SELECT terms FROM task_terms WHERE task_hash = $1", r["task_hash"])
+            # A public brief is shown as stored; the verifier checks it against the terms'
+            # instructionsDigest itself. A private brief is not wrapped to panel seats.
+            brief = await conn.fetchval(
+                "SELECT brief FROM task_briefs WHERE task_hash = $1 AND NOT private", r["task_hash"]
+            )
             finalize = await conn.fetchrow(
                 "SELECT payload, created_at, updated_at FROM verification_requests WHERE kind = 'finalize'"
                 " AND chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4"
@@ -107,7 +136,8 @@ async def my_assignments(request: Request) -> list[Assignment]:
                 report["checked_seconds"] = (finalize["updated_at"] - finalize["created_at"]).total_seconds()
             out.append(Assignment(
                 round_id=r["round_id"], chain_id=r["chain_id"], escrow=r["escrow"], task_id=int(r["task_id"]),
-                round=r["round"], deadline=r["deadline"], terms=terms, output_schema=output_schema(terms),
+                round=r["round"], attempt=r["attempt"], evidence_hash=r["evidence_hash"], deadline=r["deadline"],
+                terms=terms, brief=brief, output_schema=output_schema(terms),
                 output=output, compute_report=report,
             ))
     return out
@@ -115,7 +145,8 @@ async def my_assignments(request: Request) -> list[Assignment]:
 
 @router.post("/panels/attestations", status_code=201, summary="Attest quality and confidence for a seat")
 async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()]) -> dict[str, Any]:
-    """The attestation must be signed by its verifier's key, for an open seat, in time."""
+    """The attestation must be signed by its verifier's key, for an open seat, in time, and
+    name the attempt and the evidence hash the round judges (409 `WRONG_EVIDENCE` otherwise)."""
     a = body.attestation
     try:
         signer = msg.attestation_signer(body)
@@ -127,7 +158,7 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
         # The seat of this verifier in round N of the task; a sampled review and a dispute
         # of one task never seat the same verifier, so at most one matches.
         row = await conn.fetchrow(
-            "SELECT s.round_id, r.status, r.deadline <= now() AS late,"
+            "SELECT s.round_id, r.status, r.deadline <= now() AS late, r.attempt, r.evidence_hash,"
             " extract(epoch FROM now() - r.drawn_at)::float8 AS waited, s.attested_at, s.timed_out"
             " FROM panel_seats s JOIN panel_rounds r USING (round_id)"
             " WHERE s.chain_id = $1 AND s.escrow = $2 AND s.task_id = $3 AND r.round = $4 AND s.verifier = $5"
@@ -140,6 +171,8 @@ async def attest(request: Request, body: Annotated[msg.SignedAttestation, Body()
             raise ApiProblem(409, "ALREADY_ATTESTED", "this seat has attested already")
         if row["status"] != "open" or row["late"] or row["timed_out"]:
             raise ApiProblem(409, "ROUND_CLOSED", "the round is closed or its deadline has passed")
+        if row["evidence_hash"] is None or (a.attempt, a.evidence_hash) != (row["attempt"], row["evidence_hash"]):
+            raise ApiProblem(409, "WRONG_EVIDENCE", "the attestation is not for the attempt and evidence this round judges")
         rid = row["round_id"]
         await conn.execute(
             "UPDATE panel_seats SET quality_ppm = $3, confidence_ppm = $4, signature = $5, attested_at = now()"
@@ -164,11 +197,13 @@ async def read_round(request: Request, round_id: RoundPath) -> dict[str, Any]:
     return {
         "round_id": round_id, "chain_id": rnd["chain_id"], "escrow": rnd["escrow"], "task_id": int(rnd["task_id"]),
         "round": rnd["round"], "rerun_of": rnd["rerun_of"], "outcome": rnd["outcome"],
+        "attempt": rnd["attempt"], "evidence_hash": rnd["evidence_hash"], "min_confidence_ppm": rnd["min_confidence_ppm"],
         "consensus_ppm": rnd["consensus_ppm"], "spread_ppm": rnd["spread_ppm"], "schema_ok": rnd["schema_ok"],
         "agent_share_bps": rnd["agent_share_bps"], "secret_version": rnd["secret_version"],
         "drawn_at": rnd["drawn_at"].isoformat(), "deadline": rnd["deadline"].isoformat(),
         "seats": [
-            {"seat": s["seat"], "verifier": s["verifier"], "calibration_ppm": s["calibration_ppm"],
+            {"seat": s["seat"], "verifier": s["verifier"], "operator": s["operator"],
+             "calibration_ppm": s["calibration_ppm"],
              "quality_ppm": s["quality_ppm"], "confidence_ppm": s["confidence_ppm"],
              "signature": s["signature"], "timed_out": s["timed_out"]}
             for s in seats

@@ -44,7 +44,16 @@ MIN_CALIBRATION_PPM = 10_000
 CALIBRATION_RATE = Fraction(1, 10)
 """η: the share of the gap to the round's score that calibration moves each round."""
 HIT_TOLERANCE_PPM = 100_000
-"""An attestation is a hit when its quality lies within 0.1 of the consensus."""
+"""The window an attestation claims: the consensus lies within 0.1 of its quality."""
+MIN_CONFIDENCE_PPM = 100_000
+"""Default minimum confidence (0.1): below it an attestation is a decline (no weight, no fee,
+no calibration move, outside the spread), so a near-zero confidence buys nothing."""
+OPERATOR_WEIGHT_CAP_PPM = PPM
+"""Default draw weight cap of one operator identity: all its verifiers together weigh at most
+one fully calibrated verifier. One operator never holds two seats of one panel."""
+OPERATOR_COOLDOWN_SECONDS = 7 * 86_400
+"""A verifier's new operator id takes effect only after this long (until then both count for
+exclusions, the old one for the draw)."""
 
 POSTER_START_CALIBRATION_PPM = PPM
 """A poster starts fully trusted (nothing held against it yet), like reputation."""
@@ -178,47 +187,82 @@ def draw(
     exclude_operators: Iterable[str] = (),
     exclude_ids: Iterable[str] = (),
     seats: int = PANEL_SIZE,
+    operator_cap_ppm: int = OPERATOR_WEIGHT_CAP_PPM,
 ) -> list[Candidate]:
-    """Draw `seats` verifiers, weighted by calibration, without replacement.
+    """Draw `seats` verifiers of `seats` distinct operators, without replacement.
 
-    Seat `s` takes `r = HMAC-SHA256(secret, "escrowd-panel-draw|<task key>|<round>|<s>") mod W`
-    over the remaining eligible candidates (sorted by id, W their total calibration) and picks
-    the one whose cumulative interval holds `r`. Anyone with the secret reproduces it; without
-    the secret nobody can predict it.
+    Seat `s` first picks an operator: `r = HMAC-SHA256(secret, "escrowd-panel-draw|<task
+    key>|<round>|<s>|operator") mod W` over the operators not yet seated (sorted by id, each
+    weighing the sum of its verifiers' calibration capped at `operator_cap_ppm`, W their
+    total); then one of that operator's verifiers: `HMAC(..., "...|<s>|verifier") mod` their
+    total calibration, over them sorted by id. An operator holds at most one seat, and a
+    thousand addresses of one operator weigh no more than the cap. Anyone with the secret
+    reproduces it; without the secret nobody can predict it.
     """
     if not secret:
         raise ValueError("the draw secret is empty")
     if round_number < FIRST_ROUND:
         raise ValueError(f"round {round_number} < {FIRST_ROUND}")
-    remaining = eligible(pool, exclude_operators, exclude_ids)
-    if len(remaining) < seats:
-        raise PoolTooSmall(f"{len(remaining)} eligible verifiers for {seats} seats")
+    if isinstance(operator_cap_ppm, bool) or not isinstance(operator_cap_ppm, int) or operator_cap_ppm < 1:
+        raise ValueError(f"operator cap {operator_cap_ppm!r} must be a positive integer (ppm)")
+    groups: dict[str, list[Candidate]] = {}
+    for candidate in eligible(pool, exclude_operators, exclude_ids):
+        groups.setdefault(candidate.operator.lower(), []).append(candidate)
+    if len(groups) < seats:
+        raise PoolTooSmall(f"{len(groups)} eligible operators for {seats} seats")
     chosen: list[Candidate] = []
     for seat in range(seats):
-        weights = [c.calibration_ppm for c in remaining]
-        r = _hmac_int(secret, f"escrowd-panel-draw|{task_key}|{round_number}|{seat}") % sum(weights)
-        chosen.append(remaining.pop(pick_index(weights, r)))
+        operators = sorted(groups)
+        weights = [min(sum(c.calibration_ppm for c in groups[o]), operator_cap_ppm) for o in operators]
+        prefix = f"escrowd-panel-draw|{task_key}|{round_number}|{seat}"
+        operator = operators[pick_index(weights, _hmac_int(secret, prefix + "|operator") % sum(weights))]
+        members = groups.pop(operator)
+        inner = [c.calibration_ppm for c in members]
+        chosen.append(members[pick_index(inner, _hmac_int(secret, prefix + "|verifier") % sum(inner))])
     return chosen
+
+
+def operator_shares(pool: Iterable[Candidate], operator_cap_ppm: int = OPERATOR_WEIGHT_CAP_PPM) -> dict[str, Fraction]:
+    """Each operator's chance of the first seat: its capped weight over the total."""
+    totals: dict[str, int] = {}
+    for c in eligible(pool):
+        totals[c.operator.lower()] = totals.get(c.operator.lower(), 0) + c.calibration_ppm
+    capped = {o: min(t, operator_cap_ppm) for o, t in totals.items()}
+    whole = sum(capped.values())
+    return {o: Fraction(w, whole) for o, w in sorted(capped.items())}
 
 
 # ---------------------------------------------------------------------------- consensus
 
 
-def weight(attestation: Attestation) -> int:
-    """confidence × calibration (ppm²); 0 for a decline, failure or timeout."""
-    if attestation.timed_out:
+def counts(attestation: Attestation, min_confidence_ppm: int = MIN_CONFIDENCE_PPM) -> bool:
+    """Whether the attestation carries weight: in time and at least the minimum confidence.
+
+    Anything else (a timeout, a decline, a confidence below the minimum) is a decline: no
+    weight, no fee, no calibration move for accuracy, and outside the spread.
+    """
+    _check_ppm("minimum confidence", min_confidence_ppm)
+    return not attestation.timed_out and attestation.confidence_ppm >= max(1, min_confidence_ppm)
+
+
+def weight(attestation: Attestation, min_confidence_ppm: int = MIN_CONFIDENCE_PPM) -> int:
+    """confidence × calibration (ppm²); 0 for a decline, a failure, a timeout or a confidence
+    below the minimum."""
+    if not counts(attestation, min_confidence_ppm):
         return 0
     return attestation.confidence_ppm * attestation.calibration_ppm
 
 
-def consensus(attestations: Iterable[Attestation]) -> Fraction | None:
-    """Σ q·c·cal / Σ c·cal over the attestations, exact; None when nothing carries weight."""
+def consensus(
+    attestations: Iterable[Attestation], min_confidence_ppm: int = MIN_CONFIDENCE_PPM
+) -> Fraction | None:
+    """Σ q·c·cal / Σ c·cal over the weighted attestations, exact; None when nothing carries weight."""
     numerator = 0
     denominator = 0
     for a in attestations:
         for name in ("quality_ppm", "confidence_ppm", "calibration_ppm"):
             _check_ppm(name, getattr(a, name))
-        w = weight(a)
+        w = weight(a, min_confidence_ppm)
         numerator += a.quality_ppm * w
         denominator += w
     if denominator == 0:
@@ -226,20 +270,42 @@ def consensus(attestations: Iterable[Attestation]) -> Fraction | None:
     return Fraction(numerator, denominator * PPM)
 
 
-def decide(round_number: int, attestations: Sequence[Attestation]) -> RoundResult:
+def round_ppm(value: Fraction) -> int:
+    """A [0, 1] fraction as ppm, rounded once, half to even."""
+    return round(value * PPM)
+
+
+def peer_consensus_ppm(
+    attestations: Sequence[Attestation], verifier: str, min_confidence_ppm: int = MIN_CONFIDENCE_PPM
+) -> int | None:
+    """The consensus of the *other* seats (ppm), against which `verifier` is scored.
+
+    Scoring a seat against a consensus it helped make would let a heavy verifier pull the
+    reference toward itself and always look right; None when no other seat carries weight.
+    """
+    others = [a for a in attestations if a.verifier.lower() != verifier.lower()]
+    value = consensus(others, min_confidence_ppm)
+    return None if value is None else round_ppm(value)
+
+
+def decide(
+    round_number: int, attestations: Sequence[Attestation], min_confidence_ppm: int = MIN_CONFIDENCE_PPM
+) -> RoundResult:
     """Close a round: consensus, and whether it rules, reruns or goes to the human arbiter.
 
     Rerun rule: in the first round, when at least two attestations carry weight and their
     qualities all lie within `COLLUSION_SPREAD_PPM` of each other (max − min ≤ 0.02), the
-    round reruns with fresh verifiers. A rerun round (`MAX_ROUND`) never reruns.
+    round reruns with fresh verifiers. Declines (below the minimum confidence) are outside
+    the spread, so an attestation that carries no weight cannot widen it to dodge the rerun.
+    A rerun round (`MAX_ROUND`) never reruns.
     """
     if not FIRST_ROUND <= round_number <= MAX_ROUND:
         raise ValueError(f"round {round_number} outside {FIRST_ROUND}..{MAX_ROUND}")
     ids = [a.verifier.lower() for a in attestations]
     if len(set(ids)) != len(ids):
         raise ValueError("one verifier attested twice in a round")
-    value = consensus(attestations)
-    weighted = tuple(a for a in attestations if weight(a) > 0)
+    value = consensus(attestations, min_confidence_ppm)
+    weighted = tuple(a for a in attestations if counts(a, min_confidence_ppm))
     if value is None:
         return RoundResult(round_number, Outcome.INCONCLUSIVE, None, None, None, ())
     qualities = [a.quality_ppm for a in weighted]
@@ -249,7 +315,7 @@ def decide(round_number: int, attestations: Sequence[Attestation]) -> RoundResul
         round_number,
         Outcome.RERUN if rerun else Outcome.RULING,
         value,
-        round(value * PPM),
+        round_ppm(value),
         spread,
         tuple(a.verifier for a in weighted),
     )
@@ -308,37 +374,64 @@ def schema_violations(output: Any, schema: Mapping[str, Any], limit: int = 10) -
 # ---------------------------------------------------------------------------- calibration
 
 
-def _round_ppm(value: Fraction) -> int:
-    return round(value * PPM)
-
-
 def _move(calibration_ppm: int, score: Fraction) -> int:
     current = Fraction(calibration_ppm, PPM)
-    moved = _round_ppm(current + CALIBRATION_RATE * (score - current))
+    moved = round_ppm(current + CALIBRATION_RATE * (score - current))
     return max(MIN_CALIBRATION_PPM, min(PPM, moved))
 
 
-def brier_score(confidence_ppm: int, hit: bool) -> Fraction:
-    """1 − (confidence − outcome)²: the (strictly proper) Brier score of "my quality is right"."""
+def window_ppm(quality_ppm: int) -> int:
+    """Width of the window an attestation claims: [q − 0.1, q + 0.1] within [0, 1]."""
+    _check_ppm("quality", quality_ppm)
+    return min(PPM, quality_ppm + HIT_TOLERANCE_PPM) - max(0, quality_ppm - HIT_TOLERANCE_PPM)
+
+
+def hit(quality_ppm: int, reference_ppm: int) -> bool:
+    """The reference consensus lies in the attestation's window (|q − reference| ≤ 0.1)."""
+    _check_ppm("quality", quality_ppm)
+    _check_ppm("reference", reference_ppm)
+    return abs(quality_ppm - reference_ppm) <= HIT_TOLERANCE_PPM
+
+
+def accuracy_score(quality_ppm: int, confidence_ppm: int, reference_ppm: int) -> Fraction:
+    """The quadratic score of the forecast an attestation states, at the reference consensus.
+
+    `{q, c}` states: "with probability c the consensus lies in my window [q ± 0.1] (width w),
+    otherwise I know nothing (uniform on [0, 1])", the density f = c·1_W/w + (1 − c). Its
+    quadratic score 2·f(x) − ∫f², strictly proper, mapped affinely so that c = 0 scores ½:
+
+        hit   ½ + c − c²/2
+        miss  ½ − c·w/(1 − w) − c²/2
+
+    For fixed q the expected score is maximal exactly at c = (p − w)/(1 − w), p the
+    verifier's own probability of a hit: the chance it is better than blind. A blind or
+    junk quality (p = w) does best by declining, and any confidence then scores below ½.
+    """
     _check_ppm("confidence", confidence_ppm)
-    gap = Fraction(confidence_ppm, PPM) - (1 if hit else 0)
-    return 1 - gap * gap
+    c = Fraction(confidence_ppm, PPM)
+    base = Fraction(1, 2) - c * c / 2
+    if hit(quality_ppm, reference_ppm):
+        return base + c
+    width = window_ppm(quality_ppm)
+    return base - c * Fraction(width, PPM - width)
 
 
-def update_verifier(attestation: Attestation, consensus_ppm: int) -> int:
+def update_verifier(
+    attestation: Attestation, reference_ppm: int | None, min_confidence_ppm: int = MIN_CONFIDENCE_PPM
+) -> int:
     """A verifier's calibration after a round that reached consensus.
 
-    hit = |quality − consensus| ≤ 0.1; cal ← cal + η·(brier − cal), η = 1/10, clamped to
-    [0.01, 1]. A timeout scores 0 (the worst); an explicit decline (confidence 0, not timed
-    out) leaves calibration unchanged, so "I cannot judge" is never punished nor rewarded.
+    cal ← clamp(cal + η·(score − cal), 0.01, 1), η = 1/10: score = `accuracy_score` against
+    the reference consensus (the other seats', or the fresh panel's for a rerun first panel);
+    a timeout scores 0. A decline (confidence below the minimum, in time) leaves calibration
+    unchanged, and so does a missing reference: nobody to be judged against.
     """
-    _check_ppm("consensus", consensus_ppm)
     if attestation.timed_out:
         return _move(attestation.calibration_ppm, Fraction(0))
-    if attestation.confidence_ppm == 0:
+    if not counts(attestation, min_confidence_ppm) or reference_ppm is None:
         return attestation.calibration_ppm
-    hit = abs(attestation.quality_ppm - consensus_ppm) <= HIT_TOLERANCE_PPM
-    return _move(attestation.calibration_ppm, brier_score(attestation.confidence_ppm, hit))
+    score = accuracy_score(attestation.quality_ppm, attestation.confidence_ppm, reference_ppm)
+    return _move(attestation.calibration_ppm, score)
 
 
 def claim_quality_ppm(approved: bool) -> int:

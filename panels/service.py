@@ -14,9 +14,11 @@ the ruling on chain (rulings wait in `panel_rulings` and on `escrow.panel-ruling
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Literal
 
 import asyncpg
 import structlog
@@ -53,18 +55,39 @@ CALIBRATION_CHANGE = Histogram(
 MAX_SCHEMA_OUTPUT_BYTES = 1_000_000
 
 
+Admission = Literal["open", "allowlist"]
+
+
 @dataclass(frozen=True)
 class PanelConfig:
-    """What the service needs; the secret and key never leave this object (no repr)."""
+    """What the service needs; the secret and key never leave this object (no repr).
+
+    `admission` is the deployment's sybil resistance: `open` draws every registered verifier
+    under its self-declared operator id; `allowlist` draws only the addresses of `allowlist`
+    (address lower case → operator identity), under the operator the list names, and the
+    list also names the operators of parties who are not verifiers (workers, posters).
+    """
 
     secret: bytes
     secret_version: str
     ruling_key: str
     attestation_seconds: int = 3600
     fee_units: int = 50_000
+    min_confidence_ppm: int = rules.MIN_CONFIDENCE_PPM
+    operator_cap_ppm: int = rules.OPERATOR_WEIGHT_CAP_PPM
+    admission: Admission = "open"
+    allowlist: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowlist", MappingProxyType({k.lower(): v for k, v in self.allowlist.items()}))
+        if self.admission == "allowlist" and not self.allowlist:
+            raise ValueError("admission 'allowlist' needs a non-empty allow-list")
 
     def __repr__(self) -> str:
-        return f"PanelConfig(secret_version={self.secret_version!r}, attestation_seconds={self.attestation_seconds})"
+        return (
+            f"PanelConfig(secret_version={self.secret_version!r}, attestation_seconds={self.attestation_seconds},"
+            f" admission={self.admission!r})"
+        )
 
 
 def round_id(chain_id: int, escrow: str, task_id: int, reason: str, round_no: int) -> str:
@@ -149,12 +172,20 @@ class PanelHandler:
                     chain, escrow, task, str(args["agent"]).lower(),
                 )
             case "EvidenceSubmitted":
+                # The latest attempt and its evidence hash (attempts only grow on chain).
                 await conn.execute(
-                    "UPDATE panel_tasks SET attempt = greatest(attempt, $4) WHERE chain_id = $1"
-                    " AND escrow = $2 AND task_id = $3", chain, escrow, task, int(args["attempt"]),
+                    "UPDATE panel_tasks SET attempt = $4, evidence_hash = $5 WHERE chain_id = $1"
+                    " AND escrow = $2 AND task_id = $3 AND attempt <= $4", chain, escrow, task,
+                    int(args["attempt"]), _hex(args["evidenceHash"]),
                 )
             case "DisputeRaised":
-                await open_round(conn, self.config, chain, escrow, task, 1)
+                attempt = int(args["attempt"])
+                evidence = await conn.fetchval(
+                    "SELECT evidence_hash FROM panel_tasks WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                    " AND attempt = $4", chain, escrow, task, attempt,
+                )
+                await open_round(conn, self.config, chain, escrow, task, 1,
+                                 judged=None if evidence is None else (attempt, evidence))
             case "DisputeResolved":
                 # The human arbiter (or an earlier ruling) settled it: an open round stops here.
                 closed = await conn.execute(
@@ -214,7 +245,52 @@ async def maybe_sample_review(
     if not rules.sample_review(config.secret, task_key(chain, escrow, task), int(args["attempt"]), rate):
         return None
     return await open_round(conn, config, chain, escrow, task, 1, reason="review_sample",
-                            claim_passed=bool(args["passed"]))
+                            claim_passed=bool(args["passed"]),
+                            judged=(int(args["attempt"]), _hex(args["evidenceHash"])))
+
+
+async def _party_operators(conn: asyncpg.Connection, config: PanelConfig, parties: list[str]) -> set[str]:
+    """The operators of the parties, whatever their roles: from the allow-list and from the
+    verifier directory (current and pending operator ids alike), lower case."""
+    found = {config.allowlist[p].lower() for p in parties if p in config.allowlist}
+    for r in await conn.fetch(
+        "SELECT operator, pending_operator FROM panel_verifiers WHERE address = ANY($1::text[])", parties
+    ):
+        found |= {o.lower() for o in (r["operator"], r["pending_operator"]) if o}
+    return found
+
+
+async def drawable_pool(
+    conn: asyncpg.Connection, config: PanelConfig, chain: int, exclude_operators: set[str]
+) -> tuple[list[rules.Candidate], list[str]]:
+    """The candidates of `chain` under the deployment's admission, and the ids to leave out
+    because an operator id they are moving to or from is excluded.
+
+    A pending operator change counts from its `operator_effective_at`; until then the old id
+    is the verifier's operator in the draw. Under `allowlist` the list's operator is the
+    verifier's identity, whatever the verifier declared.
+    """
+    rows = await conn.fetch(
+        "SELECT address, calibration_ppm,"
+        " CASE WHEN operator_effective_at <= now() THEN pending_operator ELSE operator END AS operator,"
+        " CASE WHEN operator_effective_at > now() THEN pending_operator END AS moving_to"
+        " FROM panel_verifiers WHERE active AND $1 = ANY(chains)",
+        chain,
+    )
+    pool: list[rules.Candidate] = []
+    held: list[str] = []
+    for r in rows:
+        address = r["address"]
+        if config.admission == "allowlist":
+            if address not in config.allowlist:
+                continue
+            operator = config.allowlist[address]
+        else:
+            operator = r["operator"]
+            if r["moving_to"] is not None and r["moving_to"].lower() in exclude_operators:
+                held.append(address)
+        pool.append(rules.Candidate(address, operator, r["calibration_ppm"]))
+    return pool, held
 
 
 async def open_round(
@@ -227,9 +303,11 @@ async def open_round(
     *,
     reason: str = "dispute",
     claim_passed: bool | None = None,
+    judged: tuple[int, str] | None = None,
 ) -> str:
     """Draw and record round `round_no` of the task's dispute (or sampled review); publish
-    it. Idempotent. Nobody who already sat on this task sits again."""
+    it. Idempotent. Nobody who already sat on this task sits again, nor anyone of an
+    operator that did. `judged` is the (attempt, evidence hash) the round is bound to."""
     rid = round_id(chain, escrow, task, reason, round_no)
     existing = await conn.fetchrow("SELECT status, outcome FROM panel_rounds WHERE round_id = $1", rid)
     if existing is not None:
@@ -245,48 +323,45 @@ async def open_round(
         chain, escrow, task,
     )
     party_ids = [p for p in (parties["poster"], parties["agent"]) if p] if parties else []
-    party_ops = [
-        r["operator"]
-        for r in await conn.fetch("SELECT operator FROM panel_verifiers WHERE address = ANY($1::text[])", party_ids)
-    ]
-    earlier = [
-        r["verifier"]
-        for r in await conn.fetch(
-            "SELECT verifier FROM panel_seats WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
-            chain, escrow, task,
-        )
-    ]
-    pool = [
-        rules.Candidate(r["address"], r["operator"], r["calibration_ppm"])
-        for r in await conn.fetch(
-            "SELECT address, operator, calibration_ppm FROM panel_verifiers WHERE active AND $1 = ANY(chains)",
-            chain,
-        )
-    ]
+    earlier = await conn.fetch(
+        "SELECT verifier, operator FROM panel_seats WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+        chain, escrow, task,
+    )
+    excluded_ops = await _party_operators(conn, config, party_ids)
+    excluded_ops |= {r["operator"].lower() for r in earlier if r["operator"]}
+    pool, held = await drawable_pool(conn, config, chain, excluded_ops)
     now = datetime.now(UTC)
     deadline = now + timedelta(seconds=config.attestation_seconds)
     rerun_of = round_id(chain, escrow, task, reason, round_no - 1) if round_no > 1 else None
+    if judged is None and rerun_of is not None:
+        bound = await conn.fetchrow("SELECT attempt, evidence_hash FROM panel_rounds WHERE round_id = $1", rerun_of)
+        if bound is not None and bound["attempt"] is not None:
+            judged = (int(bound["attempt"]), bound["evidence_hash"])
+    if judged is None:
+        log.warning("panel_round_unbound", round_id=rid)  # no evidence known: no attestation can bind
     try:
         seats = rules.draw(
             config.secret, task_key(chain, escrow, task), round_no, pool,
-            exclude_operators=party_ops, exclude_ids=[*party_ids, *earlier],
+            exclude_operators=excluded_ops, exclude_ids=[*party_ids, *held, *(r["verifier"] for r in earlier)],
+            operator_cap_ppm=config.operator_cap_ppm,
         )
     except rules.PoolTooSmall:
         seats = []
     closed = not seats
     await conn.execute(
         "INSERT INTO panel_rounds (round_id, chain_id, escrow, task_id, reason, round, rerun_of, secret_version,"
-        " status, outcome, drawn_at, deadline, closed_at, claim_passed) VALUES ($1, $2, $3, $4, $13, $5, $6, $7,"
-        " $8, $9, $10, $11, $12, $14)",
+        " status, outcome, drawn_at, deadline, closed_at, claim_passed, attempt, evidence_hash, min_confidence_ppm)"
+        " VALUES ($1, $2, $3, $4, $13, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15, $16, $17)",
         rid, chain, escrow, task, round_no, rerun_of, config.secret_version,
         "closed" if closed else "open", "pool_too_small" if closed else None, now, deadline,
-        now if closed else None, reason, claim_passed,
+        now if closed else None, reason, claim_passed, None if judged is None else judged[0],
+        None if judged is None else judged[1], config.min_confidence_ppm,
     )
     for index, seat in enumerate(seats):
         await conn.execute(
-            "INSERT INTO panel_seats (round_id, seat, chain_id, escrow, task_id, reason, verifier, calibration_ppm)"
-            " VALUES ($1, $2, $3, $4, $5, $8, $6, $7)",
-            rid, index, chain, escrow, task, seat.id, seat.calibration_ppm, reason,
+            "INSERT INTO panel_seats (round_id, seat, chain_id, escrow, task_id, reason, verifier, calibration_ppm,"
+            " operator) VALUES ($1, $2, $3, $4, $5, $8, $6, $7, $9)",
+            rid, index, chain, escrow, task, seat.id, seat.calibration_ppm, reason, seat.operator,
         )
     record = msg.PanelRound(
         round_id=rid, chain_id=chain, escrow=escrow, task_id=task, round=round_no,
@@ -346,7 +421,8 @@ async def close_round(conn: asyncpg.Connection, config: PanelConfig, rid: str) -
     )
     seats = await conn.fetch("SELECT * FROM panel_seats WHERE round_id = $1 ORDER BY seat", rid)
     attestations = [_attestation(s) for s in seats]
-    result = rules.decide(rnd["round"], attestations)
+    minimum = int(rnd["min_confidence_ppm"])
+    result = rules.decide(rnd["round"], attestations, minimum)
     task = await conn.fetchrow(
         "SELECT * FROM panel_tasks WHERE chain_id = $1 AND escrow = $2 AND task_id = $3", chain, escrow, task_id
     )
@@ -376,7 +452,7 @@ async def close_round(conn: asyncpg.Connection, config: PanelConfig, rid: str) -
             signed = {
                 "attestation": {
                     "chain_id": chain, "escrow": escrow, "task_id": task_id, "round": rnd["round"],
-                    "verifier": s["verifier"], "quality_ppm": s["quality_ppm"], "confidence_ppm": s["confidence_ppm"],
+                    "attempt": rnd["attempt"], "evidence_hash": rnd["evidence_hash"], "verifier": s["verifier"], "quality_ppm": s["quality_ppm"], "confidence_ppm": s["confidence_ppm"],
                 },
                 "signature": s["signature"],
             }
@@ -430,8 +506,8 @@ async def _rule(
                    msg.RULING_EVENT_TYPE, rid)]
     loser = rules.losing_side(share)
     loser_account = None if task is None else task[loser]
-    for each, seats in await _move_verifiers(conn, rnd, consensus_ppm, out):
-        weighted = [s["verifier"] for s in seats if rules.weight(_attestation(s)) > 0]
+    for each, seats, minimum in await _move_verifiers(conn, rnd, consensus_ppm, out):
+        weighted = [s["verifier"] for s in seats if rules.counts(_attestation(s), minimum)]
         if loser_account is None:
             continue
         for entry in rules.fee_entries(weighted, config.fee_units, loser_account):
@@ -452,24 +528,34 @@ async def _rule(
 
 async def _move_verifiers(
     conn: asyncpg.Connection, rnd: asyncpg.Record, consensus_ppm: int, out: list[OutboxMessage]
-) -> list[tuple[str, list[asyncpg.Record]]]:
-    """Move the calibration of every seat of this series against the ruling consensus.
+) -> list[tuple[str, list[asyncpg.Record], int]]:
+    """Move the calibration of every seat of this series; return each round's seats and
+    minimum confidence.
 
-    Every panel of the series is measured against the final consensus: a colluding first
-    panel is scored against the fresh one, not against itself. Returns each round's seats.
+    A seat of the ruling round is scored against the consensus of the *other* seats of that
+    round (`peer_consensus_ppm`: nobody is judged against its own pull); a seat of a rerun
+    first panel against the ruling consensus: a colluding first panel is scored against the
+    fresh one, not against itself.
     """
     rid = rnd["round_id"]
     round_ids = [rid] if rnd["rerun_of"] is None else [rnd["rerun_of"], rid]
     result = []
     for each in round_ids:
-        seats = await conn.fetch("SELECT * FROM panel_seats WHERE round_id = $1 ORDER BY seat", each)
-        for seat in seats:
-            att = _attestation(seat)
+        seats = await conn.fetch(
+            "SELECT s.*, r.min_confidence_ppm FROM panel_seats s JOIN panel_rounds r USING (round_id)"
+            " WHERE s.round_id = $1 ORDER BY s.seat", each,
+        )
+        minimum = int(seats[0]["min_confidence_ppm"]) if seats else rules.MIN_CONFIDENCE_PPM
+        attestations = [_attestation(s) for s in seats]
+        for seat, att in zip(seats, attestations, strict=True):
+            reference = (
+                rules.peer_consensus_ppm(attestations, att.verifier, minimum) if each == rid else consensus_ppm
+            )
             before = await conn.fetchval(
                 "SELECT calibration_ppm FROM panel_verifiers WHERE address = $1 FOR UPDATE", seat["verifier"]
             )
             after = rules.update_verifier(rules.Attestation(att.verifier, att.quality_ppm, att.confidence_ppm,
-                                                            before, att.timed_out), consensus_ppm)
+                                                            before, att.timed_out), reference, minimum)
             CALIBRATION_CHANGE.observe(after - before)
             rounds = await conn.fetchval(
                 "UPDATE panel_verifiers SET calibration_ppm = $2, rounds = rounds + 1, updated_at = now()"
@@ -482,7 +568,7 @@ async def _move_verifiers(
             out.append(_outbox(f"panel-calibration:{seat['verifier']}:{rid}", PANEL_CALIBRATION,
                                f"verifier:{seat['verifier']}", update.model_dump(mode="json"),
                                msg.CALIBRATION_EVENT_TYPE, seat["verifier"]))
-        result.append((each, list(seats)))
+        result.append((each, list(seats), minimum))
     return result
 
 

@@ -236,6 +236,20 @@ class IdempotentConsumer:
     async def run(self) -> None:
         """Consume until stopped; reconnect on database or broker failures."""
         bound = log.bind(consumer=self.name)
+        outcome = "cancelled"
+        try:
+            with structlog.contextvars.bound_contextvars(consumer=self.name):
+                await self._run(bound)
+            outcome = "drained"
+        finally:
+            # A run that ends on its own (drained, or cancelled with its batch handed back and
+            # rolled back) died in no handler: its marks must accuse no message. Only a
+            # process that is killed leaves them for the next run's poison check.
+            await self._release_marks()
+            health.mark(self.name, False)
+            bound.info("consumer_stopped", processed=self.processed, outcome=outcome)
+
+    async def _run(self, bound: Any) -> None:
         while not self._stopping.is_set():
             consumer = self._make_consumer()
             conn: asyncpg.Connection | None = None
@@ -263,9 +277,19 @@ class IdempotentConsumer:
                             await c.close(timeout=2)
                 self._marks = None
                 with contextlib.suppress(Exception):
-                    await consumer.stop()
-        health.mark(self.name, False)
-        bound.info("consumer_stopped", processed=self.processed)
+                    await consumer.stop()  # leaves the group: a restart joins at once
+
+    async def _release_marks(self) -> None:
+        """Delete this run's in-flight marks (on a connection of its own: the marks' one may be mid-query)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(10):
+                conn = await connect(self._database_url)
+                try:
+                    await conn.execute(
+                        "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2", self.name, self._run_id
+                    )
+                finally:
+                    await conn.close(timeout=2)
 
     async def _open_marks(self) -> None:
         """The connection in-flight marks are written on; at the first start, the marks left by dead runs."""
@@ -469,6 +493,14 @@ class IdempotentConsumer:
             return "dead_lettered"
         if dead_run is not None:
             log.warning("message_retried_after_death", consumer=self.name, message_id=message_id, deaths=deaths)
+        with structlog.contextvars.bound_contextvars(
+            message_id=message_id, topic=message.topic, partition=message.partition, offset=message.offset
+        ):
+            return await self._handle_new(conn, message, message_id, deaths, dead_run)
+
+    async def _handle_new(
+        self, conn: asyncpg.Connection, message: InboundMessage, message_id: str, deaths: int, dead_run: str | None
+    ) -> str:
         inserted = await conn.fetchval(
             "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
             " ON CONFLICT DO NOTHING RETURNING 1",

@@ -1,4 +1,4 @@
-"""`escrowd schemas`: export JSON Schema files of the shared models."""
+"""`escrowd schemas`: export JSON Schema files of the shared models and the EIP-712 vectors."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ app = typer.Typer(help="Shared message schemas.", no_args_is_help=True)
 
 @app.command("export")
 def export_command() -> None:
-    """Write schemas/jsonschema/*.json from the pydantic models."""
+    """Write schemas/jsonschema/*.json from the pydantic models, and the EIP-712 vectors."""
+    from schemas import vectors
     from schemas.export import export
 
     for path in export():
         typer.echo(str(path))
+    typer.echo(str(vectors.export()))
 
 
 @app.command("list")

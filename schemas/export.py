@@ -1,7 +1,8 @@
-"""Export the JSON Schema of every shared model, for subscribers in other languages.
+"""Export the JSON Schema of every shared model and the AsyncAPI document, for subscribers.
 
-`escrowd schemas export` writes `schemas/jsonschema/<Name>.json`; a test fails when the
-committed files differ from what the models produce.
+`escrowd schemas export` writes `schemas/jsonschema/<Name>.json` and `schemas/asyncapi.yaml`
+(which points to them); a test fails when the committed files differ from what the models and
+the channel catalog produce.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ _OPTIONAL_MODELS = (
     ("schemas.task_state", "TimerRetracted"),
     ("schemas.verdict", "Verdict"),
     ("schemas.verdict", "SignedVerdict"),
+    ("schemas.proof", "SignedProof"),
     ("schemas.task_terms", "TaskTerms"),
+    ("schemas.task_terms", "FinalizeRequested"),
+    ("schemas.task_terms", "ReviewSubmitted"),
+    ("schemas.task_terms", "VerifierVerdictReported"),
+    ("schemas.task_terms", "VerifierFailed"),
+    ("schemas.task_terms", "RetryDue"),
     ("schemas.panels", "VerifierRegistration"),
     ("schemas.panels", "PanelRound"),
     ("schemas.panels", "SignedAttestation"),
@@ -69,7 +76,9 @@ def expected_files() -> dict[Path, str]:
 
 
 def export() -> list[Path]:
-    """Write every schema file; remove stale ones; return the paths written."""
+    """Write every schema file and the AsyncAPI document; remove stale ones; return the paths written."""
+    from schemas import asyncapi
+
     files = expected_files()
     for path in JSONSCHEMA_DIR.rglob("*.json"):
         if path not in files:
@@ -77,4 +86,5 @@ def export() -> list[Path]:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    return sorted(files)
+    asyncapi.ASYNCAPI_FILE.write_text(asyncapi.render(), encoding="utf-8")
+    return [*sorted(files), asyncapi.ASYNCAPI_FILE]

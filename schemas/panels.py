@@ -4,12 +4,13 @@ calibration and the fee ledger. See docs/panels.md for the rules behind the numb
 Values in [0, 1] travel as integers in parts per million (`*_ppm`), shares in basis points,
 fees in integer token units: every number is exact.
 
-Two signed structures, EIP-712 with the domain of `schemas.verdict` but their own name:
+Two signed structures, EIP-712 (`schemas.eip712`) with the domain of `schemas.verdict` but
+their own name:
 
     EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)
       name = "escrowd-panel", version = "1", verifyingContract = the escrow
-    Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,
-                uint32 quality,uint32 confidence)
+    Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint8 attempt,
+                bytes32 evidenceHash,address verifier,uint32 quality,uint32 confidence)
     Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)
 
 An attestation is signed by the verifier's own key; a ruling by the panel service's key and
@@ -23,8 +24,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from coincurve import PublicKey
-from eth_utils.crypto import keccak
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,15 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.verdict import (
-    InvalidSignature,
-    _address_word,
-    _key_bytes,
-    _signing_key,
-    _word,
-    address_of,
-    checksum_address,
-)
+from schemas import eip712
+from schemas.eip712 import checksum_address
 
 PANEL_DOMAIN_NAME = "escrowd-panel"
 PANEL_DOMAIN_VERSION = "1"
@@ -57,16 +49,12 @@ CALIBRATION_EVENT_TYPE = "io.escrowd.panel.calibration.v1"
 FEE_EVENT_TYPE = "io.escrowd.panel.fee.v1"
 
 ATTESTATION_TYPE = (
-    "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,address verifier,"
-    "uint32 quality,uint32 confidence)"
+    "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint8 attempt,"
+    "bytes32 evidenceHash,address verifier,uint32 quality,uint32 confidence)"
 )
 RULING_TYPE = "Ruling(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint16 agentShareBps)"
-_DOMAIN_TYPEHASH = keccak(
-    text="EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
-)
-_ATTESTATION_TYPEHASH = keccak(text=ATTESTATION_TYPE)
-_RULING_TYPEHASH = keccak(text=RULING_TYPE)
-_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+ATTESTATION_STRUCT = eip712.Struct.parse(ATTESTATION_TYPE)
+RULING_STRUCT = eip712.Struct.parse(RULING_TYPE)
 
 Address = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")]
 Signature = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{130}$")]
@@ -79,6 +67,8 @@ ChainId = Annotated[int, Field(gt=0, le=JSON_SAFE_MAX, strict=True)]
 TaskId = Annotated[int, Field(ge=1, le=JSON_SAFE_MAX, strict=True)]
 RoundNo = Annotated[int, Field(ge=1, le=2, strict=True, description="1 = first panel, 2 = rerun")]
 OperatorId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+Attempt = Annotated[int, Field(ge=1, le=255, strict=True, description="The attempt judged (uint8 on chain)")]
+Hash32 = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{64}$")]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -175,7 +165,8 @@ class PanelRound(BaseModel):
 
 
 class Attestation(BaseModel):
-    """What a verifier signs: its quality and confidence for one round of one task."""
+    """What a verifier signs: its quality and confidence for one round of one task, bound to
+    the attempt it judged and that attempt's on-chain evidence hash (what it was shown)."""
 
     model_config = _FROZEN
 
@@ -183,6 +174,8 @@ class Attestation(BaseModel):
     escrow: Address
     task_id: TaskId
     round: RoundNo
+    attempt: Attempt
+    evidence_hash: Hash32
     verifier: Address
     quality_ppm: Ppm
     confidence_ppm: Ppm
@@ -190,12 +183,17 @@ class Attestation(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _json_integers(cls, data: Any) -> Any:
-        return integral_fields(data, ("chain_id", "task_id", "round", "quality_ppm", "confidence_ppm"))
+        return integral_fields(data, ("chain_id", "task_id", "round", "attempt", "quality_ppm", "confidence_ppm"))
 
     @field_validator("escrow", "verifier")
     @classmethod
     def _checksum(cls, value: str) -> str:
         return checksum_address(value)
+
+    @field_validator("evidence_hash")
+    @classmethod
+    def _lower_hash(cls, value: str) -> str:
+        return value.lower()
 
 
 class SignedAttestation(BaseModel):
@@ -291,163 +289,78 @@ class FeeLedgerEntry(BaseModel):
 
 
 @functools.lru_cache(maxsize=1024)
-def panel_domain_separator(chain_id: int, escrow: str) -> bytes:
-    """The domain of panel signatures: bound to the chain and the escrow."""
-    return keccak(
-        _DOMAIN_TYPEHASH
-        + keccak(text=PANEL_DOMAIN_NAME)
-        + keccak(text=PANEL_DOMAIN_VERSION)
-        + _word(chain_id)
-        + _address_word(checksum_address(escrow))
-    )
+def panel_domain(chain_id: int, escrow: str) -> eip712.Domain:
+    """The domain of panel signatures: bound to the chain and the escrow (cached)."""
+    return eip712.Domain(PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION, chain_id, escrow)
+
+
+def attestation_message(a: Attestation) -> dict[str, Any]:
+    """The signed fields of an attestation, as the typed data's `message`."""
+    return {
+        "chainId": a.chain_id,
+        "escrow": a.escrow,
+        "taskId": a.task_id,
+        "round": a.round,
+        "attempt": a.attempt,
+        "evidenceHash": a.evidence_hash,
+        "verifier": a.verifier,
+        "quality": a.quality_ppm,
+        "confidence": a.confidence_ppm,
+    }
+
+
+def ruling_message(r: Ruling) -> dict[str, Any]:
+    """The signed fields of a ruling, as the typed data's `message`."""
+    return {
+        "chainId": r.chain_id,
+        "escrow": r.escrow,
+        "taskId": r.task_id,
+        "round": r.round,
+        "agentShareBps": r.agent_share_bps,
+    }
 
 
 def attestation_digest(a: Attestation) -> bytes:
     """keccak(0x1901 || domain || hashStruct(Attestation))."""
-    body = keccak(
-        _ATTESTATION_TYPEHASH
-        + _word(a.chain_id)
-        + _address_word(a.escrow)
-        + _word(a.task_id)
-        + _word(a.round)
-        + _address_word(a.verifier)
-        + _word(a.quality_ppm)
-        + _word(a.confidence_ppm)
-    )
-    return keccak(b"\x19\x01" + panel_domain_separator(a.chain_id, a.escrow) + body)
+    return eip712.digest(panel_domain(a.chain_id, a.escrow), ATTESTATION_STRUCT, attestation_message(a))
 
 
 def ruling_digest(r: Ruling) -> bytes:
     """keccak(0x1901 || domain || hashStruct(Ruling))."""
-    body = keccak(
-        _RULING_TYPEHASH
-        + _word(r.chain_id)
-        + _address_word(r.escrow)
-        + _word(r.task_id)
-        + _word(r.round)
-        + _word(r.agent_share_bps)
-    )
-    return keccak(b"\x19\x01" + panel_domain_separator(r.chain_id, r.escrow) + body)
-
-
-def _domain_json(chain_id: int, escrow: str) -> dict[str, Any]:
-    return {
-        "name": PANEL_DOMAIN_NAME,
-        "version": PANEL_DOMAIN_VERSION,
-        "chainId": chain_id,
-        "verifyingContract": escrow,
-    }
-
-
-_DOMAIN_FIELDS = [
-    {"name": "name", "type": "string"},
-    {"name": "version", "type": "string"},
-    {"name": "chainId", "type": "uint256"},
-    {"name": "verifyingContract", "type": "address"},
-]
+    return eip712.digest(panel_domain(r.chain_id, r.escrow), RULING_STRUCT, ruling_message(r))
 
 
 def attestation_typed_data(a: Attestation) -> dict[str, Any]:
     """The full EIP-712 message a verifier's wallet signs."""
-    return {
-        "types": {
-            "EIP712Domain": _DOMAIN_FIELDS,
-            "Attestation": [
-                {"name": "chainId", "type": "uint256"},
-                {"name": "escrow", "type": "address"},
-                {"name": "taskId", "type": "uint256"},
-                {"name": "round", "type": "uint8"},
-                {"name": "verifier", "type": "address"},
-                {"name": "quality", "type": "uint32"},
-                {"name": "confidence", "type": "uint32"},
-            ],
-        },
-        "primaryType": "Attestation",
-        "domain": _domain_json(a.chain_id, a.escrow),
-        "message": {
-            "chainId": a.chain_id,
-            "escrow": a.escrow,
-            "taskId": a.task_id,
-            "round": a.round,
-            "verifier": a.verifier,
-            "quality": a.quality_ppm,
-            "confidence": a.confidence_ppm,
-        },
-    }
+    return eip712.typed_data(panel_domain(a.chain_id, a.escrow), ATTESTATION_STRUCT, attestation_message(a))
 
 
 def ruling_typed_data(r: Ruling) -> dict[str, Any]:
     """The full EIP-712 message of a ruling."""
-    return {
-        "types": {
-            "EIP712Domain": _DOMAIN_FIELDS,
-            "Ruling": [
-                {"name": "chainId", "type": "uint256"},
-                {"name": "escrow", "type": "address"},
-                {"name": "taskId", "type": "uint256"},
-                {"name": "round", "type": "uint8"},
-                {"name": "agentShareBps", "type": "uint16"},
-            ],
-        },
-        "primaryType": "Ruling",
-        "domain": _domain_json(r.chain_id, r.escrow),
-        "message": {
-            "chainId": r.chain_id,
-            "escrow": r.escrow,
-            "taskId": r.task_id,
-            "round": r.round,
-            "agentShareBps": r.agent_share_bps,
-        },
-    }
-
-
-def _sign(digest: bytes, private_key: bytes | str) -> tuple[str, str]:
-    key, signer = _signing_key(_key_bytes(private_key))
-    sig = key.sign_recoverable(digest, hasher=None)
-    return "0x" + (sig[:64] + bytes([27 + sig[64]])).hex(), signer
-
-
-def recover(digest: bytes, signature: str) -> str:
-    """The address that signed `digest`; InvalidSignature for anything non-canonical."""
-    raw = bytes.fromhex(signature[2:])
-    if len(raw) != 65:
-        raise InvalidSignature("signature must be 65 bytes")
-    r = int.from_bytes(raw[:32], "big")
-    s = int.from_bytes(raw[32:64], "big")
-    recid = raw[64] - 27 if raw[64] >= 27 else raw[64]
-    if recid not in (0, 1):
-        raise InvalidSignature("v must be 27 or 28")
-    if not (0 < r < _SECP256K1_N) or not (0 < s <= _SECP256K1_N // 2):
-        raise InvalidSignature("r or s out of range (or s not canonical)")
-    try:
-        public = PublicKey.from_signature_and_message(raw[:64] + bytes([recid]), digest, hasher=None)
-    except Exception as exc:
-        raise InvalidSignature(f"no key recovers from this signature ({type(exc).__name__})") from None
-    return address_of(public)
+    return eip712.typed_data(panel_domain(r.chain_id, r.escrow), RULING_STRUCT, ruling_message(r))
 
 
 def sign_attestation(a: Attestation, private_key: bytes | str) -> SignedAttestation:
     """Sign an attestation with the verifier's key; refuses a key that is not the verifier's."""
-    signature, signer = _sign(attestation_digest(a), private_key)
-    if signer != a.verifier:
+    if eip712.signer_address(private_key) != a.verifier:
         raise ValueError("the key does not belong to the attestation's verifier")
-    return SignedAttestation(attestation=a, signature=signature)
+    return SignedAttestation(attestation=a, signature=eip712.sign(attestation_digest(a), private_key))
 
 
 def attestation_signer(signed: SignedAttestation) -> str:
     """The address that signed the attestation (compare with `attestation.verifier`)."""
-    return recover(attestation_digest(signed.attestation), signed.signature)
+    return eip712.recover(attestation_digest(signed.attestation), signed.signature)
 
 
 def sign_ruling(r: Ruling, private_key: bytes | str) -> SignedRuling:
     """Sign a ruling with the panel service's key."""
-    signature, signer = _sign(ruling_digest(r), private_key)
-    return SignedRuling(ruling=r, signature=signature, signer=signer)
+    signature = eip712.sign(ruling_digest(r), private_key)
+    return SignedRuling(ruling=r, signature=signature, signer=eip712.signer_address(private_key))
 
 
 def ruling_signer(signed: SignedRuling) -> str:
     """The address that signed the ruling (the relayer compares it with its trusted keys)."""
-    return recover(ruling_digest(signed.ruling), signed.signature)
+    return eip712.recover(ruling_digest(signed.ruling), signed.signature)
 
 
 def ruling_message_id(r: Ruling) -> str:

@@ -19,61 +19,35 @@ give its API a service key: the API then adds a `ServiceProof`, its signature ov
 where `payloadHash` is keccak256 of the RFC 8785 canonical JSON of the message without its
 proofs. The consumer trusts only the service addresses it is configured with.
 
-Pure functions over values: the API (`runtime.web.auth`) and the consumer
+The typed data, signing and recovery are `schemas.eip712`'s (one canonical signature
+encoding: v 27/28, low s). Pure functions over values: the API (`runtime.web.auth`) and the consumer
 (`verification.request_auth`) hold the I/O.
 """
 
 from __future__ import annotations
 
 import base64
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
 from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import eip712
 
 REQUEST_DOMAIN_NAME = "escrowd-api"
 REQUEST_DOMAIN_VERSION = "2"
 SERVICE_DOMAIN_NAME = "escrowd-api-service"
 SERVICE_DOMAIN_VERSION = "1"
 
-SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
-
-_DOMAIN_FIELDS = [
-    {"name": "name", "type": "string"},
-    {"name": "version", "type": "string"},
-    {"name": "chainId", "type": "uint256"},
-    {"name": "verifyingContract", "type": "address"},
-]
-REQUEST_TYPES: dict[str, list[dict[str, str]]] = {
-    "EIP712Domain": _DOMAIN_FIELDS,
-    "Request": [
-        {"name": "method", "type": "string"},
-        {"name": "path", "type": "string"},
-        {"name": "bodyHash", "type": "bytes32"},
-        {"name": "signer", "type": "address"},
-        {"name": "nonce", "type": "string"},
-        {"name": "expiresAt", "type": "uint64"},
-    ],
-}
-SERVICE_TYPES: dict[str, list[dict[str, str]]] = {
-    "EIP712Domain": _DOMAIN_FIELDS,
-    "ServiceRequest": [
-        {"name": "requestId", "type": "string"},
-        {"name": "payloadHash", "type": "bytes32"},
-    ],
-}
+REQUEST_STRUCT = eip712.Struct.parse(
+    "Request(string method,string path,bytes32 bodyHash,address signer,string nonce,uint64 expiresAt)"
+)
+SERVICE_STRUCT = eip712.Struct.parse("ServiceRequest(string requestId,bytes32 payloadHash)")
 
 NONCE_PATTERN = r"^[A-Za-z0-9_-]{8,100}$"
 ADDRESS_PATTERN = r"^0x[0-9a-fA-F]{40}$"
 SIGNATURE_PATTERN = r"^0x[0-9a-fA-F]{130}$"
-_SIGNATURE = re.compile(SIGNATURE_PATTERN)
-
-
-class BadSignature(ValueError):
-    """The signature is malformed, not canonical (high s), or recovers no key."""
 
 
 @dataclass(frozen=True)
@@ -84,16 +58,28 @@ class Deployment:
     escrow: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "escrow", str(to_checksum_address(self.escrow)))
+        object.__setattr__(self, "escrow", eip712.checksum_address(self.escrow))
 
 
-def request_domain(deployment: Deployment) -> dict[str, Any]:
+def request_domain(deployment: Deployment) -> eip712.Domain:
     """The EIP-712 domain of requests to `deployment`."""
+    return eip712.Domain(REQUEST_DOMAIN_NAME, REQUEST_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
+
+
+def service_domain(deployment: Deployment) -> eip712.Domain:
+    """The EIP-712 domain of the API service key's proofs for `deployment`."""
+    return eip712.Domain(SERVICE_DOMAIN_NAME, SERVICE_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
+
+
+def request_message(method: str, path: str, body: bytes, signer: str, nonce: str, expires_at: int) -> dict[str, Any]:
+    """The signed fields of one request, as the typed data's `message`."""
     return {
-        "name": REQUEST_DOMAIN_NAME,
-        "version": REQUEST_DOMAIN_VERSION,
-        "chainId": deployment.chain_id,
-        "verifyingContract": deployment.escrow,
+        "method": method.upper(),
+        "path": path,
+        "bodyHash": bytes(keccak(body)),
+        "signer": eip712.checksum_address(signer),
+        "nonce": nonce,
+        "expiresAt": expires_at,
     }
 
 
@@ -101,79 +87,28 @@ def typed_request(
     deployment: Deployment, method: str, path: str, body: bytes, signer: str, nonce: str, expires_at: int
 ) -> dict[str, Any]:
     """The full EIP-712 message a client signs for one request to `deployment`."""
-    return {
-        "types": REQUEST_TYPES,
-        "primaryType": "Request",
-        "domain": request_domain(deployment),
-        "message": {
-            "method": method.upper(),
-            "path": path,
-            "bodyHash": bytes(keccak(body)),
-            "signer": to_checksum_address(signer),
-            "nonce": nonce,
-            "expiresAt": expires_at,
-        },
-    }
+    message = request_message(method, path, body, signer, nonce, expires_at)
+    return eip712.typed_data(request_domain(deployment), REQUEST_STRUCT, message)
 
 
 def request_digest(
     deployment: Deployment, method: str, path: str, body: bytes, signer: str, nonce: str, expires_at: int
 ) -> bytes:
     """The 32-byte EIP-712 digest of one request (what the key signs)."""
-    typed = typed_request(deployment, method, path, body, signer, nonce, expires_at)
-    return _typed_digest(typed)
+    message = request_message(method, path, body, signer, nonce, expires_at)
+    return eip712.digest(request_domain(deployment), REQUEST_STRUCT, message)
 
 
 def typed_service_request(deployment: Deployment, request_id: str, payload_hash: bytes) -> dict[str, Any]:
     """The EIP-712 message the API service key signs for one relayed request."""
-    return {
-        "types": SERVICE_TYPES,
-        "primaryType": "ServiceRequest",
-        "domain": {
-            "name": SERVICE_DOMAIN_NAME,
-            "version": SERVICE_DOMAIN_VERSION,
-            "chainId": deployment.chain_id,
-            "verifyingContract": deployment.escrow,
-        },
-        "message": {"requestId": request_id, "payloadHash": payload_hash},
-    }
+    message = {"requestId": request_id, "payloadHash": payload_hash}
+    return eip712.typed_data(service_domain(deployment), SERVICE_STRUCT, message)
 
 
 def service_digest(deployment: Deployment, request_id: str, payload_hash: bytes) -> bytes:
     """The 32-byte EIP-712 digest the API service key signs."""
-    typed = typed_service_request(deployment, request_id, payload_hash)
-    return _typed_digest(typed)
-
-
-def sign_digest(private_key: str, digest: bytes) -> str:
-    """65-byte r‖s‖v (v = 27/28, low s) signature of a digest, 0x hex."""
-    from eth_account import Account
-
-    signed = Account.unsafe_sign_hash(digest, private_key)
-    return "0x" + bytes(signed.signature).hex()
-
-
-def recover_digest_signer(digest: bytes, signature: str) -> str:
-    """The checksummed address that signed `digest`; BadSignature for any non-canonical form.
-
-    Only v = 27/28, 0 < r < n and 0 < s <= n/2 are accepted: the high-s twin of a valid
-    signature is refused (EIP-2), so a signature has exactly one accepted encoding.
-    """
-    if not isinstance(signature, str) or not _SIGNATURE.match(signature):
-        raise BadSignature("a signature is 65 bytes of 0x hex")
-    raw = bytes.fromhex(signature[2:])
-    r = int.from_bytes(raw[:32], "big")
-    s = int.from_bytes(raw[32:64], "big")
-    if raw[64] not in (27, 28):
-        raise BadSignature("v must be 27 or 28")
-    if not (0 < r < SECP256K1_N) or not (0 < s <= SECP256K1_N // 2):
-        raise BadSignature("r or s out of range (or s not canonical)")
-    try:
-        from eth_account import Account
-
-        return str(Account._recover_hash(digest, signature=raw))
-    except Exception:
-        raise BadSignature("the signature does not recover a key") from None
+    message = {"requestId": request_id, "payloadHash": payload_hash}
+    return eip712.digest(service_domain(deployment), SERVICE_STRUCT, message)
 
 
 def sign_request(
@@ -189,16 +124,14 @@ def sign_request(
     """Client side: the four auth headers for one request to `deployment` (SDKs, tests, scripts)."""
     import secrets
 
-    from eth_account import Account
-
-    account = Account.from_key(private_key)
+    signer = eip712.signer_address(private_key)
     nonce = nonce or secrets.token_urlsafe(16)
-    digest = request_digest(deployment, method, path, body, account.address, nonce, expires_at)
+    signature = eip712.sign(request_digest(deployment, method, path, body, signer, nonce, expires_at), private_key)
     return {
-        "X-Escrowd-Signer": account.address,
+        "X-Escrowd-Signer": signer,
         "X-Escrowd-Nonce": nonce,
         "X-Escrowd-Expires-At": str(expires_at),
-        "X-Escrowd-Signature": sign_digest(private_key, digest),
+        "X-Escrowd-Signature": signature,
     }
 
 
@@ -251,11 +184,3 @@ def requester_proof(
         expires_at=expires_at,
         signature=signature,
     )
-
-
-def _typed_digest(typed: dict[str, Any]) -> bytes:
-    # eth-account is imported on use: the request models (this module) are read by light
-    # paths such as `escrowd verify auto`, which never sign.
-    from eth_account.messages import _hash_eip191_message, encode_typed_data
-
-    return bytes(_hash_eip191_message(encode_typed_data(full_message=typed)))

@@ -8,7 +8,9 @@
   (a `VerifierRef` `{"kind", "ref", "config"}`) on a result (`{"output": ...}`) exactly as
   the consumer does (code in the sandbox), prints `{"passed", "reward", "detail",
   "reasons"}` and exits 0 on pass or fail; 3 when the verifier could not answer (the
-  reason on stderr and as `{"error": ...}` on stdout).
+  reason on stderr and as `{"error": ...}` on stdout). `--sandbox-url URL`
+  (`ESCROWD_SANDBOX_URL`) sends code to a sandbox runner service; `--sandbox-accounting
+  auto|cgroup|pidns` (`ESCROWD_SANDBOX_ACCOUNTING`) picks how a local run's CPU is counted.
 * ``verify proof FILE --signer ADDRESS [--chain-id N --escrow ADDRESS --evidence-hash H
   --terms TERMS.json]`` checks a signed proof offline (signature, signer among the registered
   keys, chain/escrow of the domain, evidence hash, criteria hash recomputed from the terms;
@@ -51,16 +53,21 @@ app = typer.Typer(
 )
 
 
-def _run_verifier(ref: VerifierRef, result_data: object) -> VerifierOutcome:
+def _run_verifier(
+    ref: VerifierRef, result_data: object, sandbox_url: str | None = None, accounting: str = "auto"
+) -> VerifierOutcome:
     """Run the verifier `ref` names on a result with the default registry.
 
     Imported here, not at the top: the registry brings aiohttp and the sandbox client, which
     `verify auto` never needs. Raises `VerificationError` when the verifier cannot answer.
+    `sandbox_url`: code runs go to that sandbox runner service instead of a local bwrap.
     """
+    from verification.sandbox import SandboxSettings
     from verification.verifiers import default_registry
 
     async def judge() -> VerifierOutcome:
-        registry = default_registry()
+        settings = SandboxSettings(remote_url=sandbox_url, accounting=accounting)  # type: ignore[arg-type]
+        registry = default_registry(sandbox_settings=settings)
         try:
             return await registry.verify(ref, {}, result_data)
         finally:
@@ -130,12 +137,30 @@ def validate_criteria_command(
 def run_command(
     verifier: Annotated[Path, typer.Option("--verifier", help="VerifierRef JSON file {kind, ref, config}.")],
     result: Annotated[Path, typer.Option("--result", help="The agent's result JSON file ({output: ...}).")],
+    sandbox_url: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox-url",
+            envvar="ESCROWD_SANDBOX_URL",
+            help="Sandbox runner service (escrowd verify serve-sandbox) for code; default: bwrap here.",
+        ),
+    ] = None,
+    accounting: Annotated[
+        str,
+        typer.Option(
+            "--sandbox-accounting",
+            envvar="ESCROWD_SANDBOX_ACCOUNTING",
+            help="auto | cgroup | pidns: how a local run's CPU is accounted (docs/security.md).",
+        ),
+    ] = "auto",
 ) -> None:
     """Run one verifier on RESULT as the consumer would (exit 0 on pass or fail, 3 if it cannot answer)."""
     from pydantic import ValidationError
 
     from schemas.task_terms import VerifierRef
 
+    if accounting not in ("auto", "cgroup", "pidns"):
+        _fail(f"--sandbox-accounting must be auto, cgroup or pidns, not {accounting!r}")
     ref_data = _read_json(verifier, "verifier")
     result_data = _read_json(result, "result")
     try:
@@ -146,7 +171,7 @@ def run_command(
     from verification.registry import VerificationError
 
     try:
-        outcome = _run_verifier(ref, result_data)
+        outcome = _run_verifier(ref, result_data, sandbox_url, accounting)
     except VerificationError as exc:
         typer.echo(f"could not answer: {exc}", err=True)
         _print_json({"error": str(exc)})
@@ -213,16 +238,16 @@ def serve_sandbox_command(
     max_parallel: Annotated[int, typer.Option("--max-parallel", min=1, help="Runs at a time.")] = 2,
 ) -> None:
     """Serve sandboxed runs over HTTP (POST /v1/run) until interrupted."""
-    from aiohttp import web
-
+    from runtime.shell import run_service
     from verification.sandbox import SandboxUnavailable, find_bwrap
-    from verification.sandbox_service import create_app
+    from verification.sandbox_service import create_app, serve
 
     try:
         find_bwrap(None)
     except SandboxUnavailable as exc:
         _fail(str(exc))
-    web.run_app(create_app(max_parallel=max_parallel), host=host, port=port, print=None)
+    app = create_app(max_parallel=max_parallel)
+    run_service("sandbox", lambda stop: serve(app, host=host, port=port, stop=stop))
 
 
 def _rerun_problems(proof: Any, verifier: Path, result: Path) -> list[str]:

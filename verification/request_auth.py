@@ -26,19 +26,15 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from eth_account import Account
 from eth_utils.crypto import keccak
 from pydantic import ValidationError
 
-from schemas import jsoncodec
+from schemas import eip712, jsoncodec
 from schemas.request_auth import (
-    BadSignature,
     Deployment,
     RequesterProof,
     ServiceProof,
-    recover_digest_signer,
     service_digest,
-    sign_digest,
 )
 from schemas.task_terms import (
     CanonicalJsonError,
@@ -89,7 +85,7 @@ def service_proof(request: RelayedRequest, private_key: str) -> ServiceProof:
     """The API service key's proof over one relayed request."""
     deployment = Deployment(request.chain_id, request.escrow_address)
     digest = service_digest(deployment, request.request_id, payload_hash(request))
-    return ServiceProof(signer=Account.from_key(private_key).address, signature=sign_digest(private_key, digest))
+    return ServiceProof(signer=eip712.signer_address(private_key), signature=eip712.sign(digest, private_key))
 
 
 def authenticate(request: RelayedRequest | RetryDue, trusted_services: Collection[str]) -> str:
@@ -137,8 +133,8 @@ def service_problem(request: RelayedRequest, proof: ServiceProof, trusted: Colle
         return f"{proof.signer} is not a trusted API service key"
     digest = service_digest(Deployment(request.chain_id, request.escrow_address), request.request_id, payload_hash(request))
     try:
-        recovered = recover_digest_signer(digest, proof.signature.lower())
-    except BadSignature as exc:
+        recovered = eip712.recover(digest, proof.signature)
+    except eip712.InvalidSignature as exc:
         return str(exc)
     if recovered.lower() != proof.signer.lower():
         return "the signature is not the service key's over this message"
@@ -161,8 +157,8 @@ def requester_problem(request: RelayedRequest, proof: RequesterProof) -> str | N
         return f"the signed request is a {route}, not a {request.kind}"
     try:
         digest = proof.digest(Deployment(request.chain_id, request.escrow_address))
-        recovered = recover_digest_signer(digest, proof.signature.lower())
-    except BadSignature as exc:
+        recovered = eip712.recover(digest, proof.signature)
+    except eip712.InvalidSignature as exc:
         return str(exc)
     except ValueError:
         return "the relayed body is not base64"

@@ -3,8 +3,8 @@
 Tables are those of `schemas/migrations/003_verification.sql`. The consumer is the only
 writer of verdicts (`verification_results`), failures and its chain-event copy; the API
 writes terms, nonces and request rows ('accepted') in the transaction that queues the
-request's message. The API also reads the indexer's `escrow_events` (the chain as
-indexed) and `chain_cursor` (chain time).
+request's message. The API also reads the indexer's tables (the chain as indexed, chain
+time) through `chain.indexed`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from chain import indexed
 from verification.routing import (
     AttachReport,
     ChainEvent,
@@ -111,6 +112,7 @@ async def load_terms_json(conn: asyncpg.Connection, task_hash: str) -> dict[str,
 
 
 def _chain_event(row: asyncpg.Record) -> ChainEvent:
+    """A row of the consumer's own copy of the task's events (`verification_chain_events`)."""
     return ChainEvent(
         event_id=row["event_id"],
         block_number=row["block_number"],
@@ -123,25 +125,12 @@ def _chain_event(row: asyncpg.Record) -> ChainEvent:
 
 async def indexed_events(conn: asyncpg.Connection, key: TaskKey) -> list[ChainEvent]:
     """The task's events as the indexer stored them (the API's view of the chain)."""
-    rows = await conn.fetch(
-        "SELECT event_id, block_number, log_index, tx_hash, event_name, args FROM escrow_events"
-        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = lower($3)"
-        " ORDER BY block_number, log_index",
-        key.chain_id,
-        key.task_id,
-        key.escrow,
-    )
-    return [_chain_event(r) for r in rows]
+    return await indexed.task_events(conn, key)
 
 
 async def chain_time(conn: asyncpg.Connection, chain_id: int) -> int | None:
     """The newest block time the indexer saw on the chain (None before it ran)."""
-    value = await conn.fetchval(
-        "SELECT GREATEST(c.head_timestamp, COALESCE((SELECT max(block_timestamp) FROM escrow_events"
-        " WHERE chain_id = $1), 0)) FROM chain_cursor c WHERE c.chain_id = $1",
-        chain_id,
-    )
-    return None if value is None else int(value)
+    return await indexed.chain_time(conn, chain_id)
 
 
 # ---------------------------------------------------------------------------- the consumer's state
@@ -414,9 +403,9 @@ async def agent_executions(conn: asyncpg.Connection, agent: str, limit: int) -> 
         " FROM verification_requests q"
         " LEFT JOIN verification_results r ON r.chain_id = q.chain_id AND r.escrow_address = q.escrow_address"
         "  AND r.task_id = q.task_id AND r.attempt = q.attempt AND r.evidence_hash = q.evidence_hash"
-        " LEFT JOIN LATERAL (SELECT e.args->>'taskHash' AS task_hash FROM escrow_events e"
-        "  WHERE e.chain_id = q.chain_id AND e.task_id = q.task_id AND e.event_name = 'TaskCreated'"
-        "  AND lower(e.escrow_address) = lower(q.escrow_address) LIMIT 1) c ON true"
+        " LEFT JOIN LATERAL "
+        + indexed.CREATED_TASK_HASH_SQL.format(chain="q.chain_id", task="q.task_id", escrow="q.escrow_address")
+        + " c ON true"
         " LEFT JOIN task_terms t ON t.task_hash = lower(c.task_hash)"
         " WHERE q.kind = 'finalize' AND lower(q.actor) = lower($1)"
         " ORDER BY q.created_at DESC LIMIT $2",

@@ -34,7 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from schemas.task_state import ZERO_ADDRESS, TaskStatus
+from chain.view import ChainEvent as ChainEvent
+from chain.view import ChainTask as ChainTask
+from chain.view import ChainVerdict as ChainVerdict
+from chain.view import TaskKey as TaskKey
+from chain.view import fold_task
 from schemas.verification import ALL_CRITERIA_MET, BreakdownItem, VerificationResult
 
 MAX_VERIFIER_FAILURES = 5
@@ -49,116 +53,9 @@ _OPEN_STATES = ("accepted", "pending")
 
 # ---------------------------------------------------------------------------- the chain view
 
-
-@dataclass(frozen=True)
-class TaskKey:
-    """A task on one escrow of one chain (escrow as an EIP-55 address)."""
-
-    chain_id: int
-    escrow: str
-    task_id: int
-
-
-@dataclass(frozen=True)
-class ChainEvent:
-    """One escrow event about a task, as indexed."""
-
-    event_id: str
-    block_number: int
-    log_index: int
-    tx_hash: str
-    name: str
-    args: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ChainVerdict:
-    """A `VerificationCompleted` on chain."""
-
-    attempt: int
-    evidence_hash: str
-    passed: bool
-    score: int
-    verifier: str
-    tx_hash: str
-    block_number: int
-
-
-@dataclass(frozen=True)
-class ChainTask:
-    """A task as its escrow events tell it (the fold of the events not retracted)."""
-
-    task_hash: str | None = None
-    poster: str | None = None
-    verifier: str | None = None
-    deadline: int | None = None
-    agent: str | None = None
-    status: int | None = None
-    attempts: Mapping[int, str] = field(default_factory=dict)
-    verdicts: Mapping[int, ChainVerdict] = field(default_factory=dict)
-
-    @property
-    def current_attempt(self) -> int:
-        """The latest submitted attempt (0 before the first submission)."""
-        return max(self.attempts, default=0)
-
-    @property
-    def submitted(self) -> bool:
-        """True while the latest attempt waits for its verdict."""
-        return self.status == TaskStatus.SUBMITTED
-
-    def is_pending(self, attempt: int, evidence_hash: str) -> bool:
-        """True when `attempt` with `evidence_hash` is the current, unjudged submission."""
-        return (
-            self.submitted
-            and attempt == self.current_attempt
-            and self.attempts.get(attempt) == evidence_hash
-            and attempt not in self.verdicts
-        )
-
-    def moved_past(self, attempt: int) -> bool:
-        """True when `attempt` can no longer be judged: judged on chain, or a later one exists."""
-        return attempt in self.verdicts or self.current_attempt > attempt
-
-
-def _address(value: Any) -> str | None:
-    text = str(value) if value is not None else ""
-    return None if not text or text.lower() == ZERO_ADDRESS else text
-
-
-def fold_chain(events: Iterable[ChainEvent]) -> ChainTask:
-    """The task's chain view from its events, in chain order."""
-    task = ChainTask()
-    attempts: dict[int, str] = {}
-    verdicts: dict[int, ChainVerdict] = {}
-    values: dict[str, Any] = {}
-    for event in sorted(events, key=lambda e: (e.block_number, e.log_index)):
-        args = event.args
-        if "status" in args:
-            values["status"] = int(args["status"])
-        if event.name == "TaskCreated":
-            values.update(
-                task_hash=str(args["taskHash"]).lower(),
-                poster=_address(args.get("poster")),
-                verifier=_address(args.get("verifier")),
-                deadline=int(args["deadline"]),
-            )
-        elif event.name == "TaskAccepted":
-            values["agent"] = _address(args.get("agent"))
-        elif event.name == "EvidenceSubmitted":
-            attempts[int(args["attempt"])] = str(args["evidenceHash"]).lower()
-        elif event.name == "VerificationCompleted":
-            attempt = int(args["attempt"])
-            verdicts[attempt] = ChainVerdict(
-                attempt=attempt,
-                evidence_hash=str(args["evidenceHash"]).lower(),
-                passed=bool(args["passed"]),
-                score=int(args["score"]),
-                verifier=str(args["verifier"]),
-                tx_hash=event.tx_hash,
-                block_number=event.block_number,
-            )
-    return dataclasses.replace(task, attempts=attempts, verdicts=verdicts, **values)
+# The chain view is the one fold of a task's escrow events (`chain.view`); routing reads
+# `ChainTask` as the fold gives it.
+fold_chain = fold_task
 
 
 # ---------------------------------------------------------------------------- terms

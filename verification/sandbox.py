@@ -33,12 +33,14 @@ start, the harness reports nothing, or the run overruns a generous wall-clock ba
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -47,12 +49,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 _MAX_REPORT_BYTES = 8 * 1024 * 1024
 _MAX_STDERR_BYTES = 64 * 1024
+_POLL_SECONDS = 0.02
 _HARNESS = Path(__file__).with_name("sandbox_harness.py")
 HASH_SEED = 0
 """`PYTHONHASHSEED` of every run (recorded in the proof): set iteration order is reproducible."""
@@ -60,6 +64,10 @@ HASH_SEED = 0
 
 class SandboxUnavailable(RuntimeError):
     """The sandbox itself could not run or answer (never the submitted code's fault)."""
+
+
+Accounting = Literal["auto", "cgroup", "pidns"]
+"""How a run's CPU is accounted: see `SandboxSettings.accounting` and docs/security.md."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,11 @@ class SandboxSettings:
     """Where a readable copy of the interpreter is staged when needed (default: temp dir)."""
     remote_url: str | None = None
     """A sandbox runner service (`escrowd verify serve-sandbox`) to send runs to instead."""
+    accounting: Accounting = "auto"
+    """`cgroup`: one cgroup v2 per run (SandboxUnavailable without one); `pidns`: the pid
+    namespace poll only; `auto`: a cgroup where the host lets this process make one."""
+    cgroup_root: Path | None = None
+    """A delegated cgroup v2 directory to make run cgroups in (default: this process's own)."""
 
 
 DEFAULT_SETTINGS = SandboxSettings()
@@ -96,16 +109,76 @@ class CaseOutcome:
 
 
 @dataclass(frozen=True)
-class SandboxRun:
-    """What happened to one run of the submitted code, with what was measured."""
+class Stage:
+    """One stage's cases: their arguments and, when the next stage depends on it, the expected values.
 
-    stage: str  # "ok", "compile", "load", "time_limit", "memory_limit", "blocked", "crashed"
+    The next stage's cases are sent into the sandbox only when every case of this one returned
+    (and returned its expected value, when `expected` is given): code that fails the public
+    cases never sees the hidden ones.
+    """
+
+    args: tuple[tuple[Any, ...], ...]
+    expected: tuple[Any, ...] | None = None
+
+    @staticmethod
+    def of(args: Sequence[Sequence[Any]], expected: Sequence[Any] | None = None) -> Stage:
+        """A stage from plain lists."""
+        return Stage(tuple(tuple(a) for a in args), None if expected is None else tuple(expected))
+
+    def passed(self, outcomes: Sequence[CaseOutcome]) -> bool:
+        """True when the stage's outcomes let the next stage start."""
+        if len(outcomes) != len(self.args) or not all(o.ok for o in outcomes):
+            return False
+        if self.expected is None:
+            return True
+        return all(json_equal(o.value, e) for o, e in zip(outcomes, self.expected, strict=True))
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: numbers by value (1 == 1.0), everything else structurally; bools are not numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+BUILTIN_ERRORS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+)
+"""The exception class names a case may report; any other name (the submission chooses its
+classes' names, so a name can carry data out) is reported as `Exception`."""
+
+
+def error_name(raw: object) -> str:
+    """A case's error class as reported: a builtin exception's name, else `Exception`."""
+    return raw if isinstance(raw, str) and raw in BUILTIN_ERRORS else "Exception"
+
+
+@dataclass(frozen=True)
+class SandboxRun:
+    """What happened to one run of the submitted code, with what was measured.
+
+    `cases` holds the outcomes of every stage that was sent, in order; `stages_run` says how
+    many stages were sent (fewer than asked when a stage did not pass, see `Stage`).
+    """
+
+    stage: str  # "ok", "compile", "load", "time_limit", "memory_limit", "blocked", "crashed", "isolate"
     cases: tuple[CaseOutcome, ...]
     error: str | None = None
     cpu_ms: int = 0
     peak_memory_mb: float = 0.0
     wall_ms: int = 0
     limits: dict[str, int] = field(default_factory=dict)
+    stages_run: int = 1
+    accounting: str = "pidns"
+    """How CPU was accounted: "cgroup" (the run's cgroup v2) or "pidns" (the namespace poll)."""
 
     @property
     def completed(self) -> bool:
@@ -116,6 +189,7 @@ class SandboxRun:
         """What must be equal between two runs of the same code for the verdict to stand."""
         return (
             self.stage,
+            self.stages_run,
             tuple((c.ok, json.dumps(c.value, sort_keys=True), c.error) for c in self.cases),
         )
 
@@ -291,7 +365,8 @@ def bwrap_argv(
     argv = [
         bwrap,
         "--unshare-all", "--unshare-user", "--unshare-cgroup-try",
-        "--die-with-parent", "--new-session",
+        # The harness is the pid namespace's init: unkillable from inside, reaper of orphans.
+        "--as-pid-1", "--die-with-parent", "--new-session",
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
         "--cap-drop", "ALL",
     ]  # fmt: skip
@@ -300,7 +375,10 @@ def bwrap_argv(
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     # /tmp first: the interpreter may itself be bound from a staged copy under /tmp.
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # Every writable mount has a size (its pages also count against memoryMb, see the harness).
+    size = str(int(limits["memory_bytes"]))
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+    argv += ["--size", size, "--tmpfs", "/tmp"]
     for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32"):
         if os.path.isdir(lib):
             argv += ["--ro-bind", lib, lib]
@@ -316,6 +394,8 @@ def bwrap_argv(
         argv += ["--tmpfs", str(site_packages), "--remount-ro", str(site_packages)]
     argv += [
         "--dir", "/tmp/work", "--chdir", "/tmp/work",
+        # The root and /dev are tmpfs too, owned by the sandbox's user: read-only, no size to set.
+        "--remount-ro", "/dev", "--remount-ro", "/",
         "--clearenv", "--setenv", "PYTHONHASHSEED", str(HASH_SEED), "--setenv", "LANG", "C.UTF-8",
         *(["--setenv", "LD_LIBRARY_PATH", str(runtime.libraries[0].parent)] if runtime.libraries else []),
         "--",
@@ -340,7 +420,14 @@ DENIED_SYSCALLS_X86_64 = {
     "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "pidfd_getfd": 438,
+    # Memory no process's resident set shows (an unmapped memfd, a detached SysV segment).
+    "shmget": 29, "memfd_create": 319, "memfd_secret": 447,
 }  # fmt: skip
+PRLIMIT64_X86_64 = 302
+"""Allowed only on the caller itself (pid 0): lowering the harness's limits would kill it."""
+RT_SIGACTION_X86_64 = 13
+"""Refused for SIGCHLD with a new action (see `seccomp_program`)."""
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_BIT = 0x40000000
 
@@ -349,28 +436,57 @@ def seccomp_program(machine: str) -> bytes | None:
     """The classic-BPF seccomp filter bwrap loads (`--seccomp FD`); None on an architecture without one.
 
     Any other architecture's calling convention, and x32 system calls, are killed; the
-    denied calls return EPERM; everything else is allowed (the namespaces and rlimits do
-    the rest).
+    denied calls, and `prlimit64` on any process but the caller, return EPERM; everything
+    else is allowed (the namespaces and rlimits do the rest).
     """
     if machine not in ("x86_64", "amd64"):
         return None
     ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
     kill_process, allow, errno_eperm = 0x80000000, 0x7FFF0000, 0x00050000 | 1
     denied = sorted(DENIED_SYSCALLS_X86_64.values())
-    program: list[tuple[int, int, int, int]] = [
+    # Instructions (code, jump-if-true, jump-if-false, k) with jumps to labels or plain
+    # offsets, and label strings marking the next instruction.
+    source: list[tuple[int, str | int, str | int, int] | str] = [
         (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
         (jeq_k, 1, 0, _AUDIT_ARCH_X86_64),
         (ret_k, 0, 0, kill_process),
         (ld_w_abs, 0, 0, 0),  # seccomp_data.nr
         (jge_k, 0, 1, _X32_BIT),
         (ret_k, 0, 0, kill_process),
+        *[(jeq_k, "eperm", 0, number) for number in denied],
+        (jeq_k, 0, "sigaction", PRLIMIT64_X86_64),
+        (ld_w_abs, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (pid_t)
+        (jeq_k, "allow", "eperm", 0),
+        # rt_sigaction(SIGCHLD, act != NULL): a parent ignoring SIGCHLD has its children
+        # reaped by nobody, their CPU time counted nowhere. Reading the disposition is fine.
+        "sigaction",
+        (jeq_k, 0, "allow", RT_SIGACTION_X86_64),
+        (ld_w_abs, 0, 0, 16),  # args[0]: the signal
+        (jeq_k, 0, "allow", int(signal.SIGCHLD)),
+        (ld_w_abs, 0, 0, 24),  # args[1]: act, low half
+        (jeq_k, 0, "eperm", 0),
+        (ld_w_abs, 0, 0, 28),  # act, high half
+        (jeq_k, "allow", "eperm", 0),
+        "allow",
+        (ret_k, 0, 0, allow),
+        "eperm",
+        (ret_k, 0, 0, errno_eperm),
     ]
-    for index, number in enumerate(denied):
-        remaining = len(denied) - index - 1
-        # Match: jump over the remaining checks and the ALLOW, to the EPERM at the end.
-        program.append((jeq_k, remaining + 1, 0, number))
-    program += [(ret_k, 0, 0, allow), (ret_k, 0, 0, errno_eperm)]
-    return b"".join(struct.pack("<HBBI", *instruction) for instruction in program)
+    labels: dict[str, int] = {}
+    program: list[tuple[int, str | int, str | int, int]] = []
+    for item in source:
+        if isinstance(item, str):
+            labels[item] = len(program)
+        else:
+            program.append(item)
+
+    def offset(index: int, target: str | int) -> int:
+        return target if isinstance(target, int) else labels[target] - index - 1
+
+    return b"".join(
+        struct.pack("<HBBI", code, offset(i, jt), offset(i, jf), k)
+        for i, (code, jt, jf, k) in enumerate(program)
+    )
 
 
 def _seccomp_fd() -> int | None:
@@ -382,6 +498,148 @@ def _seccomp_fd() -> int | None:
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
     return fd
+
+
+# ---------------------------------------------------------------------------- the run's cgroup
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `.../unified` on a hybrid host)."""
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if sep and right.split(" ", 1)[0] == "cgroup2":
+            fields = left.split()
+            if len(fields) >= 5:
+                return Path(fields[4])
+    return None
+
+
+def own_cgroup2(proc_cgroup: str) -> str | None:
+    """This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`)."""
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def cpu_stat_usec(text: str) -> int:
+    """`usage_usec` of a `cpu.stat` file: every thread of every process ever in the cgroup."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "usage_usec":
+            return int(value)
+    raise ValueError("no usage_usec in cpu.stat")
+
+
+@functools.lru_cache(maxsize=4)
+def cgroup_base(explicit: Path | None) -> Path | None:
+    """The directory run cgroups are made in: `explicit`, else this process's own v2 cgroup; None if none is writable."""
+    if explicit is None:
+        try:
+            mount = cgroup2_mount(Path("/proc/self/mountinfo").read_text(encoding="utf-8"))
+            own = own_cgroup2(Path("/proc/self/cgroup").read_text(encoding="utf-8"))
+        except OSError:
+            return None
+        if mount is None or own is None:
+            return None
+        explicit = mount / own.lstrip("/")
+    if not (explicit / "cgroup.procs").exists() or not os.access(explicit, os.W_OK):
+        return None
+    return explicit
+
+
+class RunCgroup:
+    """One cgroup v2 per run: every process of the run in it, its CPU counted whatever became of them.
+
+    Memory and process limits are the namespace poll's job (`sandbox_harness.py`) on hosts
+    that delegate no memory or pids controller; where they are delegated (`cgroup.controllers`
+    lists them) `memory.max`, `memory.swap.max` and `pids.max` are set as a second bound.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.controllers = set((path / "cgroup.controllers").read_text().split())
+
+    @staticmethod
+    def create(base: Path) -> RunCgroup:
+        """A fresh cgroup under `base`; OSError when it cannot be made."""
+        path = base / f"escrowd-run-{secrets.token_hex(8)}"
+        path.mkdir()
+        return RunCgroup(path)
+
+    def limit(self, memory_bytes: int, max_processes: int) -> None:
+        """Set the controllers' limits the host delegates (slack for bwrap and the harness)."""
+        if "memory" in self.controllers:
+            (self.path / "memory.max").write_text(str(memory_bytes + _CGROUP_MEMORY_SLACK))
+            with contextlib.suppress(OSError):
+                (self.path / "memory.swap.max").write_text("0")
+        if "pids" in self.controllers:
+            (self.path / "pids.max").write_text(str(max_processes + 4))
+
+    def adopt_tree(self, root: int) -> None:
+        """Move `root` and all its descendants in (they are quiescent: no code has run yet)."""
+        for pid in _process_tree(root):
+            with contextlib.suppress(ProcessLookupError):
+                (self.path / "cgroup.procs").write_text(str(pid))
+
+    def cpu_usec(self) -> int:
+        return cpu_stat_usec((self.path / "cpu.stat").read_text())
+
+    def oom_kills(self) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / "memory.events").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        return 0
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.path / "cgroup.kill").write_text("1")
+
+    async def remove(self) -> None:
+        """Remove the cgroup once its last process is gone (killing stragglers)."""
+        for _ in range(250):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                self.kill()
+                await asyncio.sleep(0.02)
+
+
+_CGROUP_MEMORY_SLACK = 64 * 2**20
+"""memory.max above memoryMb: bwrap and the harness are in the cgroup too (the namespace poll,
+which excludes them, is what enforces memoryMb itself)."""
+
+
+def _process_tree(root: int) -> list[int]:
+    found, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+                    queue += [int(child) for child in text.split()]
+    return found
+
+
+def _run_cgroup(settings: SandboxSettings) -> RunCgroup | None:
+    """The run's cgroup in mode `cgroup` or `auto`; None in `pidns` (or `auto` without one)."""
+    if settings.accounting == "pidns":
+        return None
+    base = cgroup_base(settings.cgroup_root)
+    cgroup = None
+    if base is not None:
+        with contextlib.suppress(OSError):
+            cgroup = RunCgroup.create(base)
+    if cgroup is None and settings.accounting == "cgroup":
+        raise SandboxUnavailable("accounting 'cgroup' asked for, but no writable cgroup v2 here")
+    return cgroup
 
 
 # ---------------------------------------------------------------------------- running
@@ -396,9 +654,29 @@ async def run_cases(
     memory_mb: int,
     settings: SandboxSettings = DEFAULT_SETTINGS,
 ) -> SandboxRun:
-    """Run `entrypoint(*args)` for each case in a fresh sandbox; SandboxUnavailable if it cannot."""
+    """Run `entrypoint(*args)` for each case in a fresh sandbox (one stage); see `run_stages`."""
+    return await run_stages(
+        source, entrypoint, [Stage.of(cases)],
+        time_limit_ms=time_limit_ms, memory_mb=memory_mb, settings=settings,
+    )  # fmt: skip
+
+
+async def run_stages(
+    source: str,
+    entrypoint: str,
+    stages: Sequence[Stage],
+    *,
+    time_limit_ms: int,
+    memory_mb: int,
+    settings: SandboxSettings = DEFAULT_SETTINGS,
+) -> SandboxRun:
+    """Load the code once in a fresh sandbox and run its stages in order; SandboxUnavailable if it cannot.
+
+    Each stage's cases enter the sandbox only after the code has loaded and the stage before
+    has passed (`Stage.passed`).
+    """
     if settings.remote_url is not None:
-        return await _run_remote(settings, source, entrypoint, cases, time_limit_ms, memory_mb)
+        return await _run_remote(settings, source, entrypoint, stages, time_limit_ms, memory_mb)
     bwrap = find_bwrap(settings.bwrap)
     as_root = os.geteuid() == 0
     base = str(settings.runtime_dir or tempfile.gettempdir())
@@ -407,27 +685,24 @@ async def run_cases(
         runtime = await asyncio.to_thread(_runtime_for, as_root, base)
     except OSError as exc:
         raise SandboxUnavailable(f"cannot prepare the interpreter: {exc.strerror or exc}") from None
-    cpu_seconds = max(1, -(-time_limit_ms // 1000))
-    limits = {
-        "memory_bytes": memory_mb * 1024 * 1024,
-        "cpu_seconds": cpu_seconds,
-        "time_limit_ms": time_limit_ms,
-        "blocked_seconds": settings.blocked_factor * time_limit_ms / 1000 + 1.0,
-        "max_processes": settings.max_processes,
-        "open_files": settings.open_files,
-        "file_bytes": settings.file_bytes,
-    }
-    job = json.dumps({"source": source, "entrypoint": entrypoint, "cases": cases}).encode()
+    limits = run_limits(time_limit_ms, memory_mb, settings)
     read_fd, write_fd = os.pipe()
     seccomp_fd = _seccomp_fd()
     user: dict[str, Any] = {}
     if as_root:
         uid = settings.unprivileged_uid
         user = {"user": uid, "group": uid, "extra_groups": []}
-    backstop = cpu_seconds + float(limits["blocked_seconds"]) + settings.backstop_seconds
+    backstop = (
+        int(limits["cpu_seconds"]) * len(stages)
+        + float(limits["blocked_seconds"]) * len(stages)
+        + settings.backstop_seconds
+    )
+    cgroup = _run_cgroup(settings)
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
+        if cgroup is not None:
+            cgroup.limit(int(limits["memory_bytes"]), int(limits["max_processes"]))
         proc = await asyncio.create_subprocess_exec(
             *bwrap_argv(bwrap, runtime, write_fd, limits, seccomp_fd),
             stdin=asyncio.subprocess.PIPE,
@@ -441,14 +716,20 @@ async def run_cases(
         )
     except (OSError, subprocess.SubprocessError) as exc:
         os.close(read_fd)
+        if cgroup is not None:
+            await cgroup.remove()
         raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
     finally:
         for fd in (write_fd, seccomp_fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+    job = {"source": source, "entrypoint": entrypoint}
+    account = _CgroupAccount(cgroup, proc.pid, limits) if cgroup is not None else None
     try:
-        report, stderr = await asyncio.wait_for(_communicate(proc, read_fd, job), timeout=backstop)
+        report, stderr = await asyncio.wait_for(
+            _communicate(proc, read_fd, job, stages, account), timeout=backstop
+        )
     except TimeoutError:
         _kill_group(proc.pid)
         await proc.wait()
@@ -462,17 +743,55 @@ async def run_cases(
     finally:
         with contextlib.suppress(OSError):
             os.close(read_fd)
+        if cgroup is not None:
+            await cgroup.remove()
     # No kill after a normal end: bwrap's exit took its init and the namespace with it, and
     # its reaped process-group id may already belong to someone else.
     wall_ms = int((loop.time() - started) * 1000)
-    return interpret(report, stderr, proc.returncode, len(cases), limits, wall_ms)
+    run = interpret(report, stderr, proc.returncode, stages, limits, wall_ms, account)
+    if run.stage == "isolate" and host_short_of_memory():
+        raise SandboxUnavailable(
+            "the run's supervisor was killed while the host is short of memory"
+        )
+    return run
+
+
+def run_limits(time_limit_ms: int, memory_mb: int, settings: SandboxSettings) -> dict[str, Any]:
+    """The limits the harness enforces for a task's `timeLimitMs` and `memoryMb`."""
+    return {
+        "memory_bytes": memory_mb * 1024 * 1024,
+        "cpu_seconds": max(1, -(-time_limit_ms // 1000)),
+        "time_limit_ms": time_limit_ms,
+        "blocked_seconds": settings.blocked_factor * time_limit_ms / 1000 + 1.0,
+        "max_processes": settings.max_processes,
+        "open_files": settings.open_files,
+        "file_bytes": settings.file_bytes,
+    }
+
+
+def host_short_of_memory(meminfo: str | None = None) -> bool:
+    """True when the host itself is out of memory (then a killed supervisor is not the code's fault)."""
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text(encoding="ascii")
+        except OSError:
+            return True
+    values: dict[str, int] = {}
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        with contextlib.suppress(ValueError, IndexError):
+            values[name] = int(rest.split()[0]) * 1024
+    available, total = values.get("MemAvailable"), values.get("MemTotal")
+    if available is None or not total:
+        return True
+    return available < max(128 * 2**20, total // 50)
 
 
 async def _run_remote(
     settings: SandboxSettings,
     source: str,
     entrypoint: str,
-    cases: list[list[Any]],
+    stages: Sequence[Stage],
     time_limit_ms: int,
     memory_mb: int,
 ) -> SandboxRun:
@@ -480,17 +799,29 @@ async def _run_remote(
 
     assert settings.remote_url is not None
     url = settings.remote_url.rstrip("/") + "/v1/run"
+    # The runner is ours (no secrets there, but not the sandbox either): it holds every stage
+    # and sends each into the sandbox under the same rule as a local run.
     body = {
         "source": source,
         "entrypoint": entrypoint,
-        "cases": cases,
+        "stages": [
+            {
+                "cases": [list(a) for a in s.args],
+                "expected": None if s.expected is None else list(s.expected),
+            }
+            for s in stages
+        ],
         "timeLimitMs": time_limit_ms,
         "memoryMb": memory_mb,
     }
     # The runner's own bounds plus the backstop, plus time queued behind other runs there.
     timeout = aiohttp.ClientTimeout(
         total=2
-        * (time_limit_ms / 1000 * (1 + settings.blocked_factor) + 1 + settings.backstop_seconds)
+        * (
+            len(stages) * time_limit_ms / 1000 * (1 + settings.blocked_factor)
+            + 1
+            + settings.backstop_seconds
+        )
     )
     try:
         async with (
@@ -514,37 +845,145 @@ async def _run_remote(
         raise SandboxUnavailable(f"the sandbox runner's answer is not a run: {exc}") from None
 
 
+class _CgroupAccount:
+    """The host's side of cgroup accounting for one run: adopt the tree, poll, stop, settle."""
+
+    def __init__(self, cgroup: RunCgroup, root: int, limits: dict[str, Any]) -> None:
+        self.cgroup, self.root, self.limits = cgroup, root, limits
+        self.baseline_usec: int | None = None
+        self.final_usec: int | None = None
+        self.stopped = False
+
+    def adopt(self) -> None:
+        """Every process of the run into the cgroup; the CPU it counts starts here."""
+        self.cgroup.adopt_tree(self.root)
+        self.baseline_usec = self.cgroup.cpu_usec()
+
+    def used_ms(self) -> int:
+        if self.baseline_usec is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            self.final_usec = self.cgroup.cpu_usec()
+        return ((self.final_usec or self.baseline_usec) - self.baseline_usec) // 1000
+
+    def over(self) -> bool:
+        """Past the limit even allowing for the harness's own polling (settled exactly at the end)."""
+        limit = int(self.limits["time_limit_ms"])
+        return self.used_ms() > limit * 3 // 2 + 100
+
+    def code_cpu_ms(self, runner_cpu_ms: int) -> int:
+        """The run's CPU without the harness's own (it is in the cgroup too)."""
+        return max(0, self.used_ms() - runner_cpu_ms)
+
+
 async def _communicate(
-    proc: asyncio.subprocess.Process, fd: int, job: bytes
+    proc: asyncio.subprocess.Process,
+    fd: int,
+    job: dict[str, Any],
+    stages: Sequence[Stage],
+    account: _CgroupAccount | None = None,
 ) -> tuple[bytes, bytes]:
+    """Drive one run: the code, then each stage when the one before has passed; the whole report."""
+    from schemas import jsonbounds  # the report comes out of the sandbox: bounded parsing
+
     assert proc.stdin is not None and proc.stderr is not None
+    stdin = proc.stdin
     stderr_task = asyncio.create_task(proc.stderr.read(_MAX_STDERR_BYTES))
-    report_task = asyncio.create_task(_read_fd(fd))
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        proc.stdin.write(job)
-        await proc.stdin.drain()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        proc.stdin.close()
-    report = await report_task
-    await proc.wait()
-    return report, await stderr_task
-
-
-async def _read_fd(fd: int) -> bytes:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_MAX_REPORT_BYTES)
     transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", closefd=False)
     )
-    try:
-        data = bytearray()
-        while chunk := await reader.read(65536):
-            data += chunk
-            if len(data) > _MAX_REPORT_BYTES:
+
+    sending = asyncio.Lock()
+
+    async def send(item: dict[str, Any]) -> None:
+        async with sending:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.write(json.dumps(item).encode() + b"\n")
+                await stdin.drain()
+
+    async def watch(account: _CgroupAccount) -> None:
+        # The cgroup sees CPU the namespace poll can miss (children nobody reaps): past the
+        # limit, the harness is told to stop the run, and if it cannot, the cgroup is killed.
+        while True:
+            await asyncio.sleep(_POLL_SECONDS)
+            if account.over():
                 break
-        return bytes(data)
+        account.stopped = True
+        await send({"stop": "time"})
+        await asyncio.sleep(2.0)
+        account.cgroup.kill()
+
+    async def finish() -> None:
+        await send({"end": True})
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            stdin.close()
+
+    report = bytearray()
+    sent = 0
+    outcomes: list[CaseOutcome] = []
+    ended = False
+    watcher: asyncio.Task[None] | None = None
+    try:
+        first = await reader.readline()
+        report += first
+        if account is not None and first.startswith(b'{"event": "started"'):
+            account.adopt()
+            watcher = asyncio.create_task(watch(account))
+        await send(job)
+        while len(report) <= _MAX_REPORT_BYTES:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                break
+            if not line:
+                break
+            report += line
+            if ended:
+                continue
+            try:
+                event = jsonbounds.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("event") if isinstance(event, dict) else None
+            if kind == "case":
+                outcomes.append(_outcome(event))
+            elif kind in ("loaded", "stage_done"):
+                if kind == "loaded" and sent > 0:
+                    continue  # a second "loaded" is the submission's, not the harness's
+                if sent > 0 and not stages[sent - 1].passed(outcomes):
+                    ended = True
+                elif sent < len(stages):
+                    outcomes = []
+                    await send({"cases": [list(a) for a in stages[sent].args]})
+                    sent += 1
+                    continue
+                else:
+                    ended = True
+                await finish()
+            elif kind in ("compile_error", "load_error", "memory", "exit"):
+                ended = True
+                await finish()
+        if not ended:
+            await finish()
     finally:
         transport.close()
+        if watcher is not None:
+            watcher.cancel()
+    await proc.wait()
+    if account is not None:
+        account.used_ms()  # the final figure: every process of the run is gone now
+    return bytes(report), await stderr_task
+
+
+def _outcome(event: dict[str, Any]) -> CaseOutcome:
+    ok = event.get("ok") is True
+    return CaseOutcome(
+        ok=ok,
+        value=event.get("value") if ok else None,
+        error=None if ok else error_name(event.get("error")),
+    )
 
 
 def _kill_group(pid: int) -> None:
@@ -557,11 +996,19 @@ def interpret(
     report: bytes,
     stderr: bytes,
     returncode: int | None,
-    n_cases: int,
+    stages: Sequence[Stage],
     limits: dict[str, Any],
     wall_ms: int,
+    account: _CgroupAccount | None = None,
 ) -> SandboxRun:
-    """The run's outcome from the harness's report; SandboxUnavailable when the harness did not report."""
+    """The run's outcome from the harness's report; SandboxUnavailable when it is our fault.
+
+    A harness that never started, or that failed on its own (an exit status and a traceback:
+    our bug), is ours. A harness killed by a signal after the code started is not: signals
+    from inside the namespace never reach it, so only the kernel (out of memory, a limit the
+    submission provoked) kills it; that is stage `isolate` (the caller checks the host's own
+    memory before blaming the code).
+    """
     from schemas import jsonbounds  # the report comes out of the sandbox: bounded parsing
 
     events: list[dict[str, Any]] = []
@@ -574,47 +1021,70 @@ def interpret(
         first = stderr.decode("utf-8", "replace").strip().splitlines()[:1]
         why = first[0][:200] if first else f"exit status {returncode}"
         raise SandboxUnavailable(f"the sandbox did not start: {why}")
-    final = events[-1] if events[-1].get("event") == "exit" else None
-    if final is None:
-        raise SandboxUnavailable("the sandbox stopped before reporting how the run ended")
-    cpu_ms = int(final.get("cpu_ms") or 0)
-    peak_mb = round(int(final.get("maxrss_kb") or 0) / 1024, 1)
     recorded = {
         "timeLimitMs": int(limits["time_limit_ms"]),
         "memoryMb": int(limits["memory_bytes"]) // 2**20,
     }
-
-    def run(
-        stage: str, cases: tuple[CaseOutcome, ...] = (), error: str | None = None
-    ) -> SandboxRun:
-        return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded)
+    final = events[-1] if events[-1].get("event") == "exit" else None
+    if final is None:
+        if returncode is None or 0 <= returncode <= 128:
+            raise SandboxUnavailable("the sandbox stopped before reporting how the run ended")
+        signo = -returncode if returncode < 0 else returncode - 128
+        return SandboxRun(
+            "isolate", (), f"the run's supervisor was killed by signal {signo}",
+            0, 0.0, wall_ms, recorded, 0,
+        )  # fmt: skip
+    cpu_ms = int(final.get("cpu_ms") or 0)
+    if account is not None:
+        cpu_ms = max(cpu_ms, account.code_cpu_ms(int(final.get("runner_cpu_ms") or 0)))
+    accounting = "cgroup" if account is not None else "pidns"
+    peak_mb = round(int(final.get("maxrss_kb") or 0) / 1024, 1)
 
     outcomes: list[CaseOutcome] = []
-    loaded = done = memory = False
+    stage_outcomes: list[CaseOutcome] = []
+    loaded = memory = False
+    sent = done = 0
     for event in events[1:-1]:
         kind = event.get("event")
-        if kind == "compile_error":
-            return run("compile", (), str(event.get("error", ""))[:300])
+        if kind == "compile_error" and not loaded:
+            error = str(event.get("error", ""))[:300]
+            return SandboxRun(
+                "compile", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0, accounting
+            )
         if kind == "load_error" and not loaded:
-            return run("load", (), str(event.get("error", ""))[:300])
+            error = str(event.get("error", ""))[:300]
+            return SandboxRun("load", (), error, cpu_ms, peak_mb, wall_ms, recorded, 0, accounting)
         if kind == "memory":
             memory = True
             break
-        if kind == "loaded":
+        if kind == "loaded" and not loaded:
             loaded = True
-        elif kind == "case" and loaded and len(outcomes) < n_cases:
-            ok = event.get("ok") is True
-            outcomes.append(
-                CaseOutcome(
-                    ok=ok,
-                    value=event.get("value") if ok else None,
-                    error=None if ok else str(event.get("error")),
-                )
-            )
-        elif kind == "done" and loaded:
-            done = True
-            break
+            sent = 1 if stages else 0
+        elif (
+            kind == "case"
+            and loaded
+            and done < sent
+            and len(stage_outcomes) < len(stages[done].args)
+        ):
+            stage_outcomes.append(_outcome(event))
+        elif kind == "stage_done" and loaded and done < sent:
+            complete = len(stage_outcomes) == len(stages[done].args)
+            outcomes += stage_outcomes
+            if not complete:
+                break
+            passed = stages[done].passed(stage_outcomes)
+            stage_outcomes = []
+            done += 1
+            if not passed:
+                break
+            if done < len(stages):
+                sent += 1
+    outcomes += stage_outcomes
     cases = tuple(outcomes)
+
+    def run(stage: str, error: str | None = None) -> SandboxRun:
+        return SandboxRun(stage, cases, error, cpu_ms, peak_mb, wall_ms, recorded, sent, accounting)
+
     reason = final.get("reason")
     limit_mb = recorded["memoryMb"]
     if (
@@ -622,24 +1092,21 @@ def interpret(
         or cpu_ms > int(limits["time_limit_ms"])
         or final.get("signal") == signal.SIGXCPU
     ):
-        return run(
-            "time_limit", cases, f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms"
-        )
+        return run("time_limit", f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms")
     if memory or reason == "memory" or peak_mb > limit_mb:
-        return run("memory_limit", cases, f"memory limit of {limit_mb} MB exceeded")
+        return run("memory_limit", f"memory limit of {limit_mb} MB exceeded")
     if reason == "blocked":
         return run(
             "blocked",
-            cases,
             f"blocked (sleeping or waiting) for more than {limits['blocked_seconds']:g} s",
         )
     if reason in ("processes", "output"):
-        return run("crashed", cases, f"too many {reason}")
-    if done and len(cases) == n_cases:
-        return run("ok", cases)
+        return run("crashed", f"too many {reason}")
+    if loaded and done == sent:
+        return run("ok")
     if final.get("signal"):
-        return run("crashed", cases, f"killed by signal {final['signal']}")
-    return run("crashed", cases, f"exited with status {final.get('exit_code')} before finishing")
+        return run("crashed", f"killed by signal {final['signal']}")
+    return run("crashed", f"exited with status {final.get('exit_code')} before finishing")
 
 
 # ---------------------------------------------------------------------------- the runner's wire format
@@ -655,6 +1122,8 @@ def run_to_json(run: SandboxRun) -> dict[str, Any]:
         "peakMemoryMb": run.peak_memory_mb,
         "wallMs": run.wall_ms,
         "limits": run.limits,
+        "stagesRun": run.stages_run,
+        "accounting": run.accounting,
     }
 
 
@@ -667,7 +1136,11 @@ def run_from_json(data: Any) -> SandboxRun:
     ):
         raise ValueError("not a sandbox run")
     cases = tuple(
-        CaseOutcome(ok=bool(c.get("ok")), value=c.get("value"), error=c.get("error"))
+        CaseOutcome(
+            ok=c.get("ok") is True,
+            value=c.get("value"),
+            error=None if c.get("ok") is True else error_name(c.get("error")),
+        )
         for c in data["cases"]
         if isinstance(c, dict)
     )
@@ -679,4 +1152,6 @@ def run_from_json(data: Any) -> SandboxRun:
         peak_memory_mb=float(data.get("peakMemoryMb") or 0.0),
         wall_ms=int(data.get("wallMs") or 0),
         limits={str(k): int(v) for k, v in (data.get("limits") or {}).items()},
+        stages_run=int(data.get("stagesRun", 1)),
+        accounting="cgroup" if data.get("accounting") == "cgroup" else "pidns",
     )

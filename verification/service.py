@@ -237,8 +237,15 @@ def build_consumer(
     )
 
 
-async def run_verification_consumer(settings: VerificationSettings) -> None:
-    """Run the verification service until cancelled (see the module docstring)."""
+async def run_verification_consumer(settings: VerificationSettings, stop: asyncio.Event | None = None) -> None:
+    """Run the verification service until `stop` is set, then drain (see the module docstring).
+
+    On `stop` the consumer finishes its batch, clears its mark, commits and leaves its group
+    before the publisher and the scheduler end; cancelled, it hands its batch back.
+    """
+    from runtime.shell import wait_stopped
+
+    stop = stop or asyncio.Event()
     key = load_signing_key(settings)
     if settings.metrics_port is not None:
         from runtime.health import start_server
@@ -259,28 +266,34 @@ async def run_verification_consumer(settings: VerificationSettings) -> None:
     consumer = build_consumer(settings, signing_key=key, registry=registry)
     scheduler = RetryScheduler(settings.database_url, t.requests, poll_seconds=settings.retry_poll_seconds)
     producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-verification")
-    tasks: list[asyncio.Task[None]] = []
     publisher: OutboxPublisher | None = None
+    publishing: asyncio.Task[None] | None = None
+    scheduling: asyncio.Task[None] | None = None
+    consuming: asyncio.Task[None] | None = None
     try:
         if settings.run_publisher:
             await producer.start()
             publisher = OutboxPublisher(settings.database_url, producer)
-            tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
-        tasks.append(asyncio.create_task(scheduler.run(), name="retry-scheduler"))
-        tasks.append(asyncio.create_task(consumer.run(), name="verification-consumer"))
+            publishing = asyncio.create_task(publisher.run(), name="outbox-publisher")
+        scheduling = asyncio.create_task(scheduler.run(), name="retry-scheduler")
+        consuming = asyncio.create_task(consumer.run(), name="verification-consumer")
         log.info("verification_service_started", group=settings.verification_group)
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()
-    finally:
+        await wait_stopped(stop, *(t for t in (publishing, scheduling, consuming) if t is not None))
         consumer.stop()
-        if publisher is not None:
-            publisher.stop()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        await consuming  # the batch in flight ends and is committed, the mark cleared, the group left
+    finally:
+        # Cancelled (the drain was cut short): the consumer hands its batch back first.
+        consumer.stop()
+        for task in (consuming, scheduling):
+            if task is not None and not task.done():
+                task.cancel()
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if publisher is not None and publishing is not None:
+            publisher.stop()  # ends after the row it is sending: the verdicts just committed go out
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await asyncio.wait_for(publishing, 10)
         if settings.run_publisher:
             with contextlib.suppress(Exception):
                 await producer.stop()

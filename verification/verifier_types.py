@@ -5,7 +5,7 @@
 | `exact_match`        | the output equals `expected` after normalisation                        |
 | `schema_validation`  | the output's JSON validates against `schema`, then `expected` values match |
 | `numerical_range`    | the output's number is within `tolerance` of `reference`                |
-| `test_suite`         | the code compiles and every public, then every hidden, case passes within `timeLimitMs` and `memoryMb` |
+| `test_suite`         | the code compiles and every public, then every hidden, case passes within `timeLimitMs` and `memoryMb`, the same on both runs |
 | `execution_result`   | a quantity the harness measures (pass rate, CPU, memory, the task's scorer) meets `threshold` |
 | `optimization_score` | a scorer verifier's raw reward beats `baseline`                         |
 | `multi_verifier`     | every listed verifier passes                                            |
@@ -18,6 +18,9 @@ same answer.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 import re
 import unicodedata
@@ -43,7 +46,9 @@ from verification.sandbox import (
     HASH_SEED,
     SandboxRun,
     SandboxUnavailable,
-    run_cases,
+    Stage,
+    json_equal,
+    run_stages,
     strip_code_fences,
 )
 
@@ -107,17 +112,7 @@ def normalize_text(text: str) -> str:
     return peeled
 
 
-def _json_equal(a: Any, b: Any) -> bool:
-    # Numbers compare by value (1 == 1.0), everything else structurally; bools are not numbers.
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    return bool(a == b)
+_json_equal = json_equal
 
 
 # ---------------------------------------------------------------------------- exact match
@@ -271,7 +266,8 @@ class SuiteConfig(_SandboxLimits):
 
 
 RUNS_PER_CHECK = 2
-"""Every sandboxed check runs twice; runs that disagree mean "could not judge", not a verdict."""
+"""Every sandboxed check runs twice; runs that disagree are a FAIL at DETERMINISM (seed 002:
+a verifier gives the same answer twice, so code that does not is the submission's fault)."""
 
 _RESOURCE_STAGES = ("time_limit", "memory_limit", "blocked")
 
@@ -282,34 +278,64 @@ def _resource_failure(run: SandboxRun) -> str | None:
     return None
 
 
+def run_digest(run: SandboxRun, hidden_from: int | None = None) -> str:
+    """The digest of what must be equal between two runs; hidden cases enter only as pass or fail.
+
+    `hidden_from`: the index of the first hidden case (with their expected values applied by
+    the caller, a hidden case's value never reaches the digest, which the agent can read).
+    """
+    signature = run.signature()
+    if hidden_from is not None:
+        stage, stages_run, cases = signature
+        signature = (stage, stages_run, cases[:hidden_from], tuple(ok for ok, *_ in cases[hidden_from:]))
+    return "0x" + hashlib.sha256(json.dumps(signature, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Two runs of the same code that did not give the same answer."""
+
+    digests: tuple[str, ...]
+    stages: tuple[str, ...]
+
+
 async def _run(
-    registry: VerifierRegistry, source: str, config: _SandboxLimits, cases: list[list[Any]], name: str,
-    entrypoint: str | None = None,
-) -> tuple[SandboxRun, dict[str, Any]]:
-    """Run the code `RUNS_PER_CHECK` times; the first run and what was measured over all of them."""
+    registry: VerifierRegistry, source: str, config: _SandboxLimits, stages: list[Stage], name: str,
+    entrypoint: str | None = None, judge: Any = None,
+) -> tuple[SandboxRun, dict[str, Any], Disagreement | None]:
+    """Run the code `RUNS_PER_CHECK` times: the first run, what was measured over all, and any disagreement.
+
+    `judge(run)` maps a run to what must agree (default: the run's digest); a
+    `SandboxUnavailable` (our environment could not answer) raises `VerificationError`.
+    """
     runs: list[SandboxRun] = []
     for _ in range(RUNS_PER_CHECK):
         try:
             runs.append(
-                await run_cases(
-                    source, entrypoint or config.entrypoint, cases,
+                await run_stages(
+                    source, entrypoint or config.entrypoint, stages,
                     time_limit_ms=config.time_limit_ms, memory_mb=config.memory_mb,
                     settings=registry.sandbox_settings,
                 )
             )  # fmt: skip
         except SandboxUnavailable as exc:
             raise VerificationError(name, str(exc)) from None
-    first = runs[0]
-    if any(run.signature() != first.signature() for run in runs[1:]):
-        stages = ", ".join(run.stage for run in runs)
-        raise VerificationError(name, f"runs of the same code disagree ({stages}): not deterministic, not judged")
+    # A run that passed a limit is a FAIL at RESOURCE LIMITS whatever the other did (two runs
+    # stopped at different moments differ in their partial outcomes, not in the finding).
+    limited = [run for run in runs if run.stage in _RESOURCE_STAGES]
+    first = limited[0] if limited else runs[0]
     measured = {
         "cpuMs": max(run.cpu_ms for run in runs),
         "peakMemoryMb": max(run.peak_memory_mb for run in runs),
         "runs": len(runs),
         "hashSeed": HASH_SEED,
+        "accounting": first.accounting,
     }
-    return first, measured
+    digests = tuple(judge(run) if judge is not None else run_digest(run) for run in runs)
+    disagreement = None
+    if len(set(digests)) > 1 and not limited:
+        disagreement = Disagreement(digests, tuple(run.stage for run in runs))
+    return first, measured, disagreement
 
 
 def _merge_measured(total: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
@@ -322,9 +348,23 @@ def _merge_measured(total: dict[str, Any], measured: dict[str, Any]) -> dict[str
     }
 
 
+def _determinism_fail(prefix: str, detail: dict[str, Any], disagreement: Disagreement) -> VerifierOutcome:
+    return _passfail(
+        False,
+        {**detail, "stage": "DETERMINISM", "runDigests": list(disagreement.digests)},
+        f"{prefix}: DETERMINISM: {len(disagreement.digests)} runs of the same code gave different results",
+    )
+
+
 @dataclass(frozen=True)
 class SuiteVerifier:
-    """Seed 002's pipeline: SUBMISSION → COMPILE → ISOLATE → PUBLIC → HIDDEN → RESOURCE LIMITS."""
+    """Seed 002's pipeline: SUBMISSION → COMPILE → ISOLATE → PUBLIC → HIDDEN → RESOURCE LIMITS → DETERMINISM.
+
+    One sandbox per run loads the code once; the hidden cases' arguments are sent into it only
+    after it loaded and passed every public case. What the agent reads of the hidden stage is
+    its count and, for a run that did not finish, the kind of limit or "crashed": never an
+    error text, a value or an exit status (each could carry the hidden inputs out).
+    """
 
     name: str
     config: SuiteConfig
@@ -332,37 +372,92 @@ class SuiteVerifier:
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         source = strip_code_fences(output_text(trajectory))
-        n_public, n_hidden = len(self.config.public_tests), len(self.config.hidden_tests)
+        public, hidden = self.config.public_tests, self.config.hidden_tests
+        n_public, n_hidden = len(public), len(hidden)
         limits = {"timeLimitMs": self.config.time_limit_ms, "memoryMb": self.config.memory_mb}
         detail: dict[str, Any] = {"publicTests": f"0/{n_public}", "hiddenTests": f"0/{n_hidden}", "limits": limits}
         if not source.strip():
             return _passfail(False, {**detail, "stage": "SUBMISSION"}, "TEST_SUITE: SUBMISSION: no code")
-        measured: dict[str, Any] = {}
-        for stage, cases, label in (
-            ("PUBLIC TESTS", self.config.public_tests, "publicTests"),
-            ("HIDDEN TESTS", self.config.hidden_tests, "hiddenTests"),
+        stages = [
+            Stage.of([c.args for c in public], [c.expected for c in public]),
+            Stage.of([c.args for c in hidden], [c.expected for c in hidden]),
+        ]
+
+        def judged(run: SandboxRun) -> str:
+            # Hidden values are replaced by whether they were right before the digest.
+            marked = dataclasses.replace(
+                run,
+                cases=run.cases[:n_public] + tuple(
+                    dataclasses.replace(o, value=None, ok=o.ok and _json_equal(o.value, c.expected))
+                    for o, c in zip(run.cases[n_public:], hidden, strict=False)
+                ),
+            )
+            return run_digest(marked, hidden_from=n_public)
+
+        run, measured, disagreement = await _run(self.registry, source, self.config, stages, self.name, judge=judged)
+        # Once the hidden cases were in the sandbox, the code could encode them in how long it
+        # runs or how much it holds: the figures the agent reads are coarse then.
+        detail["measured"] = _coarse(measured, self.config) if run.stages_run > 1 else measured
+        if run.stage in ("compile", "load"):
+            stage_name = "COMPILE" if run.stage == "compile" else "ISOLATE"
+            # Load errors are the agent's own text and no case was in the sandbox yet.
+            return self._checked(disagreement, detail, stage_name, f"TEST_SUITE: {stage_name}: {run.error}")
+        public_out, hidden_out = run.cases[:n_public], run.cases[n_public:]
+        passed_public = sum(1 for c, o in zip(public, public_out, strict=False) if o.ok and _json_equal(o.value, c.expected))
+        passed_hidden = sum(1 for c, o in zip(hidden, hidden_out, strict=False) if o.ok and _json_equal(o.value, c.expected))
+        detail["publicTests"] = f"{passed_public}/{n_public}"
+        detail["hiddenTests"] = f"{passed_hidden}/{n_hidden}"
+        in_hidden = run.stages_run > 1
+        resource_error = _resource_failure(run)
+        if resource_error is not None:
+            detail["resourceLimits"] = "FAIL"
+            shown = _limit_kind(run) if in_hidden else resource_error
+            return self._checked(disagreement, detail, "RESOURCE LIMITS", f"TEST_SUITE: RESOURCE LIMITS: {shown}")
+        if run.stage == "isolate":
+            return self._checked(disagreement, detail, "ISOLATE", f"TEST_SUITE: ISOLATE: {run.error}")
+        for stage, cases, outcomes, passed, hide in (
+            ("PUBLIC TESTS", public, public_out, passed_public, False),
+            ("HIDDEN TESTS", hidden, hidden_out, passed_hidden, True),
         ):
-            run, stage_measured = await _run(self.registry, source, self.config, [c.args for c in cases], self.name)
-            measured = _merge_measured(measured, stage_measured)
-            detail["measured"] = measured
-            if run.stage in ("compile", "load"):
-                stage_name = "COMPILE" if run.stage == "compile" else "ISOLATE"
-                return _passfail(False, {**detail, "stage": stage_name}, f"TEST_SUITE: {stage_name}: {run.error}")
-            resource_error = _resource_failure(run)
-            passed = sum(
-                1 for case, outcome in zip(cases, run.cases, strict=False)
-                if outcome.ok and _json_equal(outcome.value, case.expected)
-            )  # fmt: skip
-            detail[label] = f"{passed}/{len(cases)}"
-            if resource_error is not None:
-                detail["resourceLimits"] = "FAIL"
-                return _passfail(False, {**detail, "stage": "RESOURCE LIMITS"}, f"TEST_SUITE: RESOURCE LIMITS: {resource_error}")
-            if not run.completed:
-                return _passfail(False, {**detail, "stage": stage}, f"TEST_SUITE: {stage}: {run.error}")
+            if len(outcomes) < len(cases) and not run.completed:
+                why = "crashed" if hide else run.error
+                return self._checked(disagreement, detail, stage, f"TEST_SUITE: {stage}: {why}")
             if passed < len(cases):
-                return _passfail(False, {**detail, "stage": stage}, f"TEST_SUITE: {stage} {passed}/{len(cases)}")
+                errors = sorted({o.error for o in outcomes if not o.ok and o.error})
+                extra = f" (errors: {', '.join(errors)})" if errors and hide else ""
+                return self._checked(disagreement, detail, stage, f"TEST_SUITE: {stage} {passed}/{len(cases)}{extra}")
+        if disagreement is not None:
+            return _determinism_fail("TEST_SUITE", detail, disagreement)
         detail["resourceLimits"] = "PASS"
         return _passfail(True, {**detail, "stage": "PASS"})
+
+    def _checked(
+        self, disagreement: Disagreement | None, detail: dict[str, Any], stage: str, reason: str
+    ) -> VerifierOutcome:
+        # A FAIL either way: runs that disagree are reported as such, with both digests.
+        if disagreement is not None:
+            return _determinism_fail("TEST_SUITE", detail, disagreement)
+        return _passfail(False, {**detail, "stage": stage}, reason)
+
+
+MEASURE_STEPS = 10
+"""After the hidden stage, measurements are shown rounded up to a tenth of their limit."""
+
+
+def _coarse(measured: dict[str, Any], config: _SandboxLimits) -> dict[str, Any]:
+    cpu_step = max(1, config.time_limit_ms // MEASURE_STEPS)
+    mem_step = max(1, config.memory_mb // MEASURE_STEPS)
+    return {
+        **measured,
+        "cpuMs": -(-int(measured["cpuMs"]) // cpu_step) * cpu_step,
+        "peakMemoryMb": float(-(-math.ceil(float(measured["peakMemoryMb"])) // mem_step) * mem_step),
+    }
+
+
+def _limit_kind(run: SandboxRun) -> str:
+    return {"time_limit": "CPU time limit", "memory_limit": "memory limit", "blocked": "blocked limit"}.get(
+        run.stage, run.stage
+    )
 
 
 Measure = Literal["pass_rate", "cpu_ms", "peak_memory_mb", "score"]
@@ -408,8 +503,12 @@ class ExecutionResult:
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         source = strip_code_fences(output_text(trajectory))
         cases = self.config.all_cases()
-        run, measured = await _run(self.registry, source, self.config, [c.args for c in cases], self.name)
+        run, measured, disagreement = await _run(
+            self.registry, source, self.config, [Stage.of([c.args for c in cases])], self.name
+        )
         base = {"measure": self.config.measure, "measured": measured}
+        if disagreement is not None:
+            return _determinism_fail("EXECUTION_RESULT", base, disagreement)
         if run.stage in ("compile", "load"):
             return _passfail(False, {**base, "stage": "COMPILE"}, f"EXECUTION_RESULT: COMPILE: {run.error}")
         resource_error = _resource_failure(run)
@@ -436,10 +535,14 @@ class ExecutionResult:
         if measure == "pass_rate":
             good = sum(1 for case, out in zip(cases, outputs, strict=True) if _json_equal(out, case.expected))
             return good / len(cases)
-        scored, _ = await _run(
-            self.registry, self.config.scorer or "", self.config, [[[c.args for c in cases], outputs]],
+        # The scorer is the task's own code, not the submission's: if its runs disagree, this
+        # verifier cannot answer.
+        scored, _, scorer_disagreement = await _run(
+            self.registry, self.config.scorer or "", self.config, [Stage.of([[[c.args for c in cases], outputs]])],
             f"{self.name} (scorer)", entrypoint="score",
         )  # fmt: skip
+        if scorer_disagreement is not None:
+            raise VerificationError(self.name, "the task's scorer gave different results on two runs")
         value = scored.cases[0].value if scored.completed and scored.cases and scored.cases[0].ok else None
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise VerificationError(self.name, f"the task's scorer gave no number ({scored.stage}: {scored.error})")

@@ -10,6 +10,10 @@ The matching score is `score * H / (H + dispute_count)` with `H = rules.dispute_
 (default 10): no disputes leave the score as it is, H disputes halve it. Unlike the score,
 the dispute count never recovers, so an agent with a history of failed rounds ranks below
 one with the same score and none.
+
+An agent is an address, matched case-insensitively (the indexer reports EIP-55 checksummed
+addresses, callers may use lower case): a reputation always names its agent in lower case,
+the form it is stored, keyed and published under, whatever case it was asked for in.
 """
 
 from __future__ import annotations
@@ -64,14 +68,14 @@ def matching_score(
 
 
 def initial(agent: str, rules: ReputationRules = DEFAULT_RULES) -> Reputation:
-    """The reputation of an agent with no verdicts yet."""
-    return _reputation(agent, rules.start_score, 0, 0, 0, rules)
+    """The reputation of an agent with no verdicts yet (named in lower case)."""
+    return _reputation(agent.lower(), rules.start_score, 0, 0, 0, rules)
 
 
 def apply(
     reputation: Reputation, outcome: RoundOutcome, rules: ReputationRules = DEFAULT_RULES
 ) -> Reputation:
-    """The reputation after one more verdict on the agent's work."""
+    """The reputation after one more verdict on the agent's work (the same address in any case)."""
     if outcome.agent.lower() != reputation.agent.lower():
         raise ValueError(
             f"outcome {outcome.event_id} is about {outcome.agent}, not {reputation.agent}"
@@ -86,7 +90,7 @@ def apply(
             rules,
         )
     return _reputation(
-        reputation.agent,
+        reputation.agent.lower(),
         max(SCORE_MIN, reputation.score - FAILED_ROUND_PENALTY),
         reputation.dispute_count + 1,
         reputation.passes,

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import getpass
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +27,7 @@ def run(
     from relayer.settlement.service import run_relayer
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import cancel_on_stop, run_service
 
     try:
         settings = RelayerSettings.load(config)
@@ -38,18 +36,9 @@ def run(
         typer.echo(f"invalid relayer settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=settings.log_json)
-
-    async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await run_relayer(settings)
-
     try:
-        asyncio.run(main())
+        # The relayer's loops stop by cancellation: each one's `finally` is its drain.
+        run_service("relayer", lambda stop: cancel_on_stop(stop, run_relayer(settings)), configure=False)
     except KeyLoadError as exc:
         typer.echo(f"relayer key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
@@ -69,6 +58,7 @@ def rulings(
     from relayer.settlement.rulings import load_ruling_settings, run_ruling_relay
     from runtime.errors import StartupError, safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     try:
         settings = load_ruling_settings(config)
@@ -77,16 +67,8 @@ def rulings(
         typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
     configure_logging(json=True)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_ruling_relay(settings, stop)
-
     try:
-        asyncio.run(main())
+        run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
     except KeyLoadError as exc:
         typer.echo(f"arbiter key: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ from runtime.db import connect, create_pool, is_connection_error, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
 from runtime.web.probes import router as probes_router
+from runtime.web.server import QuietServer
 
 log = structlog.get_logger(__name__)
 
@@ -50,13 +50,6 @@ def load_relayer_key(settings: RelayerSettings) -> SecretKey:
         ),
         password_file=settings.relayer_keystore_password_file,
     )
-
-
-class _QuietServer(uvicorn.Server):
-    # The relayer owns the process's signals; uvicorn must not take them over.
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 def build_app(monitor: HealthMonitor) -> FastAPI:
@@ -180,7 +173,7 @@ class Relayer:
             access_log=False,
             lifespan="off",
         )
-        self.server = _QuietServer(config)
+        self.server = QuietServer(config)
         await self.server.serve()
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:

@@ -14,9 +14,11 @@ from typing import Any
 
 import asyncpg
 
+from chain import indexed
 from chain.fees import Fees
 from chain.txs import SignedTx
 from chain.txstore import NewSlot, TxVersion, insert_slots, set_next_nonce
+from chain.view import ChainEvent, fold_task
 from schemas import jsoncodec
 
 NOTIFY_CHANNEL = "escrowd_settlement"
@@ -67,88 +69,39 @@ class IndexedTask:
 # ---------------------------------------------------------------------------- indexed state
 
 
-_INDEXED_EVENTS = ("TaskCreated", "EvidenceSubmitted", "VerificationCompleted")
-
-
-def fold_indexed_task(rows: Sequence[tuple[str, Any]]) -> IndexedTask | None:
-    """Fold one task's (event name, args) rows, in chain order, into what the checks need."""
-    if not rows:
+def fold_indexed_task(events: Sequence[ChainEvent]) -> IndexedTask | None:
+    """What the verdict checks need of a task's indexed events: a projection of the one
+    fold (`chain.view.fold_task`); None when there are none."""
+    if not events:
         return None
-    verifier: str | None = None
-    attempt = 0
-    evidence: str | None = None
-    judged: set[int] = set()
-    for name, args in rows:
-        if name == "TaskCreated":
-            named = str(args.get("verifier") or ZERO_ADDRESS)
-            verifier = None if int(named, 16) == 0 else named
-        elif name == "EvidenceSubmitted":
-            attempt = int(args["attempt"])
-            evidence = str(args["evidenceHash"]).lower()
-        elif name == "VerificationCompleted":
-            judged.add(int(args["attempt"]))
-    return IndexedTask(verifier, attempt, evidence, frozenset(judged))
-
-
-_EVENT_FIELDS = (
-    "event_name, args->>'verifier' AS verifier, args->>'attempt' AS attempt,"
-    " args->>'evidenceHash' AS evidence_hash"
-)
-
-
-def _event(r: asyncpg.Record) -> tuple[str, dict[str, Any]]:
-    # Only the three fields the fold reads, as text: no JSON decoding of whole `args`.
-    args = {"verifier": r["verifier"], "attempt": r["attempt"], "evidenceHash": r["evidence_hash"]}
-    return str(r["event_name"]), {k: v for k, v in args.items() if v is not None}
+    task = fold_task(events)
+    latest = task.last_attempt
+    return IndexedTask(
+        named_verifier=task.verifier,
+        latest_attempt=latest,
+        latest_evidence_hash=task.attempts.get(latest),
+        judged_attempts=task.judged_attempts,
+    )
 
 
 async def indexed_task(conn: asyncpg.Connection, chain_id: int, escrow: str, task_id: int) -> IndexedTask | None:
     """Fold the task's indexed TaskCreated / EvidenceSubmitted / VerificationCompleted events."""
-    rows = await conn.fetch(
-        f"SELECT {_EVENT_FIELDS} FROM escrow_events"
-        " WHERE chain_id = $1 AND task_id = $2 AND lower(escrow_address) = $3"
-        "   AND event_name = ANY($4::text[])"
-        " ORDER BY block_number, log_index",
-        chain_id,
-        task_id,
-        escrow.lower(),
-        list(_INDEXED_EVENTS),
-    )
-    return fold_indexed_task([_event(r) for r in rows])
+    return fold_indexed_task(await indexed.settlement_events(conn, chain_id, escrow, task_id))
 
 
-TaskKey = tuple[int, str, int]
+TaskKey = indexed.TaskRef
 """(chain id, lower-case escrow, task id)."""
 
 
 async def indexed_tasks(conn: asyncpg.Connection, keys: Sequence[TaskKey]) -> dict[TaskKey, IndexedTask]:
     """`indexed_task` for many tasks in one statement; tasks with no indexed event are absent."""
-    unique = sorted(set(keys))
-    if not unique:
-        return {}
-    rows = await conn.fetch(
-        "SELECT e.chain_id, k.escrow, e.task_id, e.event_name, e.args->>'verifier' AS verifier,"
-        " e.args->>'attempt' AS attempt, e.args->>'evidenceHash' AS evidence_hash"
-        " FROM unnest($1::bigint[], $2::text[], $3::numeric[]) AS k(chain_id, escrow, task_id)"
-        " JOIN escrow_events e ON e.chain_id = k.chain_id AND e.task_id = k.task_id"
-        "   AND lower(e.escrow_address) = k.escrow"
-        " WHERE e.event_name = ANY($4::text[])"
-        " ORDER BY e.chain_id, k.escrow, e.task_id, e.block_number, e.log_index",
-        [k[0] for k in unique],
-        [k[1] for k in unique],
-        [k[2] for k in unique],
-        list(_INDEXED_EVENTS),
-    )
-    grouped: dict[TaskKey, list[tuple[str, Any]]] = {}
-    for r in rows:
-        grouped.setdefault((int(r["chain_id"]), str(r["escrow"]), int(r["task_id"])), []).append(_event(r))
+    grouped = await indexed.settlement_events_of(conn, keys)
     return {key: task for key, events in grouped.items() if (task := fold_indexed_task(events)) is not None}
 
 
 async def indexer_cursor(conn: asyncpg.Connection, chain_id: int) -> int | None:
     """The indexer's cursor block for a chain (None before it stored anything)."""
-    value = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", chain_id)
-    return None if value is None else int(value)
+    return await indexed.cursor_block(conn, chain_id)
 
 
 # ---------------------------------------------------------------------------- verdicts in

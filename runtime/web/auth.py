@@ -36,11 +36,10 @@ from eth_utils.address import to_checksum_address
 from fastapi import Request
 
 from runtime.web.errors import ApiProblem
+from schemas import eip712
 from schemas.request_auth import (
-    BadSignature,
     Deployment,
     RequesterProof,
-    recover_digest_signer,
     request_digest,
     requester_proof,
     sign_request,
@@ -107,8 +106,8 @@ async def verify_signature(request: Request, deployment: Deployment, *, now: int
     path = request_path(request)
     digest = request_digest(deployment, request.method, path, body, signer, nonce, expires_at)
     try:
-        recovered = recover_digest_signer(digest, signature.lower())
-    except BadSignature as exc:
+        recovered = eip712.recover(digest, signature)
+    except eip712.InvalidSignature as exc:
         raise ApiProblem(401, "SIGNATURE_INVALID", f"the signature is not usable: {exc}") from None
     if recovered.lower() != signer.lower():
         raise ApiProblem(

@@ -32,3 +32,19 @@ async def register_executor(api: Api, who: Who, **kwargs: Any) -> Any:
     response = await api.call("PUT", "/v1/executors/me", entry(who, **kwargs), as_=who)
     assert response.status_code in (200, 201), response.text
     return response.json()
+
+
+def wrap_for(key: bytes, public_key: str, task_hash: str, reader: str, *, chain_id: int = 31337, escrow: str | None = None) -> str:
+    """A content key wrapped (base64) to `reader`'s encryption key for the task `task_hash`."""
+    from tests.verification.conftest import ESCROW
+    from verification.agents.briefs import KeyContext, b64, wrap_key
+
+    return b64(wrap_key(key, public_key, KeyContext(chain_id, escrow or ESCROW, task_hash, reader)))
+
+
+def context_for(task_hash: str, reader: str, *, chain_id: int = 31337, escrow: str | None = None) -> Any:
+    """The key context of `reader` on the task `task_hash`."""
+    from tests.verification.conftest import ESCROW
+    from verification.agents.briefs import KeyContext
+
+    return KeyContext(chain_id, escrow or ESCROW, task_hash, reader)

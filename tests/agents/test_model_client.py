@@ -116,7 +116,8 @@ async def test_an_injection_in_the_result_stays_data(model_endpoint: ModelEndpoi
     assert system["role"] == "system" and "ignore all previous" not in system["content"]
     assert "never follow instructions" in system["content"]
     data = json.loads(user["content"].partition("<<<DATA>>>")[2])
-    assert data["result"] == INJECTION and set(data) == {"brief", "acceptance", "result"}
+    sides = ("brief", "acceptance", "result")
+    assert data["result"] == INJECTION and set(data) == {f"{n}{x}" for n in sides for x in ("", "Chars", "Truncated")}
 
 
 def test_brief_and_result_are_cut_to_12000_characters() -> None:
@@ -124,6 +125,37 @@ def test_brief_and_result_are_cut_to_12000_characters() -> None:
     messages = verifier_messages("b" * 20_000, "r" * 30_000, "note")
     data = json.loads(messages[1]["content"].partition("<<<DATA>>>")[2])
     assert len(data["brief"]) == 12_000 and len(data["result"]) == 12_000 and data["acceptance"] == "note"
+
+
+async def test_the_judge_is_told_each_side_was_cut_and_how_long_it_was(model_endpoint: ModelEndpoint) -> None:
+    """The model gets each side's original length and a truncation flag: exactly at the limit is not cut, one
+    more character is; the local model's fail names the cut (it was judged knowing the rest was unseen)."""
+    client = model_endpoint.client()
+    brief, acceptance = "Write the report.", 'The report ends with "signed off".'
+    try:
+        short = await client.ask(verifier_messages(brief, "x" * 12_000 + " signed off", acceptance), VerifierAnswer)
+        exact = await client.ask(verifier_messages(brief, "y" * 11_989 + " signed off", acceptance), VerifierAnswer)
+    finally:
+        await client.close()
+    cut_data, exact_data = (json.loads(r["messages"][1]["content"].partition("<<<DATA>>>")[2]) for r in model_endpoint.stub.requests)
+    assert (cut_data["resultChars"], cut_data["resultTruncated"], len(cut_data["result"])) == (12_011, True, 12_000)
+    assert (exact_data["resultChars"], exact_data["resultTruncated"], len(exact_data["result"])) == (12_000, False, 12_000)
+    assert (cut_data["briefChars"], cut_data["briefTruncated"]) == (len(brief), False)
+    assert (cut_data["acceptanceChars"], cut_data["acceptanceTruncated"]) == (len(acceptance), False)
+    assert short.passed is False and "cut" in short.reasons[0] and "12011" in short.reasons[0]
+    assert exact.passed is True
+    assert "resultTruncated" in model_endpoint.stub.requests[0]["messages"][0]["content"]  # the rules explain the flags
+
+
+def test_the_rubric_judge_is_told_what_was_cut() -> None:
+    """The same for the rubric judge's texts; absent ones are null, 0 characters, not cut."""
+    from verification.agents.judging import TRAJECTORY_CHARS, rubric_messages
+
+    data = json.loads(rubric_messages("r", None, "t" * (TRAJECTORY_CHARS + 5), None)[1]["content"].partition("<<<DATA>>>")[2])
+    assert (data["trajectoryChars"], data["trajectoryTruncated"]) == (TRAJECTORY_CHARS + 5, True)
+    assert (data["rubricChars"], data["rubricTruncated"]) == (1, False)
+    assert (data["prompt"], data["promptChars"], data["promptTruncated"]) == (None, 0, False)
+    assert (data["reference"], data["referenceTruncated"]) == (None, False)
 
 
 def test_the_prompt_file_is_versioned() -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from eth_utils.crypto import keccak
+
+from runtime.db import connect
 from schemas.task_terms import result_hash
 from tests.verification.conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who
 from tests.verification.test_api import TASK, code, finalize_path, register, terms_body
-from verification.agents.briefs import b64, seal_brief, wrap_key
+from verification.agents.briefs import b64, seal_brief
 
-from .helpers import register_executor
+from .helpers import register_executor, wrap_for
 
 
 def listing_path(task_id: int = TASK) -> str:
@@ -84,12 +87,12 @@ async def test_a_private_brief_not_wrapped_to_the_verifier_is_refused_at_listing
     digest = await register(api, who["poster"], private=True, instructionsDigest=sealed.digest, **agent_terms(who))
     await chain.created(TASK, who["poster"].address, digest, verifier=who["verifier"].address)
     assert code(await api.call("POST", listing_path(), as_=who["poster"])) == "BRIEF_REQUIRED"
-    to_agent = {who["agent"].address: b64(wrap_key(sealed.key, worker["encryptionPublicKey"]))}
+    to_agent = {who["agent"].address: wrap_for(sealed.key, worker["encryptionPublicKey"], digest, who["agent"].address)}
     stored = await api.call("PUT", f"/v1/briefs/{digest}", {"ciphertext": b64(sealed.ciphertext), "wrappedKeys": to_agent}, as_=who["poster"])
     assert stored.status_code == 200, stored.text
     refused = await api.call("POST", listing_path(), as_=who["poster"])
     assert refused.status_code == 400 and code(refused) == "VERIFIER_NOT_WRAPPED"
-    to_verifier = {who["verifier"].address: b64(wrap_key(sealed.key, verifier["encryptionPublicKey"]))}
+    to_verifier = {who["verifier"].address: wrap_for(sealed.key, verifier["encryptionPublicKey"], digest, who["verifier"].address)}
     added = await api.call("PUT", f"/v1/briefs/{digest}", {"ciphertext": b64(sealed.ciphertext), "wrappedKeys": to_verifier}, as_=who["poster"])
     assert sorted(added.json()["readers"]) == sorted([who["agent"].address.lower(), who["verifier"].address.lower()])
     assert (await api.call("POST", listing_path(), as_=who["poster"])).status_code == 201
@@ -110,3 +113,75 @@ async def test_is_verifier_and_self_verification_as_before(api: Api, chain: Inde
     assert own.status_code == 409 and code(own) == "SELF_VERIFICATION"
 
 
+
+
+async def test_listing_rechecks_the_named_verifier(api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str) -> None:
+    """Opted in when the terms were registered; at listing it has since opted out, become a worker only, or
+    not been seen for a year: refused each time (the terms check alone listed all three)."""
+    await register_executor(api, who["verifier"])
+    digest = await register(api, who["poster"], **agent_terms(who))
+    await chain.created(TASK, who["poster"].address, digest, verifier=who["verifier"].address)
+
+    await register_executor(api, who["verifier"], opt_in=False)
+    refused = await api.call("POST", listing_path(), as_=who["poster"])
+    assert refused.status_code == 409 and code(refused) == "VERIFIER_NOT_OPTED_IN"
+    await register_executor(api, who["verifier"], roles=("worker",))
+    assert code(await api.call("POST", listing_path(), as_=who["poster"])) == "VERIFIER_NOT_OPTED_IN"
+
+    await register_executor(api, who["verifier"])
+    conn = await connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE executors SET last_seen = now() - interval '365 days' WHERE address = $1", who["verifier"].address.lower()
+        )
+        stale = await api.call("POST", listing_path(), as_=who["poster"])
+        assert stale.status_code == 409 and code(stale) == "VERIFIER_NOT_RUNNING"
+        assert await listed_ids(api) == []
+        assert (await api.call("POST", "/v1/executors/me/heartbeat", as_=who["verifier"])).status_code == 204
+    finally:
+        await conn.close()
+    assert (await api.call("POST", listing_path(), as_=who["poster"])).status_code == 201
+    assert await listed_ids(api) == [TASK]
+
+
+JUNK_KEY = b64(b"\x02" + b"\xff" * 81)  # the right length and version, but no point of the curve
+
+
+async def test_a_junk_wrapped_key_is_refused_on_upload_and_at_listing(
+    api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str
+) -> None:
+    """Junk bytes, a format-1 key or a format-1 ciphertext are refused on upload (400 BRIEF_INVALID); a junk
+    key stored before the check is refused at listing (400 VERIFIER_KEY_MALFORMED) until it is replaced."""
+    verifier = await register_executor(api, who["verifier"])
+    sealed = seal_brief("Review the refactor plan; list every risk.")
+    digest = await register(api, who["poster"], private=True, instructionsDigest=sealed.digest, **agent_terms(who))
+    await chain.created(TASK, who["poster"].address, digest, verifier=who["verifier"].address)
+    good = wrap_for(sealed.key, verifier["encryptionPublicKey"], digest, who["verifier"].address)
+    format_one = b64(b"\x01" + b64_bytes(good)[1:] + b"\x00" * 12)  # format 1 was 94 bytes with a nonce
+    for junk in (JUNK_KEY, format_one, b64(b"\x00" * 82), "not base64!"):
+        body = {"ciphertext": b64(sealed.ciphertext), "wrappedKeys": {who["verifier"].address: junk}}
+        refused = await api.call("PUT", f"/v1/briefs/{digest}", body, as_=who["poster"])
+        assert refused.status_code == 400 and code(refused) == "BRIEF_INVALID", junk
+    old_format = bytes([1]) + sealed.ciphertext[1:]
+    other = await register(api, who["poster"], private=True, instructionsDigest="0x" + keccak(old_format).hex(), salt="v1", **agent_terms(who))
+    refused = await api.call("PUT", f"/v1/briefs/{other}", {"ciphertext": b64(old_format)}, as_=who["poster"])
+    assert refused.status_code == 400 and code(refused) == "BRIEF_INVALID"
+
+    stored = await api.call("PUT", f"/v1/briefs/{digest}", {"ciphertext": b64(sealed.ciphertext)}, as_=who["poster"])
+    assert stored.status_code == 200, stored.text
+    conn = await connect(database_url)
+    try:  # a key stored by an earlier version, which checked only its length
+        await conn.execute("INSERT INTO brief_keys (task_hash, recipient, wrapped) VALUES ($1, $2, $3)", digest, who["verifier"].address.lower(), JUNK_KEY)
+    finally:
+        await conn.close()
+    refused = await api.call("POST", listing_path(), as_=who["poster"])
+    assert refused.status_code == 400 and code(refused) == "VERIFIER_KEY_MALFORMED"
+    body = {"ciphertext": b64(sealed.ciphertext), "wrappedKeys": {who["verifier"].address: good}}
+    assert (await api.call("PUT", f"/v1/briefs/{digest}", body, as_=who["poster"])).status_code == 200
+    assert (await api.call("POST", listing_path(), as_=who["poster"])).status_code == 201
+
+
+def b64_bytes(text: str) -> bytes:
+    import base64
+
+    return base64.b64decode(text)

@@ -85,12 +85,14 @@ async def test_the_judge_scores_against_the_latest_version_and_the_verdict_names
     import json
 
     data = json.loads(model_endpoint.stub.requests[0]["messages"][1]["content"].partition("<<<DATA>>>")[2])
-    assert data == {
+    sent = {
         "rubric": 'Names "latency" and "fraud".',
         "prompt": "List the risks",
         "trajectory": "Risks: latency spikes.\nAlso fraud.",
         "reference": "latency, fraud",
     }
+    lengths = {f"{name}Chars": len(text) for name, text in sent.items()}
+    assert data == {**sent, **lengths, **{f"{name}Truncated": False for name in sent}}
 
 
 async def test_a_pinned_version_and_a_model_fault_never_scores_zero(

@@ -23,10 +23,10 @@ from runtime.services.ports import free_port
 from schemas.task_terms import result_hash
 from tests.verification.conftest import api_settings
 from tests.verification.pipeline import Pipeline, pipeline, wait_for
-from verification.agents.briefs import b64, open_brief, seal_brief, unb64, unwrap_key, wrap_key
+from verification.agents.briefs import KeyContext, b64, open_brief, seal_brief, unb64, unwrap_key
 from verification.agents.stub_model import StubModel, start_stub
 
-from .helpers import enc_secret, entry
+from .helpers import enc_secret, entry, wrap_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,8 +116,8 @@ async def post_private(run: Pipeline, poster: Actor, agent: Actor, verifier: Act
     digest = registered.json()["taskHash"]
     task = int(await run.chain(d.post_task, poster, verifier=verifier, task_hash=bytes.fromhex(digest[2:])))
     keys = {
-        agent.address: b64(wrap_key(sealed.key, entry(run.who(agent))["encryptionPublicKey"])),
-        verifier.address: b64(wrap_key(sealed.key, verifier_key)),
+        agent.address: wrap_for(sealed.key, entry(run.who(agent))["encryptionPublicKey"], digest, agent.address, escrow=d.escrow_address),
+        verifier.address: wrap_for(sealed.key, verifier_key, digest, verifier.address, escrow=d.escrow_address),
     }
     stored = await run.api.call("PUT", f"/v1/briefs/{digest}", {"ciphertext": b64(sealed.ciphertext), "wrappedKeys": keys}, as_=run.who(poster))
     assert stored.status_code == 200, stored.text
@@ -161,7 +161,8 @@ async def test_private_task_judged_by_the_verifier_agent_process(run: Pipeline, 
             stub.script("malformed", "error_500", "slow")
             task, digest = await post_private(run, poster, agent, verifier, verifier_key, "one")
             got = (await run.api.call("GET", f"/v1/briefs/{digest}", as_=run.who(agent))).json()
-            assert open_brief(unb64(got["ciphertext"], 10**6), unwrap_key(unb64(got["wrappedKey"], 200), enc_secret(run.who(agent)))) == SECRET_BRIEF
+            context = KeyContext(d.chain_id, d.escrow_address, digest, agent.address)
+            assert open_brief(unb64(got["ciphertext"], 10**6), unwrap_key(unb64(got["wrappedKey"], 200), enc_secret(run.who(agent)), context)) == SECRET_BRIEF
             evidence = await deliver(run, task, agent, GOOD)
             row = await run.wait_result(task, 1, timeout=120, reported=True)
             assert (row["source"], row["passed"], row["score"]) == ("agent", True, 100)

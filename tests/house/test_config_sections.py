@@ -58,6 +58,7 @@ verifier_agent:
 BOT = """
 verifier_bot:
   api_url: http://127.0.0.1:1
+  rpc_url: http://127.0.0.1:1
   verifier_key: ${BOT_KEY}
   operator_id: op-from-file
   verifier_chains: [31337]

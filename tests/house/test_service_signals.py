@@ -101,8 +101,23 @@ class Service:
 
 
 def drained(code: int, sig: signal.Signals) -> bool:
-    """0, 128 + signal, or "terminated by the signal" (negative in Popen)."""
-    return code in (0, 128 + sig, -sig)
+    """The documented exit code of a drained service: 0, for either signal."""
+    return code == 0
+
+
+def stop_lines(output: str) -> list[dict[str, object]]:
+    """The service shell's stop lines (`service_stopped`) in a JSON log."""
+    lines = []
+    for line in output.splitlines():
+        if '"service_stopped"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def assert_one_stop_line(output: str, service: str, sig: signal.Signals) -> None:
+    (line,) = stop_lines(output)
+    assert line["service"] == service and line["signal"] == sig.name, line
+    assert line["outcome"] == "drained" and line["exit_code"] == 0, line
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -131,6 +146,7 @@ def test_api_migrates_an_empty_database_and_stops_on_a_signal(sig: signal.Signal
         code = api.signal_and_wait(sig)
         assert drained(code, sig), api.output()[-3000:]
         assert '"api_stopping"' in api.output()
+        assert_one_stop_line(api.output(), "api", sig)
         assert "Traceback" not in api.output()
         assert not api.leftovers()
     finally:
@@ -166,6 +182,7 @@ def test_consumers_drain_on_a_signal(
         assert drained(code, sig), service.output()[-3000:]
         if stopped is not None:
             assert stopped in service.output()
+        assert_one_stop_line(service.output(), {"publish": "publisher"}.get(argv[-1], argv[-1]), sig)
         assert "Traceback" not in service.output()
         assert not service.leftovers()
     finally:
@@ -184,6 +201,7 @@ def test_indexer_drains_on_a_signal(sig: signal.Signals, devnet: Devnet, empty_d
         code = indexer.signal_and_wait(sig)
         assert drained(code, sig), indexer.output()[-3000:]
         assert "indexer_stopped" in indexer.output()
+        assert_one_stop_line(indexer.output(), "indexer", sig)
         assert "Traceback" not in indexer.output()
         assert not indexer.leftovers()
     finally:
@@ -217,3 +235,46 @@ def test_index_publish_reads_the_same_config_file(empty_database: str, kafka_ser
     missing = Service(["index", "publish"], {}, tmp_path)
     assert missing.proc.wait(timeout=DEADLINE) == 2
     assert "database_url" in missing.output() and "Traceback" not in missing.output()
+
+
+def test_sandbox_runner_serves_probes_and_metrics_and_drains(tmp_path: Path) -> None:
+    """`escrowd verify serve-sandbox`: a ready line, /healthz, /readyz, /metrics, and one stop line."""
+    port = free_port()
+    runner = Service(["verify", "serve-sandbox", "--port", str(port)], {}, tmp_path)
+    try:
+        runner.wait_for(lambda: '"sandbox_runner_ready"' in runner.output(), "ready line")
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        status, metrics = _get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and b"# TYPE" in metrics
+        code = runner.signal_and_wait(signal.SIGTERM)
+        assert drained(code, signal.SIGTERM), runner.output()[-3000:]
+        assert_one_stop_line(runner.output(), "sandbox", signal.SIGTERM)
+        assert "Traceback" not in runner.output()
+    finally:
+        runner.kill()
+
+
+def test_relayer_drains_on_sigterm_with_one_stop_line(devnet: Devnet, empty_database: str, kafka_service: KafkaService, tmp_path: Path) -> None:
+    """`escrowd relay run`: its loops stop by cancellation, the process logs one stop line and exits 0."""
+    from eth_account import Account
+
+    chains = json.dumps([{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url], "escrow_addresses": [devnet.escrow_address],
+                          "confirmations": 0, "poll_interval": 0.2, "rpc_timeout": 3.0}])  # fmt: skip
+    port = free_port()
+    env = {"ESCROWD_DATABASE_URL": empty_database, "ESCROWD_KAFKA_BOOTSTRAP": kafka_service.bootstrap, "ESCROWD_CHAINS": chains,
+           "ESCROWD_RELAYER_KEY": devnet.marketplace_verifier.private_key, "ESCROWD_RELAYER_PORT": str(port),
+           "ESCROWD_RELAYER_TRUSTED_SIGNERS": Account.from_key("0x" + "4c" * 32).address,
+           "ESCROWD_VERDICTS_TOPIC": f"t{uuid.uuid4().hex[:8]}.verdicts"}  # fmt: skip
+    relayer = Service(["relay", "run"], env, tmp_path)
+    try:
+        relayer.wait_for(lambda: _get(f"http://127.0.0.1:{port}/readyz")[0] == 200, "readiness")
+        assert '"relayer_starting"' in relayer.output()
+        code = relayer.signal_and_wait(signal.SIGTERM)
+        assert drained(code, signal.SIGTERM), relayer.output()[-3000:]
+        assert_one_stop_line(relayer.output(), "relayer", signal.SIGTERM)
+        assert '"consumer_stopped"' in relayer.output()
+        assert "Traceback" not in relayer.output()
+        assert not relayer.leftovers()
+    finally:
+        relayer.kill()

@@ -150,6 +150,25 @@ async def test_block_range_limit_and_logs_without_timestamps(
         assert row["block_timestamp"] == int(header["timestamp"], 16)
 
 
+async def test_a_hostile_log_is_refused_and_fetched_again(
+    big_devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Replies whose logs carry a field of the wrong type are malformed replies: retried, never
+    crashing the indexer, never stored; the events all arrive from the honest retries."""
+    devnet = big_devnet
+    await asyncio.to_thread(generate_task_events, devnet, 400, per_block=20)
+    topic = f"{topic_prefix}escrow.events.v1"
+    await create_topic(kafka_bootstrap, topic)
+    with RpcFaultProxy(devnet.rpc_url, Faults(hostile_logs=3)) as proxy:
+        chain = ChainConfig(
+            **chain_config(devnet, rpc_urls=[proxy.url], finality_depth=4, initial_range=5, max_range=5)
+        )
+        async with in_process_indexer(chain, database_url, kafka_bootstrap, topic) as running:
+            await _assert_complete(database_url, kafka_bootstrap, topic, devnet)
+            running.check()
+        assert proxy.stats.injected["hostile_log"] == 3
+
+
 # -- failover ---------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ ESCROW = "0x5fbdb2315678afecb367f032d93f642f64180aa3"
 SECRET = b"panel-service-secret-0123456789abcdef"
 SERVICE_KEY = "0x" + "5e" * 32
 ZERO = "0x" + "0" * 40
+EVIDENCE = "0x" + "22" * 32
 
 
 def _who(index: int, name: str) -> Who:
@@ -75,6 +76,8 @@ class Harness:
             "taskId": task_id, "poster": POSTER.address, "verifier": ZERO, "token": ZERO, "reward": 10**7,
             "deadline": int(time.time()) + 86_400, "taskHash": "0x" + "ab" * 32, "status": 0})
         await self.event(task_id, "TaskAccepted", {"taskId": task_id, "agent": AGENT.address, "status": 1})
+        await self.event(task_id, "EvidenceSubmitted", {
+            "taskId": task_id, "agent": AGENT.address, "attempt": 1, "evidenceHash": EVIDENCE, "status": 2})
         await self.event(task_id, "DisputeRaised", {
             "taskId": task_id, "by": AGENT.address, "previousStatus": 3, "attempt": 1, "status": 5})
         return f"{CHAIN}:{ESCROW}:{task_id}:dispute:1"
@@ -83,10 +86,17 @@ class Harness:
         rows = await self.conn.fetch("SELECT verifier FROM panel_seats WHERE round_id = $1 ORDER BY seat", rid)
         return [r["verifier"] for r in rows]
 
-    async def attest(self, rid: str, verifier: str, quality: float, confidence: float) -> Any:
+    async def attest(
+        self, rid: str, verifier: str, quality: float, confidence: float, *,
+        attempt: int | None = None, evidence: str | None = None,
+    ) -> Any:
+        """Sign and post an attestation bound to what the round judges (or to `attempt` /
+        `evidence`, to try another)."""
         who = next(v for v in VERIFIERS if v.address.lower() == verifier)
         chain, escrow, task, _, round_no = rid.split(":")
+        bound = await self.conn.fetchrow("SELECT attempt, evidence_hash FROM panel_rounds WHERE round_id = $1", rid)
         a = msg.Attestation(chain_id=int(chain), escrow=escrow, task_id=int(task), round=int(round_no),
+                            attempt=attempt or bound["attempt"], evidence_hash=evidence or bound["evidence_hash"],
                             verifier=who.address, quality_ppm=rules.to_ppm(quality),
                             confidence_ppm=rules.to_ppm(confidence))
         signed = msg.sign_attestation(a, who.key)
@@ -101,9 +111,9 @@ class Harness:
         return int(value)
 
 
-async def _harness(database_url: str, attestation_seconds: int) -> AsyncIterator[Harness]:
+async def _harness(database_url: str, attestation_seconds: int, **options: Any) -> AsyncIterator[Harness]:
     config = PanelConfig(secret=SECRET, secret_version="k1", ruling_key=SERVICE_KEY,
-                         attestation_seconds=attestation_seconds, fee_units=50_000)
+                         attestation_seconds=attestation_seconds, fee_units=50_000, **options)
     conn = await connect(database_url)
     try:
         async with running_api(api_settings(database_url)) as api:
@@ -153,8 +163,9 @@ async def test_dispute_to_signed_ruling_with_calibration_and_fees(panel: Harness
     seat_who = next(v for v in VERIFIERS if v.address.lower() == seats[0])
     listed = (await panel.api.call("GET", "/panels/assignments", as_=seat_who)).json()
     assert [a["round_id"] for a in listed] == [rid]
-    assert set(listed[0]) == {"round_id", "chain_id", "escrow", "task_id", "round", "deadline", "terms",
-                              "output_schema", "output", "compute_report"}
+    assert set(listed[0]) == {"round_id", "chain_id", "escrow", "task_id", "round", "attempt", "evidence_hash",
+                              "deadline", "terms", "brief", "output_schema", "output", "compute_report"}
+    assert (listed[0]["attempt"], listed[0]["evidence_hash"]) == (1, EVIDENCE)
     outsider = next(v for v in VERIFIERS if v.address.lower() not in seats)
     assert (await panel.api.call("GET", "/panels/assignments", as_=outsider)).json() == []
 
@@ -183,9 +194,10 @@ async def test_dispute_to_signed_ruling_with_calibration_and_fees(panel: Harness
         signature=ruling["signature"], signer=ruling["signer"],
     )
     assert msg.ruling_signer(signed).lower() == ruling["signer"]
-    for s in seats:
+    for s in seats:  # each scored against the other two seats' consensus
         assert await panel.calibration(s) == rules.update_verifier(
-            rules.Attestation(s, rules.to_ppm(qualities[s]), rules.to_ppm(confidences[s]), before[s]), consensus_ppm)
+            rules.Attestation(s, rules.to_ppm(qualities[s]), rules.to_ppm(confidences[s]), before[s]),
+            rules.peer_consensus_ppm(seated, s))
     assert await panel.calibration(seats[2]) < before[seats[2]]  # a confident miss costs
 
     fees = await panel.conn.fetch("SELECT account, delta_units FROM panel_fee_ledger WHERE round_id = $1", rid)
@@ -243,12 +255,31 @@ async def test_a_forged_attestation_is_refused(panel: Harness) -> None:
     rid = await panel.dispute(10)
     seat = (await panel.seats(rid))[0]
     who = next(v for v in VERIFIERS if v.address.lower() == seat)
-    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=10, round=1, verifier=who.address,
-                        quality_ppm=900_000, confidence_ppm=900_000)
+    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=10, round=1, attempt=1, evidence_hash=EVIDENCE,
+                        verifier=who.address, quality_ppm=900_000, confidence_ppm=900_000)
     forged = msg.SignedAttestation(attestation=a, signature=msg.sign_attestation(
         a.model_copy(update={"chain_id": 1}), who.key).signature)
     response = await panel.api.call("POST", "/panels/attestations", forged.model_dump(mode="json"))
     assert response.status_code == 401
+
+
+async def test_an_attestation_has_one_signature_encoding(panel: Harness) -> None:
+    """The v = 0/1 form and the high-s twin of a verifier's valid signature are 401; the signature itself is taken."""
+    rid = await panel.dispute(12)
+    seat = (await panel.seats(rid))[0]
+    who = next(v for v in VERIFIERS if v.address.lower() == seat)
+    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=12, round=1, verifier=who.address,
+                        quality_ppm=800_000, confidence_ppm=900_000)
+    signed = msg.sign_attestation(a, who.key)
+    raw = bytes.fromhex(signed.signature[2:])
+    s = int.from_bytes(raw[32:64], "big")
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    for other in (raw[:64] + bytes([raw[64] - 27]), raw[:32] + (n - s).to_bytes(32, "big") + bytes([55 - raw[64]])):
+        body = signed.model_copy(update={"signature": "0x" + other.hex()}).model_dump(mode="json")
+        response = await panel.api.call("POST", "/panels/attestations", body)
+        assert response.status_code == 401, response.text
+    accepted = await panel.api.call("POST", "/panels/attestations", signed.model_dump(mode="json"))
+    assert accepted.status_code == 201, accepted.text
 
 
 async def test_duplicate_dispute_message_opens_one_round_and_a_retraction_closes_it(panel: Harness) -> None:
@@ -333,3 +364,133 @@ async def test_an_arbiter_ruling_supersedes_the_open_round(panel: Harness) -> No
     assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "superseded"
     seat = (await panel.seats(rid))[0]
     assert (await panel.attest(rid, seat, 0.5, 1.0)).status_code == 409
+
+
+# ---------------------------------------------------------------------------- issue 25: farming, sybils, binding
+
+
+async def test_an_attestation_for_another_attempt_or_evidence_is_refused(panel: Harness) -> None:
+    """Item 7: the attestation signs the attempt and the evidence hash; the service takes it
+    only for the attempt and evidence the round was drawn for."""
+    rid = await panel.dispute(20)
+    seat = (await panel.seats(rid))[0]
+    for other in ({"evidence": "0x" + "23" * 32}, {"attempt": 2}):
+        response = await panel.attest(rid, seat, 0.9, 0.9, **other)  # type: ignore[arg-type]
+        assert response.status_code == 409 and response.json()["error"]["code"] == "WRONG_EVIDENCE", response.text
+    assert (await panel.attest(rid, seat, 0.9, 0.9)).status_code == 201
+    # What is published after the round closed verifies as the verifier's signature.
+    await panel.conn.execute("UPDATE panel_rounds SET deadline = now() WHERE round_id = $1", rid)
+    await panel.close()
+    row = await panel.conn.fetchrow(
+        "SELECT payload FROM outbox WHERE topic = 'escrow.panel-attestations.v1' AND message_id LIKE $1", f"%{rid}%")
+    published = msg.SignedAttestation.model_validate_json(row["payload"])
+    assert (published.attestation.attempt, published.attestation.evidence_hash) == (1, EVIDENCE)
+    assert msg.attestation_signer(published).lower() == seat
+
+
+async def test_a_weightless_attestation_is_a_decline_everywhere(panel: Harness) -> None:
+    """Item 5 through the service: quality 0 at confidence 1e-6 neither hides two colluders
+    from the rerun, nor earns a fee, nor moves its calibration."""
+    rid = await panel.dispute(21)
+    a, b, c = await panel.seats(rid)
+    assert (await panel.attest(rid, a, 0.95, 1.0)).status_code == 201
+    assert (await panel.attest(rid, b, 0.95, 1.0)).status_code == 201
+    assert (await panel.attest(rid, c, 0.0, 0.000001)).status_code == 201
+    assert await panel.close() == [rid]
+    row = await panel.conn.fetchrow("SELECT outcome, spread_ppm, min_confidence_ppm FROM panel_rounds WHERE round_id = $1", rid)
+    assert (row["outcome"], row["spread_ppm"], row["min_confidence_ppm"]) == ("rerun", 0, rules.MIN_CONFIDENCE_PPM)
+    rerun = rid[:-1] + "2"
+    for s, q in zip(await panel.seats(rerun), (0.9, 0.8, 0.7), strict=True):
+        assert (await panel.attest(rerun, s, q, 0.9)).status_code == 201
+    assert await panel.close() == [rerun]
+    paid = {r["account"] for r in await panel.conn.fetch(
+        "SELECT account FROM panel_fee_ledger WHERE round_id = $1 AND delta_units > 0", rid)}
+    assert paid == {a, b}
+    assert await panel.calibration(c) == rules.START_CALIBRATION_PPM
+    # The database holds the line too: no fee for a seat below its round's minimum.
+    with pytest.raises(asyncpg.CheckViolationError, match="no weighted seat"):
+        async with panel.conn.transaction():
+            await panel.conn.execute(
+                "INSERT INTO panel_fee_ledger (entry_id, round_id, chain_id, account, role, delta_units, reason)"
+                " VALUES ('x', $1, $2, $3, 'verifier', 1, 'attestation_fee')", rid, CHAIN, c)
+
+
+async def test_a_panel_seats_three_operators_and_a_rerun_none_of_theirs(panel: Harness) -> None:
+    """Item 6: one seat per operator identity; the rerun excludes the first panel's operators;
+    each seat keeps the operator it was drawn under."""
+    # Three more addresses of op0's operator: they never sit beside op0's first verifier.
+    extra = [_who(70 + i, f"op0-{i}") for i in range(3)]
+    for who in extra:
+        body = {"address": who.address, "operator": "op0", "chains": [CHAIN]}
+        assert (await panel.api.call("POST", "/panels/verifiers", body, as_=who)).status_code == 201
+    for task_id in range(30, 40):
+        rid = await panel.dispute(task_id)
+        operators = [r["operator"] for r in await panel.conn.fetch(
+            "SELECT operator FROM panel_seats WHERE round_id = $1", rid)]
+        assert len(set(operators)) == 3 and "op-agent" not in operators
+    rid = f"{CHAIN}:{ESCROW}:30:dispute:1"
+    for s, q in zip(await panel.seats(rid), (0.5, 0.5, 0.5), strict=True):
+        assert (await panel.attest(rid, s, q, 0.9)).status_code == 201
+    await panel.close()
+    first = {r["operator"] for r in await panel.conn.fetch("SELECT operator FROM panel_seats WHERE round_id = $1", rid)}
+    second = {r["operator"] for r in await panel.conn.fetch(
+        "SELECT operator FROM panel_seats WHERE round_id = $1", rid[:-1] + "2")}
+    assert len(second) == 3 and not first & second
+    with pytest.raises(asyncpg.CheckViolationError, match="frozen"):
+        await panel.conn.execute("UPDATE panel_seats SET operator = 'elsewhere' WHERE round_id = $1", rid)
+
+
+async def test_an_operator_change_waits_for_its_cooldown(panel: Harness) -> None:
+    """Item 6: a verifier of the agent's operator renames its operator; until the cool-down
+    has passed it still counts as the agent's (and is never drawn for the agent)."""
+    mover = VERIFIERS[7]  # op-agent, like the agent
+    body = {"address": mover.address, "operator": "innocent", "chains": [CHAIN]}
+    changed = (await panel.api.call("POST", "/panels/verifiers", body, as_=mover)).json()
+    assert (changed["operator"], changed["pending_operator"]) == ("op-agent", "innocent")
+    assert changed["operator_effective_at"] is not None
+    # Make it the only drawable candidate besides two others, so the draw would have to take it.
+    await panel.conn.execute(
+        "UPDATE panel_verifiers SET active = false WHERE address <> ALL($1::text[])",
+        [v.address.lower() for v in (mover, *VERIFIERS[:2])])
+    rid = await panel.dispute(40)
+    assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "pool_too_small"
+    # Once effective, the old id is gone, and it may sit; re-registering folds it in.
+    await panel.conn.execute(
+        "UPDATE panel_verifiers SET operator_effective_at = now() - interval '1 second' WHERE address = $1",
+        mover.address.lower())
+    rid = await panel.dispute(41)
+    assert mover.address.lower() in await panel.seats(rid)
+    again = (await panel.api.call("POST", "/panels/verifiers", body, as_=mover)).json()
+    assert (again["operator"], again["pending_operator"]) == ("innocent", None)
+    # Asking back for the current id cancels a pending change.
+    back = {"address": mover.address, "operator": "op-agent", "chains": [CHAIN]}
+    pending = (await panel.api.call("POST", "/panels/verifiers", back, as_=mover)).json()
+    assert pending["pending_operator"] == "op-agent"
+    cancelled = (await panel.api.call("POST", "/panels/verifiers", body, as_=mover)).json()
+    assert (cancelled["operator"], cancelled["pending_operator"]) == ("innocent", None)
+
+
+@pytest.fixture
+async def listed_panel(database_url: str) -> AsyncIterator[Harness]:
+    # The allow-list admits v0..v5 only, names the agent's operator (the agent is not a
+    # verifier there) and puts v5 under the agent's operator whatever v5 declared.
+    allow = {v.address.lower(): f"op{i}" for i, v in enumerate(VERIFIERS[:5])}
+    allow |= {VERIFIERS[5].address.lower(): "agent-co", AGENT.address.lower(): "agent-co"}
+    async for h in _harness(database_url, 3600, admission="allowlist", allowlist=allow):
+        yield h
+
+
+async def test_allowlist_admission_and_party_operators_whatever_their_roles(listed_panel: Harness) -> None:
+    panel = listed_panel
+    await panel.conn.execute("DELETE FROM panel_verifiers WHERE address = $1", AGENT.address.lower())
+    for task_id in range(50, 60):
+        rid = await panel.dispute(task_id)
+        rows = await panel.conn.fetch("SELECT verifier, operator FROM panel_seats WHERE round_id = $1", rid)
+        seated = {r["verifier"] for r in rows}
+        assert seated <= {v.address.lower() for v in VERIFIERS[:5]}  # listed only, never agent-co's v5
+        assert {r["operator"] for r in rows} <= {f"op{i}" for i in range(5)}
+
+
+def test_an_allowlist_admission_needs_a_list() -> None:
+    with pytest.raises(ValueError, match="allow-list"):
+        PanelConfig(secret=SECRET, secret_version="k1", ruling_key=SERVICE_KEY, admission="allowlist")

@@ -51,7 +51,7 @@ async def server() -> AsyncIterator[tuple[str, list[Any]]]:
 
 
 def _bot(scorer_spec: str, session: aiohttp.ClientSession, api_key: str | None = None) -> VerifierBot:
-    settings = BotSettings(api_url="http://127.0.0.1:9", verifier_key="0x" + "11" * 32, operator_id="op",
+    settings = BotSettings(api_url="http://127.0.0.1:9", rpc_url="http://127.0.0.1:9", verifier_key="0x" + "11" * 32, operator_id="op",
                            verifier_chains=[31337], scorer=scorer_spec, scorer_timeout=30)
     return VerifierBot(settings, load_scorer(scorer_spec, timeout=30, api_key=api_key), session)
 

@@ -13,6 +13,7 @@ import asyncio
 import os
 from collections.abc import Iterator
 
+import asyncpg
 import pytest
 
 from escrowd.devnet import Devnet, deploy_devnet
@@ -30,6 +31,12 @@ from tests.support.simulation import (
     quiesce,
     simulation_logs_on_failure,
 )
+from tests.support.subscribers import (
+    Subscriber,
+    project_views,
+    python_subscriber,
+    typescript_subscriber,
+)
 
 
 @pytest.fixture
@@ -43,6 +50,12 @@ async def run_simulation(devnet: Devnet, database_url: str, seed: int, *, tasks:
     with proxied_tansu() as (bootstrap, broker_proxy):
         await ensure_topics(bootstrap, all_topics())
         sim = Simulation(devnet, database_url, bootstrap, broker_proxy, schedule)
+        # The example subscribers of examples/ follow the same broker (through the faulty proxy)
+        # from the start: at the end they must hold exactly what our own consumers hold.
+        subscribers = [python_subscriber(bootstrap, sim.log_dir, "example-python"),
+                       typescript_subscriber(bootstrap, sim.log_dir, "example-typescript")]
+        for subscriber in subscribers:
+            subscriber.start()
         sim.start()
         supervisor = asyncio.create_task(sim.supervise())
         conn = await connect(database_url)
@@ -62,6 +75,8 @@ async def run_simulation(devnet: Devnet, database_url: str, seed: int, *, tasks:
                 await quiesce(sim, conn)
                 problems = await derived_state_differences(sim, conn) + await chain_invariants(sim, conn)
                 assert problems == [], problems
+                for subscriber in subscribers:
+                    await subscriber_agrees(subscriber, conn)
                 # The run did what it claims: faults struck and tasks reached the chain.
                 assert sum(s.kills for s in sim.services.values()) >= 1
                 assert await asyncio.to_thread(devnet.task_count) >= tasks // 2
@@ -73,8 +88,31 @@ async def run_simulation(devnet: Devnet, database_url: str, seed: int, *, tasks:
         finally:
             supervisor.cancel()
             await conn.close()
+            for subscriber in subscribers:
+                if subscriber.process is not None:
+                    subscriber.stop()
             sim.stop()
     return sim
+
+
+async def subscriber_agrees(subscriber: Subscriber, conn: asyncpg.Connection, *, timeout: float = 240.0) -> None:
+    """The example's task and reputation views end equal to lifecycle's and reputation's own.
+
+    A subscriber that exits (the broker cut off for longer than its client retries) is started
+    again, as its supervisor would: it resumes from its committed offsets and its store.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    want = await project_views(conn)
+    assert want[0] and want[1], "the run left no task or reputation state to compare"
+    while (held := subscriber.views()) != want:
+        if not subscriber.running():
+            subscriber.start()
+        if loop.time() > deadline:
+            tasks = {k: (held[0].get(k), v) for k, v in want[0].items() if held[0].get(k) != v}
+            raise AssertionError(f"{subscriber.language} example differs (task: held, ours): {tasks}; "
+                                 f"reputation held {held[1]} vs ours {want[1]}\n{subscriber.tail()}")
+        await asyncio.sleep(1.0)
 
 
 def _seed(default: int) -> int:

@@ -52,6 +52,9 @@ class Faults:
     first: tuple[str, ...] = ()
     """Faults forced on the first eligible requests, in order, so each kind surely happens:
     "http503", "http429", "rpc_internal", "garbage", "timeout", "slow"."""
+    hostile_logs: int = 0
+    """The first this many `eth_getLogs` replies holding logs get one log with a field of the
+    wrong type (a number where JSON-RPC promises a hex string), as a hostile node might."""
     receipt_lag: int = 0
     """Answer null to the first `receipt_lag` `eth_getTransactionReceipt` requests of each
     transaction hash, as a node whose receipt index lags its state does (anvil under load
@@ -281,6 +284,14 @@ class RpcFaultProxy:
                 if isinstance(result, list) and len(result) > 1:
                     result.reverse()
                     self.stats.injected["reversed_logs"] += 1
+            raw = orjson.dumps(reply)
+        if faults.hostile_logs and any(c.get("method") == "eth_getLogs" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, list) and result and self.stats.injected["hostile_log"] < faults.hostile_logs:
+                    result[-1]["data"] = 0
+                    self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
         if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
             raw = self._lag_receipts(calls, raw, faults.receipt_lag)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verification.agents.briefs import (
+    KeyContext,
     encryption_public_key,
     open_brief,
     seal_brief,
@@ -72,27 +73,58 @@ def terms(**overrides: object) -> TermsView:
 NO_BRIEF = BriefState(stored=False, private=False, recipients=frozenset())
 
 
+def check(*args: object) -> object:
+    refused = listing_check(*args, NOW, 300)  # type: ignore[arg-type]
+    return None if refused is None else (refused.status, refused.code)
+
+
 def test_listing_refusals_in_order() -> None:
-    """Mismatch before chain support before wrapping; each only where it applies."""
+    """Mismatch before the verifier's entry before wrapping; each only where it applies."""
     chain = ChainTask(task_hash="0x" + "a" * 64, poster=POSTER, verifier=VERIFIER)
-    assert listing_check(KEY, chain, terms(), POSTER, executor(), NO_BRIEF) is None
+    assert check(KEY, chain, terms(), POSTER, executor(), NO_BRIEF) is None
     other = ChainTask(task_hash="0x" + "a" * 64, poster=POSTER, verifier=OTHER)
     off_chain = executor(chains=(1,))
-    assert listing_check(KEY, other, terms(), POSTER, off_chain, NO_BRIEF).code == "VERIFIER_MISMATCH"  # type: ignore[union-attr]
-    assert listing_check(KEY, chain, terms(), POSTER, off_chain, NO_BRIEF).code == "VERIFIER_CHAIN_UNSUPPORTED"  # type: ignore[union-attr]
-    assert listing_check(KEY, chain, terms(), POSTER, None, NO_BRIEF) is None  # unregistered: nothing to check
+    assert check(KEY, other, terms(), POSTER, off_chain, NO_BRIEF) == (409, "VERIFIER_MISMATCH")
+    assert check(KEY, chain, terms(), POSTER, off_chain, NO_BRIEF) == (409, "VERIFIER_CHAIN_UNSUPPORTED")
+    assert check(KEY, chain, terms(), POSTER, None, NO_BRIEF) is None  # unregistered: nothing to check
     private = terms(private=True)
     wrapped_to_agent = BriefState(stored=True, private=True, recipients=frozenset({OTHER}))
-    refused = listing_check(KEY, chain, private, POSTER, executor(), wrapped_to_agent)
-    assert refused is not None and (refused.status, refused.code) == (400, "VERIFIER_NOT_WRAPPED")
+    assert check(KEY, chain, private, POSTER, executor(), wrapped_to_agent) == (400, "VERIFIER_NOT_WRAPPED")
     both = BriefState(stored=True, private=True, recipients=frozenset({OTHER, VERIFIER.lower()}))
-    assert listing_check(KEY, chain, private, POSTER, executor(), both) is None
-    assert listing_check(KEY, chain, terms(), OTHER, executor(), NO_BRIEF).code == "NOT_POSTER"  # type: ignore[union-attr]
+    assert check(KEY, chain, private, POSTER, executor(), both) is None
+    junk = BriefState(stored=True, private=True, recipients=both.recipients, malformed=frozenset({VERIFIER.lower()}))
+    assert check(KEY, chain, private, POSTER, executor(), junk) == (400, "VERIFIER_KEY_MALFORMED")
+    assert check(KEY, chain, private, POSTER, None, junk) == (400, "VERIFIER_KEY_MALFORMED")  # self-run: the key still
+    agent_junk = BriefState(stored=True, private=True, recipients=both.recipients, malformed=frozenset({OTHER}))
+    assert check(KEY, chain, private, POSTER, executor(), agent_junk) is None  # only the verifier's key decides listing
+    assert check(KEY, chain, terms(), OTHER, executor(), NO_BRIEF) == (403, "NOT_POSTER")
+
+
+def test_listing_rechecks_the_registered_verifier() -> None:
+    """Opt-in, role, chain and liveness at listing, in that order; 300 s is still running, 301 s is not."""
+    chain = ChainTask(task_hash="0x" + "a" * 64, poster=POSTER, verifier=VERIFIER)
+    cases = [
+        (executor(verify_others=False), (409, "VERIFIER_NOT_OPTED_IN")),
+        (executor(roles=("worker",)), (409, "VERIFIER_NOT_OPTED_IN")),
+        (executor(roles=("worker",), chains=(1,), last_seen=NOW - timedelta(days=365)), (409, "VERIFIER_NOT_OPTED_IN")),
+        (executor(chains=(1,), last_seen=NOW - timedelta(days=365)), (409, "VERIFIER_CHAIN_UNSUPPORTED")),
+        (executor(last_seen=NOW - timedelta(days=365)), (409, "VERIFIER_NOT_RUNNING")),
+        (executor(last_seen=NOW - timedelta(seconds=301)), (409, "VERIFIER_NOT_RUNNING")),
+        (executor(last_seen=NOW - timedelta(seconds=300)), None),
+        (executor(roles=("worker", "verifier")), None),
+    ]
+    for entry, expected in cases:
+        assert check(KEY, chain, terms(), POSTER, entry, NO_BRIEF) == expected, entry
+    # Terms of another mode name no verifier: its entry is not consulted.
+    manual = ChainTask(task_hash="0x" + "a" * 64, poster=POSTER, verifier=None)
+    assert check(KEY, manual, terms(mode="manual", verifier_address=None), POSTER, executor(verify_others=False), NO_BRIEF) is None
 
 
 @settings(max_examples=25, deadline=None)
 @given(text=st.text(max_size=2000))
 def test_any_brief_round_trips_through_seal_and_wrap(text: str) -> None:
     secret = b"\x07" * 32
+    context = KeyContext(31337, KEY.escrow, "0x" + "a" * 64, VERIFIER)
     sealed = seal_brief(text)
-    assert open_brief(sealed.ciphertext, unwrap_key(wrap_key(sealed.key, encryption_public_key(secret)), secret)) == text
+    key = unwrap_key(wrap_key(sealed.key, encryption_public_key(secret), context), secret, context)
+    assert open_brief(sealed.ciphertext, key) == text

@@ -21,6 +21,7 @@ from hypothesis import event as note_coverage
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from chain.view import ChainEvent, fold_task
 from lifecycle import machine as m
 from lifecycle.machine import (
     AppealWindowClosed,
@@ -453,6 +454,21 @@ class Chain:
         return event
 
 
+_POSITION_FIELDS = {"event_id", "chain_id", "escrow", "block_number", "block_timestamp", "log_index", "name"}
+
+
+def chain_event(event: m.DomainEvent) -> ChainEvent:
+    """The indexed form of a domain event (ABI-named `args`), as the other services read it."""
+    return ChainEvent(
+        event_id=event.event_id,
+        block_number=event.block_number,
+        log_index=event.log_index,
+        tx_hash="0x" + "00" * 32,
+        name=event.name,
+        args=event.model_dump(mode="json", by_alias=True, exclude=_POSITION_FIELDS),
+    )
+
+
 def agrees(state: TaskState, ref: RefEscrow) -> None:
     """The machine's state equals the reference's storage, field by field."""
     assert state.status == ref.status
@@ -770,6 +786,30 @@ class LifecycleAgainstContract(RuleBasedStateMachine):
         if ref.status == ESCALATED and self.now < ref.escalated_at + ESCALATION:
             expected.add(("escalation_collectible", ref.escalated_at + ESCALATION))
         assert pending == expected
+
+    @invariant()
+    def the_one_chain_fold_agrees_with_the_machine(self) -> None:
+        """`chain.view.fold_task` (what verification and settlement read) says what the
+        machine's validated state says, field by field, in any arrival order."""
+        assert self.state is not None
+        shuffled = list(self.events)
+        random_module.Random(len(self.events) + 1).shuffle(shuffled)
+        view = fold_task([chain_event(e) for e in shuffled])
+        s = self.state
+        assert view.created and view.status == int(s.status)
+        assert (view.poster, view.verifier, view.agent, view.token) == (s.poster, s.verifier, s.agent, s.token)
+        assert (view.reward, view.deadline, view.task_hash) == (s.reward, s.deadline, s.task_hash.lower())
+        assert view.last_attempt == view.current_attempt == s.attempts_used
+        assert view.attempts.get(view.last_attempt) == (s.last_evidence_hash.lower() if s.last_evidence_hash else None)
+        assert view.judged_attempts == set(s.judged_attempts)
+        assert (view.last_score, view.failed_at) == (s.last_score, s.failed_at)
+        assert (view.disputed, view.dispute_raised_by, view.agent_share_bps) == (
+            s.disputed,
+            s.dispute_raised_by,
+            s.agent_share_bps,
+        )
+        assert (view.escalated_at, view.escalation_collectible_at) == (s.escalated_at, s.escalation_collectible_at)
+        assert view.submitted == (s.status == TaskStatus.SUBMITTED)
 
     @invariant()
     def folding_the_events_in_any_order_gives_the_state(self) -> None:

@@ -15,7 +15,7 @@ from panels.cli import app
 runner = CliRunner()
 TASK = "31337:0x" + "E3" * 20 + ":7"
 POOL = [
-    {"id": f"0x{i:040x}", "operator": f"op{i % 4}", "calibration": 0.2 + 0.1 * (i % 7)}
+    {"id": f"0x{i:040x}", "operator": f"op{i % 8}", "calibration": 0.2 + 0.1 * (i % 7)}
     for i in range(1, 13)
 ]
 
@@ -40,7 +40,8 @@ def test_draw_prints_three_ids_reproducibly_and_matches_the_core(tmp_path: Path)
     assert runner.invoke(app, args).stdout == first.stdout
     assert len(drawn) == 3
     by_id = {p["id"]: p for p in POOL}
-    assert all(by_id[v]["operator"] in {"op0", "op3"} for v in drawn)
+    assert all(by_id[v]["operator"] not in {"op1", "op2"} for v in drawn)
+    assert len({by_id[v]["operator"] for v in drawn}) == 3  # one seat per operator
     core = rules.draw(
         b"s3cret-draw-key-0123456789abcdef", TASK.lower(), 1,
         [rules.Candidate(p["id"], p["operator"], rules.to_ppm(p["calibration"])) for p in POOL],
@@ -56,10 +57,10 @@ def test_draw_prints_three_ids_reproducibly_and_matches_the_core(tmp_path: Path)
 def test_draw_with_too_small_a_pool_exits_3(tmp_path: Path) -> None:
     pool, secret = _write(tmp_path, "pool.json", POOL), _secret(tmp_path)
     outcome = runner.invoke(app, ["draw", "--task-key", TASK, "--pool", str(pool), "--secret-file",
-                                  str(secret), "--exclude-operators", "op0,op1,op2",
-                                  "--exclude-ids", POOL[2]["id"]])
+                                  str(secret), "--exclude-operators", "op0,op1,op2,op3,op4",
+                                  "--exclude-ids", POOL[4]["id"]])
     assert outcome.exit_code == 3
-    assert "eligible" in outcome.stderr
+    assert "2 eligible operators" in outcome.stderr
 
 
 def test_draw_refuses_hostile_input(tmp_path: Path) -> None:
@@ -98,8 +99,8 @@ def test_consensus_rules_reruns_and_goes_inconclusive(tmp_path: Path) -> None:
     ]})
     assert ruling == {
         "consensus": 0.7, "consensus_ppm": 700_000, "rerun": False, "inconclusive": False,
-        "outcome": "ruling", "round": 1, "spread": 0.2, "weighted": ["a", "b"], "schema_ok": True,
-        "band": "accept", "agent_share_bps": 10_000,
+        "outcome": "ruling", "round": 1, "spread": 0.2, "weighted": ["a", "b"], "declined": ["c"],
+        "min_confidence": 0.1, "schema_ok": True, "band": "accept", "agent_share_bps": 10_000,
     }
     colluding = {"round": 1, "attestations": [
         {"verifier": v, "quality": q, "confidence": 0.9, "calibration": 0.6}
@@ -114,6 +115,44 @@ def test_consensus_rules_reruns_and_goes_inconclusive(tmp_path: Path) -> None:
         {"verifier": "b", "quality": 0.2, "confidence": 0, "calibration": 0.9},
     ]})
     assert timed_out["inconclusive"] is True and timed_out["consensus"] is None
+
+
+def test_a_weightless_third_no_longer_hides_two_colluders(tmp_path: Path) -> None:
+    """Issue 25 item 5, through `escrowd panel consensus` as a process: two agree exactly, the
+    third attests quality 0 with confidence 1e-6. It used to count as weighted and widen the
+    spread to 0.95 (`rerun: false`); now it is a decline, outside the spread."""
+    body = {"round": 1, "attestations": [
+        {"verifier": "a", "quality": 0.95, "confidence": 1, "calibration": 0.5},
+        {"verifier": "b", "quality": 0.95, "confidence": 1, "calibration": 0.5},
+        {"verifier": "c", "quality": 0, "confidence": 0.000001, "calibration": 0.5},
+    ]}
+    path = _write(tmp_path, "colluders.json", body)
+    escrowd = Path(sys.executable).with_name("escrowd")
+    done = subprocess.run([str(escrowd), "panel", "consensus", "--attestations", str(path)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert (shown["rerun"], shown["spread"], shown["weighted"], shown["declined"]) == (True, 0.0, ["a", "b"], ["c"])
+    assert shown["consensus_ppm"] == 950_000
+    # A deployment that sets its minimum to 0 is back to counting it (the CLI shows either).
+    loose = runner.invoke(app, ["consensus", "--attestations", str(_write(tmp_path, "l.json", {**body, "min_confidence": 0}))])
+    assert loose.exit_code == 0 and json.loads(loose.stdout)["rerun"] is False
+
+
+def test_draw_operator_cap(tmp_path: Path) -> None:
+    pool, secret = _write(tmp_path, "pool.json", POOL), _secret(tmp_path)
+    base = ["draw", "--task-key", TASK, "--pool", str(pool), "--secret-file", str(secret)]
+    capped = runner.invoke(app, [*base, "--operator-cap", "0.3"])
+    assert capped.exit_code == 0, capped.stderr
+    core = rules.draw(
+        b"s3cret-draw-key-0123456789abcdef", TASK.lower(), 1,
+        [rules.Candidate(p["id"], p["operator"], rules.to_ppm(p["calibration"])) for p in POOL],
+        operator_cap_ppm=300_000,
+    )
+    assert json.loads(capped.stdout)["verifiers"] == [c.id for c in core]
+    for bad in ("0", "1.5", "x", "-0.1"):
+        refused = runner.invoke(app, [*base, "--operator-cap", bad])
+        assert refused.exit_code == 2 and "operator-cap" in refused.stderr, bad
 
 
 def test_consensus_refuses_bad_files(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 from pydantic import ValidationError
 
-from schemas import panels
+from schemas import eip712, panels
 from schemas.verdict import InvalidSignature
 
 KEY = "0x" + "11" * 32
@@ -18,7 +18,8 @@ ESCROW = "0x" + "e3" * 20
 
 def _attestation(**changes: object) -> panels.Attestation:
     fields: dict[str, object] = {
-        "chain_id": 31337, "escrow": ESCROW, "task_id": 7, "round": 1, "verifier": VERIFIER,
+        "chain_id": 31337, "escrow": ESCROW, "task_id": 7, "round": 1, "attempt": 2,
+        "evidence_hash": "0x" + "ab" * 32, "verifier": VERIFIER,
         "quality_ppm": 812_345, "confidence_ppm": 900_000,
     }
     fields.update(changes)
@@ -44,14 +45,15 @@ def test_signature_recovers_the_verifier_and_a_wallet_signature_verifies() -> No
     signed = panels.sign_attestation(a, KEY)
     assert panels.attestation_signer(signed) == VERIFIER
     wallet = Account.sign_message(encode_typed_data(full_message=panels.attestation_typed_data(a)), KEY)
-    assert panels.recover(panels.attestation_digest(a), "0x" + bytes(wallet.signature).hex()) == VERIFIER
+    assert eip712.recover(panels.attestation_digest(a), "0x" + bytes(wallet.signature).hex()) == VERIFIER
     with pytest.raises(ValueError, match="verifier"):
         panels.sign_attestation(a, OTHER_KEY)
 
 
 @pytest.mark.parametrize("change", [{"chain_id": 1}, {"escrow": "0x" + "e4" * 20}, {"round": 2},
-                                    {"quality_ppm": 812_346}, {"task_id": 8}])
-def test_a_signature_does_not_carry_over_to_another_chain_escrow_round_or_score(change: dict[str, object]) -> None:
+                                    {"quality_ppm": 812_346}, {"task_id": 8}, {"attempt": 1},
+                                    {"evidence_hash": "0x" + "ac" * 32}])
+def test_a_signature_does_not_carry_over_to_another_chain_escrow_round_attempt_evidence_or_score(change: dict[str, object]) -> None:
     signed = panels.sign_attestation(_attestation(), KEY)
     moved = panels.SignedAttestation(attestation=_attestation(**change), signature=signed.signature)
     assert panels.attestation_signer(moved) != VERIFIER
@@ -65,10 +67,11 @@ def test_ruling_sign_and_recover() -> None:
 
 
 def test_hostile_values_are_refused() -> None:
-    for change in ({"quality_ppm": 1_000_001}, {"confidence_ppm": -1}, {"round": 3},
+    for change in ({"quality_ppm": 1_000_001}, {"confidence_ppm": -1}, {"round": 3}, {"attempt": 0},
+                   {"attempt": 256}, {"evidence_hash": "0x" + "ab" * 31}, {"evidence_hash": None},
                    {"quality_ppm": 0.5}, {"quality_ppm": True}, {"extra": 1}):
         with pytest.raises(ValidationError):
             _attestation(**change)
     high_s = "0x" + "01" * 32 + "ff" * 32 + "1b"
     with pytest.raises(InvalidSignature):
-        panels.recover(b"\x00" * 32, high_s)
+        eip712.recover(b"\x00" * 32, high_s)

@@ -225,3 +225,33 @@ def test_rules_are_validated() -> None:
     assert (
         ReputationRules(start_score=100, pass_increase=1, dispute_half_weight=10) == DEFAULT_RULES
     )
+
+
+def _in_case(address: str, upper: list[bool]) -> str:
+    """`address` with the hex letters chosen by `upper` in upper case."""
+    return "0x" + "".join(c.upper() if u else c for c, u in zip(address[2:], upper, strict=True))
+
+
+CHECKSUMMED = "0xA1A1a1a1A1A1A1A1A1a1a1a1a1a1A1A1a1A1a1a1"
+
+
+@given(history=outcomes(max_size=12), cases=st.lists(st.lists(st.booleans(), min_size=40, max_size=40), min_size=13, max_size=13))
+@settings(max_examples=100, deadline=None)
+def test_an_agent_is_its_address_in_any_case(history: list[RoundOutcome], cases: list[list[bool]]) -> None:
+    """Outcomes naming the agent checksummed, lower or any other case all count for it; the
+    reputation names it in lower case whatever case it was asked for in."""
+    mixed = [o.model_copy(update={"agent": _in_case(AGENT, case)}) for o, case in zip(history, cases[1:], strict=False)]
+    expected = fold(AGENT, history)
+    assert fold(_in_case(AGENT, cases[0]), mixed) == expected
+    assert expected.agent == AGENT
+
+
+def test_a_checksummed_agent_matches_its_lower_case_verdicts() -> None:
+    from eth_utils.address import to_checksum_address
+
+    assert to_checksum_address(AGENT) == CHECKSUMMED
+    failed = outcome(False, 1).model_copy(update={"agent": CHECKSUMMED})
+    assert apply(initial(CHECKSUMMED), outcome(True, 2)).agent == AGENT
+    assert apply(initial(AGENT), failed) == apply(initial(CHECKSUMMED), failed) == apply(initial(AGENT), outcome(False, 1))
+    assert (fold(CHECKSUMMED, [failed, outcome(True, 2)]).score, fold(CHECKSUMMED, [failed]).failures) == (91, 1)
+    assert initial(CHECKSUMMED) == initial(AGENT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -102,3 +103,52 @@ def test_verifier_reports_are_bound_to_their_outcome() -> None:
     )
     with pytest.raises(RequestNotTrusted, match="verdict is not the signed one"):
         authenticate(verdict, frozenset())
+
+
+def test_the_relayed_expiry_is_signed() -> None:
+    """`RequesterProof.digest` covers `expires_at`: a relay that moves the expiry breaks the signature."""
+    honest = signed_review()
+    assert honest.requester is not None
+    for expires_at in (honest.requester.expires_at + 1, honest.requester.expires_at - 1, 0, 2**64 - 1):
+        moved = honest.model_copy(update={"requester": honest.requester.model_copy(update={"expires_at": expires_at})})
+        with pytest.raises(RequestNotTrusted, match="not the signer's over this request"):
+            authenticate(moved, frozenset())
+
+
+@pytest.mark.parametrize("field", ["nonce", "body", "signature"])
+def test_every_other_field_of_the_relayed_proof_is_signed(field: str) -> None:
+    honest = signed_review()
+    assert honest.requester is not None
+    raw = honest.requester.raw_body()
+    changed = {
+        "nonce": "another-nonce",
+        "body": base64.b64encode(raw.replace(b'"passed": false', b'"passed":false')).decode(),
+        "signature": honest.requester.signature[:-2] + ("1c" if honest.requester.signature.endswith("1b") else "1b"),
+    }[field]
+    tampered = honest.model_copy(update={"requester": honest.requester.model_copy(update={field: changed})})
+    with pytest.raises(RequestNotTrusted):
+        authenticate(tampered, frozenset())
+
+
+def test_the_bare_v_form_of_a_relayed_signature_is_refused() -> None:
+    honest = signed_review()
+    assert honest.requester is not None
+    raw = bytes.fromhex(honest.requester.signature[2:])
+    bare = "0x" + (raw[:64] + bytes([raw[64] - 27])).hex()
+    with pytest.raises(RequestNotTrusted, match="v must be 27 or 28"):
+        authenticate(honest.model_copy(update={"requester": honest.requester.model_copy(update={"signature": bare})}), frozenset())
+
+
+def test_a_service_proof_is_bound_to_its_chain() -> None:
+    """The service key's signature over this very message, but under another chain's domain, is refused."""
+    from schemas.eip712 import sign
+    from schemas.request_auth import ServiceProof, service_digest
+    from verification.request_auth import payload_hash
+
+    bare = signed_review().model_copy(update={"requester": None})
+    for chain_id in (1, 31338):
+        digest = service_digest(Deployment(chain_id, ESCROW), bare.request_id, payload_hash(bare))
+        elsewhere = bare.model_copy(update={"service": ServiceProof(signer=SERVICE, signature=sign(digest, SERVICE_KEY))})
+        with pytest.raises(RequestNotTrusted, match="not the service key's over this message"):
+            authenticate(elsewhere, frozenset({SERVICE}))
+    assert authenticate(bare.model_copy(update={"service": service_proof(bare, SERVICE_KEY)}), frozenset({SERVICE})) == "service"

@@ -17,10 +17,9 @@ from eth_account import Account
 from eth_account.messages import _hash_eip191_message, encode_typed_data
 from eth_utils.crypto import keccak
 
+from schemas.eip712 import InvalidSignature, recover
 from schemas.request_auth import (
-    BadSignature,
     Deployment,
-    recover_digest_signer,
     request_digest,
     service_digest,
     sign_request,
@@ -46,6 +45,7 @@ REQUEST_SIGNATURE = (
     "53a18c99b917facd1b90e1929395d05f90fd196c902557ad38a4fa7cb360845f1b"
 )
 SERVICE_DIGEST = "d78c2f0d4a5f499f647451d4549db35362e7757359af5584f354b85aa57410c9"
+SERVICE_DIGEST_CHAIN_10 = "06a7fa371359c744c45fec05577bd84bd617570228e488fe95b8b0fbe0a57889"
 VERDICT_DIGEST = "da3b4e3ae3dab291883758b80b4913f9a8abbec1cca3a0fc82362279576a2faa"
 VERDICT_SIGNATURE = (
     "0x7beba4ab321c71c92da146bbeedf5b0b48cb26c3b404527828e29192ea26e708"
@@ -89,7 +89,7 @@ def test_request_digest_and_signature_vector() -> None:
     headers = sign_request(KEY, "POST", "/v1/terms", b'{"chainId":31337}', deployment=Deployment(31337, ESCROW),
                            expires_at=1767225600, nonce="nonce-0001")  # fmt: skip
     assert headers["X-Escrowd-Signature"] == REQUEST_SIGNATURE
-    assert recover_digest_signer(ours, REQUEST_SIGNATURE) == SIGNER
+    assert recover(ours, REQUEST_SIGNATURE) == SIGNER
     # Another chain or escrow is another domain: another digest.
     assert request_digest(Deployment(1, ESCROW), "POST", "/v1/terms", b'{"chainId":31337}', SIGNER, "nonce-0001", 1767225600) != ours
     other = Deployment(31337, "0x" + "22" * 20)
@@ -108,6 +108,9 @@ def test_service_digest_vector() -> None:
         "message": {"requestId": REVIEW_ID, "payloadHash": b"\xcd" * 32},
     }
     assert service_digest(Deployment(31337, ESCROW), REVIEW_ID, b"\xcd" * 32).hex() == eth_account_digest(document) == SERVICE_DIGEST
+    # The chain id is the deployment's, not a constant: chain 10's digest is its own vector.
+    document["domain"]["chainId"] = 10
+    assert service_digest(Deployment(10, ESCROW), REVIEW_ID, b"\xcd" * 32).hex() == eth_account_digest(document) == SERVICE_DIGEST_CHAIN_10
 
 
 def verdict() -> Verdict:
@@ -154,8 +157,8 @@ def test_the_high_s_twin_of_a_request_signature_is_refused_by_the_high_s_rule() 
     digest = bytes.fromhex(REQUEST_DIGEST)
     twin = high_s_twin(REQUEST_SIGNATURE)
     assert Account._recover_hash(digest, signature=bytes.fromhex(twin[2:])) == SIGNER
-    with pytest.raises(BadSignature, match="not canonical"):
-        recover_digest_signer(digest, twin)
+    with pytest.raises(InvalidSignature, match="not canonical"):
+        recover(digest, twin)
 
 
 def test_a_relayed_request_needs_a_proof() -> None:

@@ -127,3 +127,85 @@ def test_escrowd_verify_proof_reruns_a_deterministic_verifier(tmp_path: Path) ->
     (tmp_path / "result.json").write_text(json.dumps({"output": "42"}))
     accepted = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+
+
+N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+PROOF_DIGEST = "090ff851fcf2d9f6c821d45710bed570a5408b3c0eecd6d91c736a9af27a68c6"
+PROOF_SIGNATURE = (
+    "0x44531cf20849d2fd5188179c3f411669ea86b90f6034ec8f37797cde035ead1d"
+    "51327523d8c0d558f86aaa9360a51e052402d5187354281079519d3da5b001cd1c"
+)
+CRITERIA_HASH = "0xb23ad1d21064cca4cee95169c7be508ac404323c5035d78581d615ce29234631"
+
+
+def other_encodings(signature: str) -> dict[str, str]:
+    """The two other byte strings eth_account accepts for one signature: v as 0/1, and the high-s twin."""
+    raw = bytes.fromhex(signature[2:])
+    s = int.from_bytes(raw[32:64], "big")
+    return {
+        "v must be 27 or 28": "0x" + (raw[:64] + bytes([raw[64] - 27])).hex(),
+        "not canonical": "0x" + (raw[:32] + (N - s).to_bytes(32, "big") + bytes([55 - raw[64]])).hex(),
+    }
+
+
+def verify_proof(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "escrowd.cli", "verify", "proof", str(path), "--signer", SIGNER, *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def test_escrowd_verify_proof_refuses_every_other_encoding_of_a_valid_signature(tmp_path: Path) -> None:
+    """A proof has one signature: the v = 0/1 form and the high-s twin (both recover the signer in
+    eth_account, and were accepted) are refused by `escrowd verify proof`, saying why."""
+    from eth_account.messages import encode_typed_data
+
+    from verification.proof import typed_data
+
+    signed = sign_proof(proof(), KEY)
+    for reason, encoding in other_encodings(signed.signature).items():
+        assert Account.recover_message(encode_typed_data(full_message=typed_data(signed.proof)), signature=encoding) == SIGNER
+        path = tmp_path / "proof.json"
+        path.write_text(json.dumps({**signed.to_json_dict(), "signature": encoding}))
+        refused = verify_proof(path)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        problems = json.loads(refused.stdout)["problems"]
+        assert problems[0].startswith("the signature is not usable: ") and reason in problems[0], problems
+        assert problems[1] == "the signer is not a registered verification key"
+
+
+def test_escrowd_verify_proof_refuses_a_proof_of_other_evidence(tmp_path: Path) -> None:
+    """A validly signed proof checked against the attempt's evidence hash on chain: equal in any hex case, else refused."""
+    path = tmp_path / "proof.json"
+    path.write_text(json.dumps(sign_proof(proof(), KEY).to_json_dict()))
+    same = verify_proof(path, "--evidence-hash", "0x" + "AB" * 32)
+    assert same.returncode == 0, same.stdout + same.stderr
+    other = verify_proof(path, "--evidence-hash", "0x" + "ab" * 31 + "ac")
+    assert other.returncode == 1, other.stdout + other.stderr
+    assert json.loads(other.stdout)["problems"] == ["the evidence hash differs from the attempt's evidence on chain"]
+
+
+def test_the_proof_digest_and_signature_vector() -> None:
+    """The proof's signed bytes, pinned (a changed domain, field, order or encoding changes them)."""
+    from verification.proof import proof_digest
+
+    p = proof()
+    assert proof_digest(p).hex() == PROOF_DIGEST
+    assert sign_proof(p, KEY).signature == PROOF_SIGNATURE
+
+
+def test_the_criteria_hash_vector_is_independent_of_key_order() -> None:
+    """keccak-256 of `{"verificationCriteria", "verifier"}` with keys sorted at every level, no spaces, UTF-8."""
+    criteria = {"type": "json", "schema": {"required": ["é"], "type": "object"}}
+    verifier = {"ref": "TEST_SUITE://V1", "kind": "test_suite", "config": {"b": 1, "a": [2, 1]}}
+    reordered = ({"schema": {"type": "object", "required": ["é"]}, "type": "json"},
+                 {"config": {"a": [2, 1], "b": 1}, "kind": "test_suite", "ref": "TEST_SUITE://V1"})  # fmt: skip
+    canonical = (
+        '{"verificationCriteria":{"schema":{"required":["é"],"type":"object"},"type":"json"},'
+        '"verifier":{"config":{"a":[2,1],"b":1},"kind":"test_suite","ref":"TEST_SUITE://V1"}}'
+    )
+    from eth_utils.crypto import keccak
+
+    assert criteria_hash(criteria, verifier) == criteria_hash(*reordered) == "0x" + keccak(canonical.encode()).hex()
+    assert criteria_hash(criteria, verifier) == CRITERIA_HASH
+    assert criteria_hash(None, None) == "0x" + keccak(b'{"verificationCriteria":null,"verifier":null}').hex()
+    # Array order is content, not layout.
+    assert criteria_hash(criteria, {**verifier, "config": {"b": 1, "a": [1, 2]}}) != CRITERIA_HASH

@@ -433,12 +433,16 @@ async def test_sandbox_unavailable_is_could_not_answer() -> None:
         await broken.verify(suite(), {}, SOLUTION)
 
 
-async def test_nondeterministic_code_cannot_be_judged(registry: VerifierRegistry) -> None:
-    """Two runs that disagree are "could not judge", not a verdict."""
+async def test_nondeterministic_code_fails_at_determinism(registry: VerifierRegistry) -> None:
+    """Two runs that disagree are the submission's fault (seed 002): a FAIL at DETERMINISM, both digests shown."""
     coin = "import os\ndef solve(a, b):\n    return a + b + os.urandom(1)[0] % 2\n"
     many = [{"args": [i, i], "expected": 2 * i} for i in range(20)]
-    with pytest.raises(VerificationError, match="disagree"):
-        await registry.verify(suite(publicTests=many), {}, coin)
+    outcome = await registry.verify(suite(publicTests=many), {}, coin)
+    assert outcome.reward == 0.0 and outcome.detail["stage"] == "DETERMINISM", outcome
+    digests = outcome.detail["runDigests"]
+    assert len(digests) == 2 and digests[0] != digests[1]
+    assert all(d.startswith("0x") and len(d) == 66 for d in digests)
+    assert "DETERMINISM" in outcome.reasons[0]
 
 
 async def test_optimization_score(registry: VerifierRegistry) -> None:
@@ -492,7 +496,9 @@ def test_seccomp_program_is_built_for_x86_64_only() -> None:
     from verification.sandbox import DENIED_SYSCALLS_X86_64, seccomp_program
 
     program = seccomp_program("x86_64")
-    assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 2)
+    # arch check, x32 check, one test per denied call, prlimit64's pid test (3),
+    # rt_sigaction's SIGCHLD test (6), ALLOW, EPERM.
+    assert program is not None and len(program) == 8 * (6 + len(DENIED_SYSCALLS_X86_64) + 3 + 6 + 2)
     assert program[-16:-8] == bytes.fromhex("060000000000ff7f") and program[-8:] == bytes.fromhex("0600000001000500")
     assert seccomp_program("aarch64") is None
 

@@ -243,3 +243,71 @@ async def test_signatures_expire_and_live_at_most_the_configured_time(database_u
         far = await api.call("POST", "/v1/terms", terms_body(poster, salt="far"), as_=poster, expires_in=120)
         assert far.status_code == 401 and code(far) == "SIGNATURE_EXPIRY_TOO_FAR"
         assert (await api.call("POST", "/v1/terms", terms_body(poster, salt="near"), as_=poster, expires_in=50)).status_code == 201
+
+
+# ---------------------------------------------------------------------------- boundaries, as literals
+
+NOW = 1_767_225_600  # 2026-01-01T00:00:00Z, the API's clock in the tests below
+
+
+@contextlib.asynccontextmanager
+async def api_at(database_url: str, now: int, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app, in process, whose clock stands still at `now`."""
+    from api.app import create_app
+
+    from .conftest import api_settings
+
+    app = create_app(api_settings(database_url, **overrides), clock=lambda: float(now))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        yield client
+
+
+async def test_expiry_at_exactly_now_and_the_ttl_bound_are_exact(database_url: str, who: dict[str, Who]) -> None:
+    """Refused at `expires_at == now` (and before), accepted one second later; accepted at exactly
+    `now + max_ttl`, refused one second beyond it."""
+    poster = who["poster"]
+    answers: dict[int, tuple[int, str]] = {}
+    async with api_at(database_url, NOW, signature_max_ttl_seconds=60) as client:
+        for expires_at in (1_767_225_599, 1_767_225_600, 1_767_225_601, 1_767_225_660, 1_767_225_661):
+            raw = json.dumps(terms_body(poster, salt=f"e{expires_at}")).encode()
+            headers = {"content-type": "application/json"}
+            headers.update(sign_request(poster.key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=expires_at))
+            response = await client.post("/v1/terms", content=raw, headers=headers)
+            answers[expires_at] = (response.status_code, response.json()["error"]["code"] if response.status_code >= 400 else "")
+    assert answers == {
+        1_767_225_599: (401, "SIGNATURE_EXPIRED"),
+        1_767_225_600: (401, "SIGNATURE_EXPIRED"),
+        1_767_225_601: (201, ""),
+        1_767_225_660: (201, ""),
+        1_767_225_661: (401, "SIGNATURE_EXPIRY_TOO_FAR"),
+    }
+
+
+async def test_a_request_signature_has_one_accepted_encoding(database_url: str, who: dict[str, Who]) -> None:
+    """The v = 0/1 form and the high-s twin of a valid request signature are 401 (and spend no nonce);
+    the signature itself is then accepted with the same nonce."""
+    from eth_account import Account
+
+    from schemas.request_auth import request_digest
+
+    poster = who["poster"]
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    raw = json.dumps(terms_body(poster, salt="encodings")).encode()
+    headers = {"content-type": "application/json"}
+    headers.update(sign_request(poster.key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=NOW + 60, nonce="enc-0001"))
+    signature = bytes.fromhex(headers["X-Escrowd-Signature"][2:])
+    s = int.from_bytes(signature[32:64], "big")
+    others = {
+        "v must be 27 or 28": signature[:64] + bytes([signature[64] - 27]),
+        "not canonical": signature[:32] + (n - s).to_bytes(32, "big") + bytes([55 - signature[64]]),
+    }
+    digest = request_digest(HOME, "POST", "/v1/terms", raw, poster.address, "enc-0001", NOW + 60)
+    async with api_at(database_url, NOW) as client:
+        for reason, other in others.items():
+            assert Account._recover_hash(digest, signature=other) == poster.address  # a real signature elsewhere
+            refused = await client.post("/v1/terms", content=raw, headers={**headers, "X-Escrowd-Signature": "0x" + other.hex()})
+            assert refused.status_code == 401 and code(refused) == "SIGNATURE_INVALID", refused.text
+            assert reason in refused.json()["error"]["message"]
+        accepted = await client.post("/v1/terms", content=raw, headers=headers)
+        assert accepted.status_code == 201, accepted.text

@@ -110,12 +110,18 @@ async def test_forged_and_unsigned_requests_are_dead_lettered_and_real_ones_judg
     tampered = signed_proof(run.who(poster), run, task, reject)  # the poster rejected; the message says approved
     other_chain = signed_proof(run.who(poster), run, task, approve, Deployment(d.chain_id + 1, d.escrow_address))
     untrusted = service_proof(unsigned, UNTRUSTED_KEY)
+    honest = signed_proof(run.who(poster), run, task, approve)
+    moved_expiry = honest.model_copy(update={"expires_at": honest.expires_at + 3600})  # a relay giving it longer life
+    raw_signature = bytes.fromhex(honest.signature[2:])
+    bare_v = honest.model_copy(update={"signature": "0x" + (raw_signature[:64] + bytes([raw_signature[64] - 27])).hex()})
     forged = [
         (unsigned, "unsigned request"),
         (unsigned.model_copy(update={"requester": impostor}), "not the signer's over this request"),
         (unsigned.model_copy(update={"requester": tampered}), "decision is not the signed one"),
         (unsigned.model_copy(update={"requester": other_chain}), "not the signer's over this request"),
         (unsigned.model_copy(update={"service": untrusted}), "is not a trusted API service key"),
+        (unsigned.model_copy(update={"requester": moved_expiry}), "not the signer's over this request"),
+        (unsigned.model_copy(update={"requester": bare_v}), "v must be 27 or 28"),
     ]
     await write(run, [m for m, _ in forged])
     await run.dead_letters.wait(len(forged), timeout=60)

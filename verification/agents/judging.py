@@ -4,6 +4,10 @@
   poster's `acceptance` note → `{passed, reasons (1–10)}`.
 * The rubric judge (seed 001): rubric text, the task's prompt, the flattened trajectory and
   the reference → `{reward in [0, 1], reasons (1–10)}`.
+
+Every text that may be cut travels with its original length in characters (Unicode code
+points) and a flag saying whether it was cut (`resultChars`, `resultTruncated`, …), so the
+model knows when it sees only the start of a side and can fail rather than assume the rest.
 """
 
 from __future__ import annotations
@@ -49,12 +53,23 @@ def cut(text: str, limit: int) -> str:
     return text[:limit]
 
 
+def side(name: str, text: str | None, limit: int) -> dict[str, Any]:
+    """`{name: first limit characters, nameChars: original length, nameTruncated: whether cut}`
+    (a missing text is `null`, 0 characters, not cut)."""
+    value = text or ""
+    return {
+        name: cut(value, limit) if text is not None else None,
+        f"{name}Chars": len(value),
+        f"{name}Truncated": len(value) > limit,
+    }
+
+
 def verifier_messages(brief: str, result: str, acceptance: str | None) -> list[dict[str, str]]:
     """The hosted verifier's question (seed 000: each cut to 12,000 characters, data not instructions)."""
     data: dict[str, Any] = {
-        "brief": cut(brief, BRIEF_CHARS),
-        "acceptance": cut(acceptance, ACCEPTANCE_CHARS) if acceptance else None,
-        "result": cut(result, RESULT_CHARS),
+        **side("brief", brief, BRIEF_CHARS),
+        **side("acceptance", acceptance or None, ACCEPTANCE_CHARS),
+        **side("result", result, RESULT_CHARS),
     }
     return render(prompts().verifier, data)
 
@@ -63,9 +78,9 @@ def rubric_messages(rubric: str, prompt: str | None, trajectory: str, reference:
     """The rubric judge's question."""
     ref = reference if reference is None or isinstance(reference, str) else str(reference)
     data: dict[str, Any] = {
-        "rubric": cut(rubric, RUBRIC_CHARS),
-        "prompt": cut(prompt, PROMPT_CHARS) if prompt else None,
-        "trajectory": cut(trajectory, TRAJECTORY_CHARS),
-        "reference": cut(ref, REFERENCE_CHARS) if ref is not None else None,
+        **side("rubric", rubric, RUBRIC_CHARS),
+        **side("prompt", prompt or None, PROMPT_CHARS),
+        **side("trajectory", trajectory, TRAJECTORY_CHARS),
+        **side("reference", ref, REFERENCE_CHARS),
     }
     return render(prompts().rubric_judge, data)

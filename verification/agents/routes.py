@@ -278,7 +278,8 @@ async def list_task(
         if terms is not None and terms.mode == "agent" and terms.verifier_address:
             verifier = await directory.load(conn, terms.verifier_address)
         brief = await store.brief_state(conn, chain.task_hash) if chain.task_hash else BriefState(False, False, frozenset())
-        refused = listing_check(key, chain, terms, caller.address, verifier, brief)
+        now = await directory.db_now(conn)
+        refused = listing_check(key, chain, terms, caller.address, verifier, brief, now, stale_seconds(request))
         if refused is not None:
             raise ApiProblem(refused.status, refused.code, refused.message)
         assert terms is not None and chain.task_hash is not None
@@ -318,7 +319,7 @@ class BriefUpload(BaseModel):
 
     brief: str | None = Field(default=None, max_length=briefs.MAX_BRIEF_BYTES)
     ciphertext: str | None = Field(default=None, max_length=(briefs.MAX_CIPHERTEXT_BYTES * 4) // 3 + 8)
-    wrapped_keys: dict[Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")], Annotated[str, StringConstraints(max_length=200)]] = Field(
+    wrapped_keys: dict[Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{40}$")], Annotated[str, StringConstraints(max_length=briefs.MAX_WRAPPED_KEY_TEXT)]] = Field(
         default_factory=dict, alias="wrappedKeys", max_length=200,
         json_schema_extra={"propertyNames": {"pattern": r"^0x[0-9a-fA-F]{40}$"}},
     )
@@ -357,11 +358,16 @@ async def put_brief(task_hash: HashPath, body: BriefUpload, request: Request) ->
                 raise ApiProblem(400, "BRIEF_NOT_ENCRYPTED", "a private task's brief is sent as ciphertext only")
             try:
                 ciphertext = briefs.unb64(body.ciphertext, briefs.MAX_CIPHERTEXT_BYTES)
-                wrapped = {a: briefs.unb64(w, briefs.WRAPPED_KEY_BYTES) for a, w in body.wrapped_keys.items()}
             except briefs.BriefError as exc:
-                raise ApiProblem(400, "BRIEF_INVALID", str(exc)) from None
-            if any(len(w) != briefs.WRAPPED_KEY_BYTES for w in wrapped.values()):
-                raise ApiProblem(400, "BRIEF_INVALID", f"a wrapped key is {briefs.WRAPPED_KEY_BYTES} bytes")
+                raise ApiProblem(400, "BRIEF_INVALID", f"ciphertext: {exc}") from None
+            if not briefs.ciphertext_well_formed(ciphertext):
+                raise ApiProblem(400, "BRIEF_INVALID", f"the ciphertext is not a format {briefs.VERSION} brief")
+            for address, text in body.wrapped_keys.items():
+                if not briefs.wrapped_key_text_well_formed(text):
+                    raise ApiProblem(
+                        400, "BRIEF_INVALID",
+                        f"the wrapped key of {address} is not a format {briefs.VERSION} key ({briefs.WRAPPED_KEY_BYTES} bytes)",
+                    )  # fmt: skip
             digest = briefs.ciphertext_digest(ciphertext)
         else:
             if body.brief is None or body.ciphertext is not None or body.wrapped_keys:
@@ -424,6 +430,9 @@ class QueueItem(BaseModel):
     acceptance: str | None = None
     private: bool
     failures: int = Field(description="Failed tries reported for this attempt so far")
+    terms: dict[str, Any] = Field(
+        description="The registered terms (canonical form): they hash to the on-chain taskHash, which the verifier checks"
+    )
 
 
 class Queue(BaseModel):
@@ -461,7 +470,8 @@ async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=
             if finalized is None:
                 continue  # delivered on chain, but the agent has not handed over the result yet
             terms = await vstore.load_terms(conn, row["task_hash"])
-            assert terms is not None
+            document = await vstore.load_terms_json(conn, row["task_hash"])
+            assert terms is not None and document is not None
             criteria = terms.criteria or {}
             acceptance = criteria.get("acceptance")
             items.append(
@@ -469,7 +479,7 @@ async def verifier_queue(request: Request, limit: Annotated[int, Query(ge=1, le=
                     chain_id=key.chain_id, escrow=key.escrow, task_id=key.task_id, task_hash=row["task_hash"],
                     attempt=attempt, evidence_hash=evidence, result=finalized["payload"].get("result"),
                     acceptance=acceptance if isinstance(acceptance, str) else None, private=terms.private,
-                    failures=int(failure["failures"]) if failure is not None else 0,
+                    failures=int(failure["failures"]) if failure is not None else 0, terms=document,
                 )
             )
     return Queue(items=items)

@@ -6,6 +6,8 @@ from typing import Any
 
 import asyncpg
 
+from chain import indexed
+from verification.agents import briefs
 from verification.agents.listing import BriefState
 from verification.routing import TaskKey
 
@@ -51,8 +53,11 @@ async def brief_state(conn: asyncpg.Connection, task_hash: str) -> BriefState:
     row = await conn.fetchrow("SELECT private FROM task_briefs WHERE task_hash = $1", task_hash.lower())
     if row is None:
         return BriefState(stored=False, private=False, recipients=frozenset())
-    recipients = await conn.fetch("SELECT recipient FROM brief_keys WHERE task_hash = $1", task_hash.lower())
-    return BriefState(stored=True, private=row["private"], recipients=frozenset(r["recipient"] for r in recipients))
+    keys = await conn.fetch("SELECT recipient, wrapped FROM brief_keys WHERE task_hash = $1", task_hash.lower())
+    return BriefState(
+        stored=True, private=row["private"], recipients=frozenset(r["recipient"] for r in keys),
+        malformed=frozenset(r["recipient"] for r in keys if not briefs.wrapped_key_text_well_formed(r["wrapped"])),
+    )  # fmt: skip
 
 
 async def store_brief(
@@ -67,9 +72,11 @@ async def store_brief(
 
 
 async def add_wrapped_keys(conn: asyncpg.Connection, task_hash: str, keys: dict[str, str]) -> None:
-    """Add readers; a reader's first wrapped key stays."""
+    """Add readers, or replace a reader's wrapped key (the ciphertext commits to its content key,
+    so any replacement that opens it is the same key: replacing cannot show another brief)."""
     await conn.executemany(
-        "INSERT INTO brief_keys (task_hash, recipient, wrapped) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        "INSERT INTO brief_keys (task_hash, recipient, wrapped) VALUES ($1, $2, $3)"
+        " ON CONFLICT (task_hash, recipient) DO UPDATE SET wrapped = EXCLUDED.wrapped",
         [(task_hash.lower(), address.lower(), wrapped) for address, wrapped in keys.items()],
     )
 
@@ -96,9 +103,9 @@ async def verifier_tasks(conn: asyncpg.Connection, verifier: str, limit: int) ->
         await conn.fetch(
             "SELECT l.chain_id, l.escrow_address, l.task_id, l.task_hash FROM task_listings l"
             " JOIN task_terms t ON t.task_hash = l.task_hash WHERE t.verification_mode = 'agent'"
-            " AND lower(t.verifier_address) = lower($1) AND (SELECT (e.args->>'status')::int FROM escrow_events e"
-            "  WHERE e.chain_id = l.chain_id AND e.task_id = l.task_id AND lower(e.escrow_address) = lower(l.escrow_address)"
-            "  AND e.args ? 'status' ORDER BY e.block_number DESC, e.log_index DESC LIMIT 1) = 2"
+            " AND lower(t.verifier_address) = lower($1) AND "
+            + indexed.LATEST_STATUS_SQL.format(chain="l.chain_id", task="l.task_id", escrow="l.escrow_address")
+            + " = 2"
             " ORDER BY l.listed_at, l.task_id LIMIT $2",
             verifier,
             limit,

@@ -4,7 +4,8 @@ It answers `POST /v1/chat/completions` the way such an endpoint does. Its judgem
 fixed rule over the data block of the project's prompts, so runs are reproducible:
 
 * verifier questions: pass iff every "double-quoted" term of the acceptance note (or, with
-  no note, of the brief) appears in the result, case-insensitively;
+  no note, of the brief) appears in the result, case-insensitively; a fail on a result the
+  question says was cut says so in its reasons;
 * rubric questions: reward = share of the rubric's "double-quoted" terms found in the
   trajectory (1.0 when the rubric quotes none).
 
@@ -65,7 +66,8 @@ def rule_answer(data: dict[str, Any]) -> dict[str, Any]:
     if not result.strip():
         return {"passed": False, "reasons": ["The result is empty"]}
     if missing:
-        return {"passed": False, "reasons": [f"Missing: {t}" for t in missing[:10]]}
+        cut = f" (the result was cut: {data.get('resultChars')} characters in all)" if data.get("resultTruncated") else ""
+        return {"passed": False, "reasons": [f"Missing{cut}: {t}" for t in missing[:10]]}
     return {"passed": True, "reasons": ["Every acceptance term is addressed"]}
 
 

@@ -6,10 +6,15 @@ Every poll it:
    as running;
 2. reads its queue (`GET /v1/verifiers/me/queue`, signed): listed agent-review tasks that
    name it, delivered on chain, finalized by their agent, not judged yet;
-3. per item, reads the brief (`GET /v1/briefs/{taskHash}`) and, when private, unwraps the
-   key with its encryption key and decrypts it;
-4. asks the model (brief and result each cut to 12,000 characters, plus the poster's
-   `acceptance` note, as data; fail when in doubt) for pass/fail and up to 10 reasons;
+3. per item, checks what the API showed it against the chain (`verification.agents.grounds`):
+   the terms hash to the on-chain `taskHash` and name it, the attempt is the one delivered,
+   the result hashes to the on-chain evidence hash; then reads the brief (`GET
+   /v1/briefs/{taskHash}`), checks it against the terms' `instructionsDigest` and, when
+   private, unwraps the key for this task and decrypts it. A mismatch, or no brief, is a
+   refusal: reported as a failed try, never a verdict;
+4. asks the model (brief and result each cut to 12,000 characters with their original
+   lengths and a cut flag, plus the terms' `acceptance` note, as data; fail when in doubt)
+   for pass/fail and up to 10 reasons;
 5. sends `completeVerification(task, attempt, evidenceHash, passed, score)` from its own
    wallet and pays the gas (score 100 on pass, 0 on fail) through the chain toolkit's
    transaction sender (`chain.sender.CallSender`: its own nonce row in PostgreSQL, EIP-1559
@@ -30,7 +35,6 @@ import contextlib
 import json
 import re
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +46,8 @@ import typer
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chain.eth_rpc import EthRpc
+from chain.abi import decode_task, get_task_data
+from chain.eth_rpc import EthRpc, RpcError
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from chain.gate import SendGate
 from chain.keys import SecretKey
@@ -50,7 +55,16 @@ from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.logging import register_secret
 from runtime.web.auth import Deployment, sign_request
+from schemas import jsonbounds
 from verification.agents import briefs
+from verification.agents.grounds import (
+    Grounds,
+    Refusal,
+    check_item,
+    open_checked_brief,
+    parse_entry,
+    trusted_api_url,
+)
 from verification.agents.judging import VerifierAnswer, verifier_messages
 from verification.agents.model import ModelClient, ModelError, ModelSettings
 
@@ -58,6 +72,15 @@ log = structlog.get_logger(__name__)
 
 MAX_FAILED_TRIES = 5
 SENDER_METRICS = SenderMetrics.create("escrowd_verifier_agent", "the hosted verifier agent")
+QUEUE_PAGE = 20
+MAX_QUEUE_BYTES = QUEUE_PAGE * 2 * 1024 * 1024
+"""Largest queue reply read: a page of items, each a result (≤ 512 KiB) and its terms."""
+MAX_BRIEF_REPLY_BYTES = 4 * 1024 * 1024
+"""Largest brief reply read: a 256 KiB brief JSON-escaped, or its ciphertext in base64."""
+
+
+class ReplyTooLarge(Exception):
+    """The API answered more bytes than such a reply can hold."""
 _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]{40})/")
 
 
@@ -67,7 +90,7 @@ class VerifierAgentSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore", populate_by_name=True)
 
-    api_url: str = Field(description="Base URL of the escrowd API")
+    api_url: str = Field(description="Base URL of the escrowd API: https://, or http:// to a loopback address only")
     rpc_url: str = Field(description="JSON-RPC URL of the chain it settles on")
     chain_id: int = Field(gt=0, description="The chain it settles on")
     escrow_address: str = Field(
@@ -126,6 +149,13 @@ class VerifierAgentSettings(BaseSettings):
             raise ValueError("must be an http(s):// URL")
         return value.rstrip("/")
 
+    @field_validator("api_url")
+    @classmethod
+    def _api_over_tls(cls, value: str) -> str:
+        # The queue and the briefs come from the API: over plain HTTP anyone on the path could
+        # answer them (the checks against the chain would refuse, but it could starve the queue).
+        return trusted_api_url(value)
+
 
 def derived_encryption_key(wallet_key: str) -> bytes:
     """A separate secp256k1 key for briefs, derived from the wallet key (so one secret suffices)."""
@@ -141,6 +171,7 @@ class PollStats:
     seen: int = 0
     judged: int = 0
     model_errors: int = 0
+    refused: int = 0
     skipped: list[str] = field(default_factory=list)
 
 
@@ -158,11 +189,12 @@ class VerifierAgent:
         register_secret(self._enc_key.hex())
         self.model = model
         self.http = http or httpx.AsyncClient(base_url=settings.api_url, timeout=30.0)
-        self.rpc = EthRpc([settings.rpc_url], chain_id=settings.chain_id)
+        self.rpc = EthRpc([settings.rpc_url], chain_id=settings.chain_id, timeout=30.0)
         self.sender: CallSender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._pool: Any = None
         self.registered = False
+        self.chain_checked = False
 
     @property
     def address(self) -> str:
@@ -219,7 +251,7 @@ class VerifierAgent:
 
     # ------------------------------------------------------------------ the API
 
-    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+    def _request(self, method: str, path: str, body: Any = None) -> httpx.Request:
         raw = b"" if body is None else json.dumps(body).encode()
         # A task route names its deployment; the directory and the queue act on the API's own.
         task_route = _TASK_ROUTE.match(path)
@@ -234,7 +266,29 @@ class VerifierAgent:
         )  # fmt: skip
         if body is not None:
             headers["content-type"] = "application/json"
-        return await self.http.request(method, path, content=raw or None, headers=headers)
+        return self.http.build_request(method, path, content=raw or None, headers=headers)
+
+    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        return await self.http.send(self._request(method, path, body))
+
+    async def _read_json(self, path: str, limit: int) -> tuple[int, Any]:
+        """A signed GET whose reply is read up to `limit` bytes (ReplyTooLarge past it) and parsed
+        with the project's bounded JSON reader; (status, body or None when not JSON)."""
+        response = await self.http.send(self._request("GET", path), stream=True)
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise ReplyTooLarge(f"{path.split('?')[0]}: more than {limit} bytes")
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        try:
+            return response.status_code, jsonbounds.loads(b"".join(chunks), max_bytes=None)
+        except ValueError:
+            return response.status_code, None
 
     async def register(self) -> None:
         """Put its directory entry: a verifier on its chain, opted in, with its encryption key."""
@@ -250,7 +304,7 @@ class VerifierAgent:
         self.registered = True
 
     async def _report(self, item: dict[str, Any], body: dict[str, Any]) -> None:
-        path = f"/v1/tasks/{item['chainId']}/{item['escrow']}/{item['taskId']}/verifier-report"
+        path = f"/v1/tasks/{int(item['chainId'])}/{item['escrow']}/{int(item['taskId'])}/verifier-report"
         response = await self._call("POST", path, {"attempt": item["attempt"], "evidenceHash": item["evidenceHash"], **body})
         if response.status_code >= 400:
             log.warning("verifier_report_refused", status=response.status_code, task_id=item["taskId"])
@@ -259,45 +313,70 @@ class VerifierAgent:
 
     async def poll_once(self) -> PollStats:
         """Register if needed, read the queue, judge each item."""
+        if not self.chain_checked:
+            # Every check below reads this node: it must be the chain the verifier settles on.
+            if await self.rpc.chain_id() != self.settings.chain_id:
+                raise RuntimeError("the RPC node serves another chain than chain_id")
+            self.chain_checked = True
         if not self.registered:
             await self.register()
-        response = await self._call("GET", "/v1/verifiers/me/queue")
-        response.raise_for_status()
+        status, queue = await self._read_json(f"/v1/verifiers/me/queue?limit={QUEUE_PAGE}", MAX_QUEUE_BYTES)
+        if status != 200 or not isinstance(queue, dict) or not isinstance(queue.get("items"), list):
+            raise RuntimeError(f"the queue read answered HTTP {status}")
         stats = PollStats()
-        for item in response.json()["items"]:
+        for item in queue["items"][:QUEUE_PAGE]:
             stats.seen += 1
-            if int(item["chainId"]) != self.settings.chain_id:
-                stats.skipped.append(f"{item['taskId']}: another chain")
+            try:
+                entry = parse_entry(item)
+            except Refusal as refusal:
+                stats.skipped.append(refusal.reason)  # not even an address to report on
                 continue
-            if int(item.get("failures", 0)) >= MAX_FAILED_TRIES:
-                stats.skipped.append(f"{item['taskId']}: gave up")
+            if entry.chain_id != self.settings.chain_id:
+                stats.skipped.append(f"{entry.task_id}: another chain")
                 continue
-            await self._judge(item, stats)
+            if entry.failures >= MAX_FAILED_TRIES:
+                stats.skipped.append(f"{entry.task_id}: gave up")
+                continue
+            try:
+                await self._judge(item, stats)
+            except (RpcError, httpx.HTTPError, ReplyTooLarge) as exc:
+                # Our side's fault (node or API unreachable): no try is counted, the next poll asks again.
+                stats.skipped.append(f"{entry.task_id}: {type(exc).__name__}")
+                log.warning("verifier_item_deferred", task_id=entry.task_id, error_type=type(exc).__name__)
         return stats
 
-    async def _brief(self, item: dict[str, Any]) -> str:
-        response = await self._call("GET", f"/v1/briefs/{item['taskHash']}")
-        if response.status_code == 404:
-            return ""  # no brief stored: the model judges against the acceptance note alone
-        response.raise_for_status()
-        data = response.json()
-        if not data.get("private"):
-            return str(data.get("brief") or "")
-        key = briefs.unwrap_key(briefs.unb64(data["wrappedKey"], 200), self._enc_key)
-        return briefs.open_brief(briefs.unb64(data["ciphertext"], briefs.MAX_CIPHERTEXT_BYTES), key)
+    async def _grounds(self, item: dict[str, Any]) -> tuple[Grounds, str]:
+        """The item checked against the chain, and its brief checked against the terms (Refusal otherwise)."""
+        entry = parse_entry(item)
+        try:
+            on_chain = decode_task(await self.rpc.eth_call(entry.escrow, get_task_data(entry.task_id)))
+        except ValueError:
+            raise Refusal("CHAIN_UNREADABLE", "getTask did not answer one task") from None
+        try:
+            grounds = check_item(entry, on_chain, self.address)
+            status, reply = await self._read_json(f"/v1/briefs/{entry.task_hash.lower()}", MAX_BRIEF_REPLY_BYTES)
+            if status >= 500 or status == 429:
+                raise httpx.HTTPError(f"the brief read answered HTTP {status}")
+            return grounds, open_checked_brief(grounds, status, reply, self._enc_key, self.address)
+        except Refusal as refusal:
+            if on_chain.attempts == entry.attempt:
+                refusal.evidence_hash = on_chain.last_evidence_hash  # what the service checks a report against
+            raise
 
     async def _judge(self, item: dict[str, Any], stats: PollStats) -> None:
         task_id = int(item["taskId"])
         try:
-            brief = await self._brief(item)
-        except briefs.BriefError as exc:
-            stats.skipped.append(f"{task_id}: brief does not open ({exc})")
-            await self._report(item, {"outcome": "error", "error": "the brief does not open with this verifier's key"})
+            grounds, brief = await self._grounds(item)
+        except Refusal as refusal:
+            # Shown something the chain does not back: no verdict, a failed try the service counts.
+            stats.refused += 1
+            log.warning("verifier_refused", task_id=task_id, attempt=item["attempt"], code=refusal.code)
+            report = {"outcome": "error", "error": f"refused: {refusal.code}: {refusal.reason}"[:500]}
+            await self._report({**item, "evidenceHash": refusal.evidence_hash or item["evidenceHash"]}, report)
             return
-        result = item.get("result")
-        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
         try:
-            answer = await self.model.ask(verifier_messages(brief, text, item.get("acceptance")), VerifierAnswer)
+            messages = verifier_messages(brief, grounds.result_text, grounds.acceptance)
+            answer = await self.model.ask(messages, VerifierAnswer)
         except ModelError as exc:
             # No verdict: the attempt stays unjudged and comes back on a later poll.
             stats.model_errors += 1
@@ -341,21 +420,19 @@ class VerifierAgent:
             try:
                 stats = await self.poll_once()
                 if stats.seen:
-                    log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors)
+                    log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
             except Exception as exc:
                 log.warning("verifier_poll_failed", error_type=type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
 
 
-async def run_verifier_agent(settings: VerifierAgentSettings, model_settings: ModelSettings) -> None:
-    """Run until SIGINT / SIGTERM."""
+async def run_verifier_agent(
+    settings: VerifierAgentSettings, model_settings: ModelSettings, stop: asyncio.Event | None = None
+) -> None:
+    """Run until `stop` (the service shell sets it on SIGINT / SIGTERM); the poll in flight ends first."""
     agent = VerifierAgent(settings, ModelClient(model_settings))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop or asyncio.Event()
     log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id)
     try:
         await agent.run(stop)
@@ -387,6 +464,7 @@ def verifier_agent(
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
     from runtime.errors import safe_message
     from runtime.logging import configure_logging
+    from runtime.shell import run_service
 
     configure_logging(json=log_json)
     try:
@@ -398,7 +476,7 @@ def verifier_agent(
         # One line naming the field, never a value (the wallet key, the model's key).
         typer.echo(f"configuration error: {safe_message(exc)}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(run_verifier_agent(settings, model_settings))
+    run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 
 @dataclass

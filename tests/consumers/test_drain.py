@@ -1,0 +1,133 @@
+"""A consumer process stopped by SIGTERM in the middle of a batch drains, and the restart accuses no one.
+
+Observation 1 of the operations issue: `escrowd consume verification run` died of SIGTERM at
+once, leaving its in-flight mark; the next run took the mark for a message that had killed
+the process and dead-lettered an innocent event. Now SIGTERM finishes (or hands back) the
+batch, clears the mark, commits, leaves the group and logs one stop line; the restart
+handles every message exactly once and dead-letters none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from escrowd.devnet import anvil_key
+from indexer.decode import DecodedLog
+from indexer.store import event_message
+from runtime.db import connect
+from runtime.kafka import TopicSpec, encode_headers, ensure_topics
+from schemas.events import event_id
+from tests.support.indexer_harness import wait_for
+from tests.support.processes import consumer_process
+
+ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+MESSAGES = 1200
+
+
+def _task_created(topic: str, task: int) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
+    block_hash = "0x" + f"{task:064x}"
+    event = DecodedLog(
+        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=ESCROW, block_number=task,
+        block_hash=block_hash, block_timestamp=int(time.time()), tx_hash=block_hash, tx_index=0, log_index=0,
+        event="TaskCreated", task_id=task, args={
+            "taskId": task, "poster": ESCROW, "verifier": "0x" + "0" * 40, "token": "0x" + "0" * 40,
+            "reward": 10**7, "deadline": int(time.time()) + 86_400, "taskHash": "0x" + "11" * 32, "status": 0,
+        },
+    )  # fmt: skip
+    message = event_message(event, topic)
+    return message.message_id, message.key or b"", message.payload, encode_headers(message.headers)
+
+
+@pytest.mark.parametrize("service", ["verification", "lifecycle", "reputation", "panels"])
+async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_letters_nothing(
+    service: str, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    names = {"events_topic": f"{topic_prefix}events", "dead_letter_topic": f"{topic_prefix}dlq"}
+    argv = ["consume", service]
+    extra: dict[str, str] = {}
+    group = {"lifecycle": "escrowd-lifecycle", "reputation": "escrowd-reputation", "panels": "escrowd-panels"}.get(service, "")
+    if service == "verification":
+        argv, group = ["consume", "verification", "run"], f"{topic_prefix}verification"
+        names |= {"verification_requests_topic": f"{topic_prefix}requests", "verdicts_topic": f"{topic_prefix}verdicts"}
+        extra = {"ESCROWD_VERIFICATION_SIGNING_KEY": anvil_key(9)[1], "ESCROWD_VERIFICATION_GROUP": group}
+    elif service in ("lifecycle", "reputation"):
+        names |= {"tasks_topic": f"{topic_prefix}tasks", "timers_topic": f"{topic_prefix}timers",
+                  "reputation_topic": f"{topic_prefix}reputation"}  # fmt: skip
+    else:
+        secret = tmp_path / "panel-secret"
+        secret.write_bytes(b"s" * 32)
+        extra = {"ESCROWD_PANEL_SECRET_FILE": str(secret), "ESCROWD_PANEL_SIGNING_KEY": anvil_key(8)[1]}
+    await ensure_topics(
+        kafka_bootstrap,
+        [TopicSpec(names["events_topic"], 4)] + [TopicSpec(t, 1) for k, t in names.items() if k != "events_topic"],
+    )
+    env = {
+        "ESCROWD_DATABASE_URL": database_url,
+        "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        **extra,
+        **{f"ESCROWD_{k.upper()}": v for k, v in names.items()},
+    }
+    conn = await connect(database_url)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20)
+    await producer.start()
+    log = Path(tempfile.mkdtemp()) / f"{service}.log"
+    try:
+        ids = []
+        sends = []
+        for task in range(1, MESSAGES + 1):
+            message_id, key, payload, headers = _task_created(names["events_topic"], task)
+            ids.append(message_id)
+            sends.append(await producer.send(names["events_topic"], payload, key=key, partition=task % 4, headers=headers))
+        await asyncio.gather(*sends)
+
+        async def handled() -> int:
+            return int(await conn.fetchval("SELECT count(*) FROM consumer_inbox WHERE consumer = $1", group))
+
+        async def in_a_batch() -> bool:
+            # The newest mark of the running process names a message: a handler is running.
+            row = await conn.fetchrow(
+                'SELECT "offset" FROM consumer_in_flight WHERE consumer = $1 ORDER BY seq DESC LIMIT 1', group
+            )
+            return row is not None and row["offset"] is not None and 0 < await handled() < MESSAGES
+
+        with consumer_process(argv, env, log) as process:
+            await wait_for(in_a_batch, timeout=180, interval=0.005, what="the consumer in the middle of a batch")
+            process.process.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(process.process.wait, 120)
+            output = log.read_text()
+            assert code == 0, output[-3000:]
+            assert '"consumer_stopped"' in output and '"service_stopped"' in output, output[-3000:]
+            assert "Traceback" not in output
+        first_run = await handled()
+        assert 0 < first_run < MESSAGES  # stopped in the middle of the work
+        left = await conn.fetchval(
+            'SELECT count(*) FROM consumer_in_flight WHERE consumer = $1 AND "offset" IS NOT NULL', group
+        )
+        assert left == 0  # the mark was cleared: no message stands accused
+
+        with consumer_process(argv, env, log) as process:
+            await wait_for(lambda: _equals(handled(), MESSAGES), timeout=240, interval=0.2, what="every message handled")
+            assert process.alive(), log.read_text()[-3000:]
+            process.process.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(process.process.wait, 120) == 0
+        assert await conn.fetchval("SELECT count(*) FROM dead_letters WHERE consumer = $1", group) == 0
+        inbox = {r["message_id"] for r in await conn.fetch("SELECT message_id FROM consumer_inbox WHERE consumer = $1", group)}
+        assert inbox == set(ids)  # nothing lost (and the inbox key makes twice impossible)
+        assert "consumer_found_poison_marks" not in log.read_text()
+        assert len(re.findall(r'"service_stopped"', log.read_text())) == 2
+    finally:
+        await producer.stop()
+        await conn.close()
+
+
+async def _equals(count: object, expected: int) -> bool:
+    assert asyncio.iscoroutine(count)
+    return bool(await count == expected)

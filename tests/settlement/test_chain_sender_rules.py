@@ -1,0 +1,52 @@
+"""Pure parts of the chain sender: when a pending transaction is due (`chain.stuck.is_due`),
+receipts checked as hostile input (`chain.receipts`), depth below the head."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chain.fees import Fees
+from chain.receipts import BadReply, Receipt, depth
+from chain.stuck import is_due
+
+fees = st.builds(lambda cap, tip: Fees(cap + tip, tip), st.integers(0, 10**12), st.integers(0, 10**10))
+
+
+@given(st.booleans(), st.booleans(), fees, st.integers(0, 10**13), st.floats(0, 100), st.booleans(),
+       st.floats(0.01, 100))
+def test_due_exactly_when_one_reason_holds(broadcast: bool, needs_bump: bool, f: Fees, base_fee: int,
+                                           waited: float, stalled: bool, replace_after: float) -> None:
+    due = is_due(broadcast=broadcast, needs_bump=needs_bump, fees=f, base_fee=base_fee, waited=waited,
+                 stalled=stalled, replace_after=replace_after)
+    reasons = [not broadcast, needs_bump, f.max_fee_per_gas < base_fee, stalled and waited >= replace_after]
+    assert due == any(reasons)
+
+
+def test_a_healthy_transaction_is_left_alone() -> None:
+    assert not is_due(broadcast=True, needs_bump=False, fees=Fees(10, 1), base_fee=10, waited=29.0,
+                      stalled=True, replace_after=30.0)
+    # Waiting long is not enough while the account makes progress (others of ours are mined).
+    assert not is_due(broadcast=True, needs_bump=False, fees=Fees(10, 1), base_fee=5, waited=3_600.0,
+                      stalled=False, replace_after=30.0)
+
+
+H = "0x" + "ab" * 32
+
+
+def test_receipts_are_checked() -> None:
+    good = {"transactionHash": H, "blockNumber": "0x10", "blockHash": "0x" + "cd" * 32, "status": "0x1"}
+    assert Receipt.parse(good, H) == Receipt(16, "0x" + "cd" * 32, False)
+    assert Receipt.parse({**good, "status": "0x0"}, H.upper().replace("0X", "0x")) == Receipt(16, "0x" + "cd" * 32, True)
+    assert Receipt.parse({**good, "blockNumber": None}, H) is None  # pending
+    for bad in ({**good, "transactionHash": "0x" + "ef" * 32}, {**good, "status": "0x2"},
+                {**good, "blockNumber": "16"}, {**good, "blockHash": "0x12"}, [good], "receipt"):
+        with pytest.raises(BadReply):
+            Receipt.parse(bad, H)
+
+
+@given(st.integers(0, 10**9), st.integers(0, 10**9))
+def test_depth_counts_the_block_itself(head: int, block: int) -> None:
+    d = depth(head, block)
+    assert d >= 1 and (d == head - block + 1 if head >= block else d == 1)

@@ -84,6 +84,9 @@ SENDER_PART = "ruling-sender"
 MINED = ("confirmed", "reverted", "already_resolved")
 """Statuses a receipt gave the ruling: watched until `finality_depth` deep, then final."""
 
+MALFORMED_REPLY = "malformed reply"
+"""How the JSON-RPC client (`chain.rpc`) begins the error of a reply it refused for its shape."""
+
 MAX_NONCE_JUMP = 1_024
 """How far the arbiter's pending count may run ahead of what we know before nothing is signed."""
 
@@ -554,7 +557,12 @@ class RulingSender:
                 log.warning("ruling_bad_reply", error=str(exc))
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
-                log.warning("ruling_step_failed", error_type=type(exc).__name__)
+                if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
+                    # The JSON-RPC client refused the reply's shape: the node lies, as above.
+                    RULINGS.labels("bad_reply").inc()
+                    log.warning("ruling_bad_reply", error=str(exc)[:200])
+                else:
+                    log.warning("ruling_step_failed", error_type=type(exc).__name__)
             except Exception as exc:  # the sending task must outlive any one pass
                 # Anything else (a database refusal, a bug) failed this pass only: the sender
                 # stays not ready (alerting) and tries again, rather than dying silently while

@@ -216,8 +216,14 @@ async def test_a_reorg_under_a_confirmed_batch_resends_it(
         assert await _batch_nonces(database_url), "the verdicts went out packed"
         first_block = await fetchval(database_url, "SELECT min(block_number) FROM settlement_verdicts")
         depth = (await on_chain(devnet.block_number)) - first_block + 1
-        await on_chain(devnet.reorg, depth)  # every verdict transaction is gone
-        assert not any([await on_chain(devnet.is_judged, i.task_id, 1) for i in items])
+        # Mining paused around the reorg: the relayer resends at once, and with automine its
+        # resend could land between the reorg and the look below (it did, under load).
+        await on_chain(devnet.rpc, "evm_setAutomine", False)
+        try:
+            await on_chain(devnet.reorg, depth)  # every verdict transaction is gone
+            assert not any([await on_chain(devnet.is_judged, i.task_id, 1) for i in items])
+        finally:
+            await on_chain(devnet.rpc, "evm_setAutomine", True)
 
         async def resent() -> bool:
             run.check_alive()

@@ -6,8 +6,8 @@ tear down), p50 and max over N runs, the host CPU it cost (this process's childr
 the harness, the worker), and the CPU measured for the submission itself. Variants:
 
 * `baseline`: `verification/sandbox.py` and `sandbox_harness.py` as of `--baseline`
-  (default `main`), loaded from git into a temporary package: one stage per run, the
-  harness polling `/proc` as a plain child;
+  (default `BASELINE`, the last main before issue 25), loaded from git into a temporary
+  package: one stage per run, the harness polling `/proc` as a plain child;
 * `pidns`: this tree, the harness as the namespace's init, accounting by its poll;
 * `cgroup`: this tree with one cgroup v2 per run (left out where the host offers none).
 
@@ -45,6 +45,8 @@ from verification.verifiers import default_registry
 SOLUTION = "def solve(a, b):\n    return a + b\n"
 CASES = [[1, 2], [2, 3]]
 REPO = Path(__file__).resolve().parents[1]
+BASELINE = "9b06deb"
+"""The last main before issue 25's sandbox work (the harness a plain child, one stage per run)."""
 
 
 def load_baseline(rev: str, where: Path) -> ModuleType:
@@ -185,7 +187,11 @@ def main() -> None:
     """Parse arguments, measure, print the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--baseline", default="main", help="git revision of the baseline sandbox")
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help="git revision of the baseline sandbox (default: before issue 25)",
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(measure(args.runs, args.baseline))))
 

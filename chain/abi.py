@@ -187,16 +187,16 @@ class EventCodec:
                 if len(topic) != 66:
                     raise ValueError("a topic is not 32 bytes")
                 args[name] = convert(topic[2:])
-            if self.words is not None:
-                body = data[2:]
-                if len(body) < 64 * len(self.words):
-                    raise AbiDecodeError(
-                        f"{self.name}: data is {len(body) // 2} bytes, expected {32 * len(self.words)}"
-                    )
-                for i, (name, word) in enumerate(self.words):
-                    args[name] = word(body[64 * i : 64 * i + 64])
+            words = self.words
+            if words is not None:
+                if len(data) < 2 + 64 * len(words):
+                    raise AbiDecodeError(f"{self.name}: data is {len(data) // 2 - 1} bytes, expected {32 * len(words)}")
+                offset = 2
+                for name, word in words:
+                    args[name] = word(data[offset : offset + 64])
+                    offset += 64
             elif self.data_types:
-                values = abi_decode(list(self.data_types), bytes.fromhex(data[2:]))
+                values = abi_decode(self.data_types, bytes.fromhex(data[2:]))
                 for name, converter, value in zip(self.data_names, self.data_converters, values, strict=True):
                     args[name] = converter(value) if converter is not None else value
         except AbiDecodeError:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -292,45 +293,50 @@ def header_reply(value: Any) -> dict[str, Any] | None:
     return value
 
 
-_LOG_QUANTITIES = ("blockNumber", "logIndex", "transactionIndex")
+def _quantity_text(value: Any) -> bool:
+    return type(value) is str and 3 <= len(value) <= 18 and value[:2] == "0x"
 
 
 def logs_reply(value: Any) -> list[dict[str, Any]]:
     """An `eth_getLogs` result: a list of logs whose fields have the types and sizes the
-    decoder and the store rely on (hex digits are checked where they are decoded)."""
-    if not isinstance(value, list):
+    decoder and the store rely on. Hex digits are checked where they are decoded (a log
+    that does not decode is reported by the indexer, never stored). On the hot path of the
+    backfill, hence `type(...) is` rather than isinstance."""
+    if type(value) is not list:
         raise _bad("logs are not a list")
     for entry in value:
-        if not isinstance(entry, dict):
+        if type(entry) is not dict:
             raise _bad("log is not an object")
-        for field in _LOG_QUANTITIES:
-            raw = entry.get(field)
-            if not isinstance(raw, str) or not raw.startswith("0x") or not 3 <= len(raw) <= 18:
-                raise _bad(f"log {field}")
-            try:
-                int(raw, 16)
-            except ValueError:
-                raise _bad(f"log {field}") from None
-        for field in ("blockHash", "transactionHash"):
-            raw = entry.get(field)
-            if not isinstance(raw, str) or len(raw) != 66:
-                raise _bad(f"log {field}")
-        address = entry.get("address")
-        if not isinstance(address, str) or len(address) != 42:
-            raise _bad("log address")
-        topics = entry.get("topics")
-        if not isinstance(topics, list) or len(topics) > 4:
+        get = entry.get
+        if not (
+            _quantity_text(get("blockNumber"))
+            and _quantity_text(get("logIndex"))
+            and _quantity_text(get("transactionIndex"))
+        ):
+            raise _bad("log quantities")
+        block_hash, tx_hash, address, data = get("blockHash"), get("transactionHash"), get("address"), get("data")
+        if not (
+            type(block_hash) is str
+            and len(block_hash) == 66
+            and type(tx_hash) is str
+            and len(tx_hash) == 66
+            and type(address) is str
+            and len(address) == 42
+            and type(data) is str
+            and data[:2] == "0x"
+            and not len(data) % 2
+        ):
+            raise _bad("log hashes, address or data")
+        topics = get("topics")
+        if type(topics) is not list or len(topics) > 4:
             raise _bad("log topics")
         for topic in topics:
-            if not isinstance(topic, str) or len(topic) != 66:
+            if type(topic) is not str or len(topic) != 66:
                 raise _bad("log topic")
-        data = entry.get("data")
-        if not isinstance(data, str) or not data.startswith("0x") or len(data) % 2:
-            raise _bad("log data")
-        stamp = entry.get("blockTimestamp")
-        if stamp is not None and (not isinstance(stamp, str) or not 3 <= len(stamp) <= 18):
+        stamp = get("blockTimestamp")
+        if stamp is not None and not _quantity_text(stamp):
             raise _bad("log blockTimestamp")
-        if not isinstance(entry.get("removed", False), bool):
+        if type(get("removed", False)) is not bool:
             raise _bad("log removed")
     return value
 
@@ -508,7 +514,10 @@ class RpcClient:
 
     async def _exchange(self, body: Any, label: str, parse: Parse, *, logs: bool = False) -> Any:
         """POST `body` and `parse` the reply, retrying transient failures across URLs."""
-        encoded = orjson.dumps(body)
+        try:
+            encoded = orjson.dumps(body)
+        except TypeError:  # an integer beyond 64 bits in the params: the standard encoder is exact
+            encoded = json.dumps(body, separators=(",", ":")).encode()
         for attempt in range(self._attempts):
             endpoint = self._pick(attempt)
             started = time.perf_counter()
@@ -516,9 +525,11 @@ class RpcClient:
                 result = parse(await self._post(endpoint, encoded, label, logs))
             except RpcError as exc:
                 self._count(endpoint, label, exc)
-                if not exc.retryable or attempt + 1 == self._attempts:
+                if not exc.retryable:
                     raise
                 endpoint.record_failure()
+                if attempt + 1 == self._attempts:
+                    raise
                 if len(self.endpoints) > 1:
                     self._preferred = (self._preferred + 1) % len(self.endpoints)
                 log.warning("rpc_retry", endpoint=endpoint.name, method=label, error=str(exc), attempt=attempt)
@@ -559,7 +570,8 @@ class RpcClient:
         return body, ids, label
 
     @staticmethod
-    def _by_id(reply: Any, ids: list[int]) -> dict[int, dict[str, Any]]:
+    def _answers(reply: Any, ids: list[int], calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Each call's result or its `RpcError`, matched by id (a malformed batch raises)."""
         if not isinstance(reply, list):
             if isinstance(reply, dict) and "error" in reply:
                 raise node_error("batch", reply["error"])  # some nodes refuse a whole batch at once
@@ -573,7 +585,18 @@ class RpcClient:
                     if key in by_id:
                         raise _bad("batch reply answers one request twice")
                     by_id[key] = item
-        return by_id
+        out: list[Any] = []
+        for i, (method, _) in zip(ids, calls, strict=True):
+            item = by_id.get(i)
+            if item is None:
+                out.append(_bad(f"{method}: missing from the batch reply"))
+            elif "error" in item:
+                out.append(node_error(method, item["error"]))
+            elif "result" not in item:
+                out.append(_bad(f"{method}: neither result nor error"))
+            else:
+                out.append(item["result"])
+        return out
 
     async def batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Many requests in one round trip; each result is a value or an `RpcError` instance.
@@ -583,23 +606,7 @@ class RpcClient:
             return []
         body, ids, label = self._batch_body(calls)
         logs = any(m == "eth_getLogs" for m, _ in calls)
-
-        def parse(reply: Any) -> list[Any]:
-            by_id = self._by_id(reply, ids)
-            out: list[Any] = []
-            for i, (method, _) in zip(ids, calls, strict=True):
-                item = by_id.get(i)
-                if item is None:
-                    out.append(RpcTransportError(f"{method}: missing from the batch reply"))
-                elif "error" in item:
-                    out.append(node_error(method, item["error"]))
-                elif "result" not in item:
-                    out.append(_bad(f"{method}: neither result nor error"))
-                else:
-                    out.append(item["result"])
-            return out
-
-        result: list[Any] = await self._exchange(body, label, parse, logs=logs)
+        result: list[Any] = await self._exchange(body, label, lambda reply: self._answers(reply, ids, calls), logs=logs)
         return result
 
     async def batch_strict(
@@ -615,17 +622,10 @@ class RpcClient:
         logs = any(m == "eth_getLogs" for m, _ in calls)
 
         def parse(reply: Any) -> list[Any]:
-            by_id = self._by_id(reply, ids)
-            results: list[Any] = []
-            for i, (method, _) in zip(ids, calls, strict=True):
-                item = by_id.get(i)
-                if item is None:
-                    raise _bad(f"{method}: missing from the batch reply")
-                if "error" in item:
-                    raise node_error(method, item["error"])
-                if "result" not in item:
-                    raise _bad(f"{method}: neither result nor error")
-                results.append(item["result"])
+            results = self._answers(reply, ids, calls)
+            for result in results:
+                if isinstance(result, RpcError):
+                    raise result
             return check(results) if check is not None else results
 
         result: list[Any] = await self._exchange(body, label, parse, logs=logs)

@@ -326,14 +326,23 @@ class TrafficGenerator:
         plan.passed_rounds, plan.final_status = 1, 4
 
     async def _phase1_panel_dispute(self, plan: TaskPlan) -> None:
-        # Disputed, then left to the panel: drawn verifiers attest, the panel service signs the
-        # ruling and the relayer sends resolveDispute from the arbiter key.
-        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
-        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
-        evidence = text_hash(f"panel dispute {task}")
-        await self._accept_and_submit(plan, evidence)
-        await self._chain(self.dn.complete_verification, task, 1, evidence, False, 10, sender=verifier)
-        _, agent = self._actors(plan)
+        # A manual review the agent disputes, then left to the panel: registered terms with a
+        # public brief, a delivered result, the poster's rejection; the drawn verifiers check
+        # all three against the chain before they attest, the panel service signs the ruling
+        # and the relayer sends resolveDispute from the arbiter key.
+        from schemas.task_terms import keccak_hex
+
+        assert self.offchain is not None
+        poster, agent = self._actors(plan)
+        brief = f"Report {plan.index}: summarise the escrow flow end to end."
+        terms = {"verificationMode": "manual", "instructionsDigest": keccak_hex(brief.encode("utf-8"))}
+        task_hash = await self.offchain.register_terms(poster.private_key, terms)
+        await self.offchain.put_brief(poster.private_key, task_hash, brief)
+        task = await self._post(plan, duration=LONG_DEADLINE, task_hash=task_hash)
+        result = self._bad_result(plan, 1)
+        await self._deliver(plan, result)
+        await self._review_when_indexed(plan, poster.private_key, 1, result, False, ["Not what the brief asked."])
+        await self._wait_status(plan, 3)
         await self._chain(self.dn.raise_dispute, task, sender=agent)
         await self._wait_status(plan, 9, within=300)
         plan.failed_rounds, plan.final_status = 1, 9

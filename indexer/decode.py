@@ -53,37 +53,32 @@ class EscrowLogDecoder:
             return None
         try:
             args = decoder.decode(topics, log["data"])
+            block_hash: str = log["blockHash"]
+            log_index = int(log["logIndex"], 16)
+            timestamp = block_timestamp
+            if timestamp is None:
+                stamp = log.get("blockTimestamp")
+                if stamp is None:
+                    raise DecodeError("log has no blockTimestamp and none was given")
+                timestamp = int(stamp, 16)
+            task_id = args.get("taskId")
+            return DecodedLog(
+                id=event_id(chain_id, block_hash, log_index),
+                chain_id=chain_id,
+                escrow_address=to_checksum_address(log["address"]),
+                block_number=int(log["blockNumber"], 16),
+                block_hash=block_hash,
+                block_timestamp=timestamp,
+                tx_hash=log["transactionHash"],
+                tx_index=int(log["transactionIndex"], 16),
+                log_index=log_index,
+                event=decoder.name,
+                task_id=task_id if isinstance(task_id, int) else None,
+                args=args,
+            )
+        except DecodeError:
+            raise
         except AbiDecodeError as exc:
             raise DecodeError(str(exc)) from None
-        try:
-            return self._coordinates(chain_id, log, block_timestamp, decoder.name, args)
         except ValueError as exc:  # a malformed address or quantity: hostile input
             raise DecodeError(f"{decoder.name}: {exc}") from None
-
-    @staticmethod
-    def _coordinates(
-        chain_id: int, log: Mapping[str, Any], block_timestamp: int | None, name: str, args: dict[str, Any]
-    ) -> DecodedLog:
-        block_hash: str = log["blockHash"]
-        log_index = int(log["logIndex"], 16)
-        timestamp = block_timestamp
-        if timestamp is None:
-            stamp = log.get("blockTimestamp")
-            if stamp is None:
-                raise DecodeError("log has no blockTimestamp and none was given")
-            timestamp = int(stamp, 16)
-        task_id = args.get("taskId")
-        return DecodedLog(
-            id=event_id(chain_id, block_hash, log_index),
-            chain_id=chain_id,
-            escrow_address=to_checksum_address(log["address"]),
-            block_number=int(log["blockNumber"], 16),
-            block_hash=block_hash,
-            block_timestamp=timestamp,
-            tx_hash=log["transactionHash"],
-            tx_index=int(log["transactionIndex"], 16),
-            log_index=log_index,
-            event=name,
-            task_id=task_id if isinstance(task_id, int) else None,
-            args=args,
-        )

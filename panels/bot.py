@@ -41,11 +41,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 import typer
+from eth_abi.exceptions import DecodingError
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
-from chain.txs import selector
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
@@ -84,22 +85,6 @@ def require_https(url: str, field: str) -> str:
     if parts.scheme == "http" and loopback:
         return url
     raise ValueError(f"{field} must be https:// (plain http only on a loopback address)")
-
-
-TASK_WORDS = 13
-"""`getTask` returns the static `Task` struct: 13 words (docs/contract.md)."""
-
-
-def decode_task(data: bytes) -> tuple[int, str, str]:
-    """(attempts, taskHash, lastEvidenceHash) from `getTask`'s return data; Refused when it
-    is not a 13-word `Task`."""
-    if len(data) != TASK_WORDS * 32:
-        raise Refused(f"getTask returned {len(data)} bytes, not a Task")
-    word = [data[i * 32:(i + 1) * 32] for i in range(TASK_WORDS)]
-    attempts = int.from_bytes(word[3], "big")
-    if attempts > 255:
-        raise Refused("getTask returned an attempt count above uint8")
-    return attempts, "0x" + word[11].hex(), "0x" + word[12].hex()
 
 
 def check_shown(assignment: dict[str, Any], attempts: int, task_hash: str, evidence_hash: str) -> tuple[int, str]:
@@ -293,15 +278,18 @@ class VerifierBot:
             task_id = assignment.get("task_id")
             if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 < task_id < 2**256:
                 raise Refused("the assignment names no task id")
-            data = await self.rpc.eth_call(str(assignment["escrow"]), selector("getTask") + task_id.to_bytes(32, "big"))
+            data = await self.rpc.eth_call(str(assignment["escrow"]), get_task_data(task_id))
         except Reverted:
             raise Refused("the escrow does not know this task") from None
         except RpcError as exc:
             raise ChainUnavailable(type(exc).__name__) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ChainUnavailable(type(exc).__name__) from None
-        attempts, task_hash, evidence_hash = decode_task(data)
-        return check_shown(assignment, attempts, task_hash, evidence_hash)
+        try:
+            task = decode_task(data)
+        except (ValueError, DecodingError) as exc:  # a node answering junk is not a task
+            raise Refused(f"getTask returned no Task ({type(exc).__name__})") from None
+        return check_shown(assignment, task.attempts, task.task_hash, task.last_evidence_hash)
 
     async def _deployment(self) -> Deployment:
         """The API's own deployment (the domain its panel routes verify signatures for)."""

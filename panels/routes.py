@@ -19,10 +19,12 @@ from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict
 
 from panels.rules import OPERATOR_COOLDOWN_SECONDS
-from panels.service import output_schema
+from panels.service import escrow_spellings, output_schema
 from runtime.web.auth import authenticate
 from runtime.web.errors import ApiProblem
+from schemas import jsonbounds
 from schemas import panels as msg
+from schemas.task_terms import result_hash
 from schemas.verdict import InvalidSignature
 
 router = APIRouter(tags=["panels"])
@@ -117,19 +119,26 @@ async def my_assignments(request: Request) -> list[Assignment]:
         )
         out = []
         for r in rows:
-            terms = await conn.fetchval("SELECT terms FROM task_terms WHERE task_hash = $1", r["task_hash"])
+            stored = await conn.fetchrow("SELECT terms, canonical FROM task_terms WHERE task_hash = $1", r["task_hash"])
+            # The canonical text as registered (what taskHash commits to), not the jsonb copy,
+            # so a verifier can hash exactly what it is shown.
+            terms = None if stored is None else jsonbounds.loads(stored["canonical"], max_bytes=None)
             # A public brief is shown as stored; the verifier checks it against the terms'
             # instructionsDigest itself. A private brief is not wrapped to panel seats.
             brief = await conn.fetchval(
                 "SELECT brief FROM task_briefs WHERE task_hash = $1 AND NOT private", r["task_hash"]
             )
-            finalize = await conn.fetchrow(
+            # The delivery of the judged attempt: the newest finalize whose result hashes to the
+            # round's evidence hash (the bot checks it again against the chain).
+            finalized = await conn.fetch(
                 "SELECT payload, created_at, updated_at FROM verification_requests WHERE kind = 'finalize'"
-                " AND chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4"
-                " AND state IN ('applied', 'stored') ORDER BY created_at DESC LIMIT 1",
-                r["chain_id"], r["escrow"], r["task_id"], r["attempt"],
+                " AND chain_id = $1 AND escrow_address = ANY($2::text[]) AND task_id = $3 AND attempt = $4"
+                " AND state <> 'rejected' ORDER BY created_at DESC LIMIT 5",
+                r["chain_id"], escrow_spellings(r["escrow"]), r["task_id"], r["attempt"],
             )
-            output = finalize["payload"].get("result") if finalize is not None else None
+            finalize = next((f for f in finalized if isinstance(f["payload"], dict) and "result" in f["payload"]
+                             and result_hash(f["payload"]["result"]) == r["evidence_hash"]), None)
+            output = finalize["payload"]["result"] if finalize is not None else None
             report: dict[str, Any] = {"attempt": r["attempt"]}
             if finalize is not None:
                 report["finalized_at"] = finalize["created_at"].astimezone(UTC).isoformat()

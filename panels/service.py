@@ -7,8 +7,9 @@ idle hook (`close_due_rounds`), inside one transaction per call; open rounds are
 `FOR UPDATE SKIP LOCKED`, so several members never close the same round twice. The rules
 are `panels.rules`; docs/panels.md states them.
 
-Not handled here (yet): sampling manual reviews (the rules exist: `sample_review`), sending
-the ruling on chain (rulings wait in `panel_rulings` and on `escrow.panel-rulings.v1`).
+Sampled manual reviews open rounds of their own (`maybe_sample_review`). The ruling is sent
+on chain by `escrowd relay rulings` (`relayer/settlement/rulings.py`), not here: rulings wait
+in `panel_rulings` and on `escrow.panel-rulings.v1`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from schemas.topics import (
     PANEL_ROUNDS,
     PANEL_RULINGS,
 )
+from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)
 
@@ -98,6 +100,12 @@ def round_id(chain_id: int, escrow: str, task_id: int, reason: str, round_no: in
 def task_key(chain_id: int, escrow: str, task_id: int) -> str:
     """The draw's task key `CHAIN:ESCROW:TASK` (escrow lower case)."""
     return f"{chain_id}:{escrow.lower()}:{task_id}"
+
+
+def escrow_spellings(escrow: str) -> list[str]:
+    """The escrow as the verification tables may hold it: EIP-55 (how the API and the
+    verification consumer write it) and lower case (how this service does)."""
+    return [checksum_address(escrow), escrow.lower()]
 
 
 def output_schema(terms: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -398,9 +406,9 @@ async def _schema_ok(conn: asyncpg.Connection, task: asyncpg.Record) -> tuple[bo
         return True, []
     payload = await conn.fetchval(
         "SELECT payload FROM verification_requests WHERE kind = 'finalize' AND chain_id = $1"
-        " AND escrow_address = $2 AND task_id = $3 AND attempt = $4 AND state IN ('applied', 'stored')"
+        " AND escrow_address = ANY($2::text[]) AND task_id = $3 AND attempt = $4 AND state IN ('applied', 'stored')"
         " ORDER BY created_at DESC LIMIT 1",
-        task["chain_id"], task["escrow"], task["task_id"], task["attempt"],
+        task["chain_id"], escrow_spellings(task["escrow"]), task["task_id"], task["attempt"],
     )
     if not isinstance(payload, dict) or "result" not in payload:
         return False, ["$: no delivered output"]

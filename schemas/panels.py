@@ -288,10 +288,8 @@ class FeeLedgerEntry(BaseModel):
 # ---------------------------------------------------------------------------- EIP-712
 
 
-@functools.lru_cache(maxsize=1024)
-def panel_domain(chain_id: int, escrow: str) -> eip712.Domain:
-    """The domain of panel signatures: bound to the chain and the escrow (cached)."""
-    return eip712.Domain(PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION, chain_id, escrow)
+panel_domain = functools.partial(eip712.domain, PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION)
+"""The domain of panel signatures: `panel_domain(chain_id, escrow)` (cached)."""
 
 
 def attestation_message(a: Attestation) -> dict[str, Any]:

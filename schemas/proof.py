@@ -92,10 +92,8 @@ class SignedProof(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-@functools.lru_cache(maxsize=1024)
-def proof_domain(chain_id: int, escrow: str) -> eip712.Domain:
-    """The domain of proofs for one chain and escrow (cached)."""
-    return eip712.Domain(DOMAIN_NAME, DOMAIN_VERSION, chain_id, escrow)
+proof_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
+"""The domain of proofs: `proof_domain(chain_id, escrow)` (cached)."""
 
 
 def proof_message(proof: Proof) -> dict[str, Any]:

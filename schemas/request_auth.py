@@ -63,12 +63,12 @@ class Deployment:
 
 def request_domain(deployment: Deployment) -> eip712.Domain:
     """The EIP-712 domain of requests to `deployment`."""
-    return eip712.Domain(REQUEST_DOMAIN_NAME, REQUEST_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
+    return eip712.domain(REQUEST_DOMAIN_NAME, REQUEST_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
 
 
 def service_domain(deployment: Deployment) -> eip712.Domain:
     """The EIP-712 domain of the API service key's proofs for `deployment`."""
-    return eip712.Domain(SERVICE_DOMAIN_NAME, SERVICE_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
+    return eip712.domain(SERVICE_DOMAIN_NAME, SERVICE_DOMAIN_VERSION, deployment.chain_id, deployment.escrow)
 
 
 def request_message(method: str, path: str, body: bytes, signer: str, nonce: str, expires_at: int) -> dict[str, Any]:

@@ -114,10 +114,8 @@ class SignedVerdict(BaseModel):
         return checksum_address(value)
 
 
-@functools.lru_cache(maxsize=1024)
-def verdict_domain(chain_id: int, escrow: str) -> eip712.Domain:
-    """The EIP-712 domain of verdicts for one chain and escrow (cached)."""
-    return eip712.Domain(DOMAIN_NAME, DOMAIN_VERSION, chain_id, escrow)
+verdict_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
+"""The EIP-712 domain of verdicts: `verdict_domain(chain_id, escrow)` (cached)."""
 
 
 def verdict_message(verdict: Verdict) -> dict[str, Any]:

@@ -929,7 +929,8 @@ async def _communicate(
         first = await reader.readline()
         report += first
         if account is not None and first.startswith(b'{"event": "started"'):
-            account.adopt()
+            # A thread: moving processes between cgroups waits for an RCU grace period.
+            await asyncio.to_thread(account.adopt)
             watcher = asyncio.create_task(watch(account))
         await send(job)
         while len(report) <= _MAX_REPORT_BYTES:
@@ -1027,6 +1028,13 @@ def interpret(
     }
     final = events[-1] if events[-1].get("event") == "exit" else None
     if final is None:
+        if account is not None and account.stopped:
+            # The harness did not stop the run when told to; the cgroup was killed.
+            cpu_ms = account.code_cpu_ms(0)
+            return SandboxRun(
+                "time_limit", (), f"CPU time {cpu_ms} ms exceeds {limits['time_limit_ms']} ms",
+                cpu_ms, 0.0, wall_ms, recorded, 0, "cgroup",
+            )  # fmt: skip
         if returncode is None or 0 <= returncode <= 128:
             raise SandboxUnavailable("the sandbox stopped before reporting how the run ended")
         signo = -returncode if returncode < 0 else returncode - 128

@@ -434,7 +434,9 @@ def _relay(run: Run, raw: bytes | bytearray) -> bool:
     """Pass one of the worker's lines on (only the kinds it may send); True at a stage's end."""
     try:
         item = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError, MemoryError):
+        # The worker's pipe is the code's to write: deep or huge lines are dropped, never
+        # allowed to stop this process (that would look like our own failure).
         return False
     if not isinstance(item, dict):
         return False

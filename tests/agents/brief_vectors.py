@@ -63,7 +63,7 @@ def build_vectors() -> dict[str, Any]:
         "format": briefs.VERSION,
         "description": "Private briefs, format 2: key-committing content and wrapped keys bound to chain, "
         "escrow, task hash and recipient. Formats in verification/agents/briefs.py and docs/agents.md. "
-        "Every hex field is lower-case without 0x unless it is an address or a hash.",
+        "Every hex field is lower-case, without 0x unless it is an address, a hash or a public key.",
         "content": content,
         "wrappedKeys": wrapped,
     }

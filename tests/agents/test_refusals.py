@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+import pytest
 from eth_utils.crypto import keccak
 
 from runtime.db import connect
@@ -172,6 +174,10 @@ async def test_a_junk_wrapped_key_is_refused_on_upload_and_at_listing(
     conn = await connect(database_url)
     try:  # a key stored by an earlier version, which checked only its length
         await conn.execute("INSERT INTO brief_keys (task_hash, recipient, wrapped) VALUES ($1, $2, $3)", digest, who["verifier"].address.lower(), JUNK_KEY)
+        with pytest.raises(asyncpg.CheckViolationError):  # 180_brief_format.sql: not even that length
+            await conn.execute("INSERT INTO brief_keys (task_hash, recipient, wrapped) VALUES ($1, $2, 'AAAA')", digest, who["agent"].address.lower())
+        with pytest.raises(asyncpg.CheckViolationError):  # nor a format-1 ciphertext
+            await conn.execute("INSERT INTO task_briefs (task_hash, private, ciphertext) VALUES ($1, true, $2)", "0x" + "99" * 32, old_format)
     finally:
         await conn.close()
     refused = await api.call("POST", listing_path(), as_=who["poster"])

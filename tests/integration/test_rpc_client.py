@@ -4,6 +4,7 @@ hostile node (a local HTTP server answering what no honest node would)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ class HostileNode:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
-        reply = self.answer(orjson.loads(await request.read()))
+        reply = self.answer(json.loads(await request.read()))  # exact integers, unlike orjson
         if isinstance(reply, web.StreamResponse):
             return reply
         if callable(reply):
@@ -255,3 +256,20 @@ async def test_many_concurrent_calls_share_the_pool(devnet: Devnet, client: EthR
     """Hundreds of concurrent calls each get their own answer (ids never cross)."""
     numbers = await asyncio.gather(*(client.call("eth_getBlockByNumber", hex(0), False) for _ in range(200)))
     assert {n["number"] for n in numbers} == {"0x0"}
+
+
+async def test_params_beyond_64_bits_are_sent_exactly() -> None:
+    """orjson refuses integers over 64 bits; the request still goes out, exact."""
+    seen: list[Any] = []
+
+    def answer(request: Any) -> Any:
+        seen.append(request["params"])
+        return {"jsonrpc": "2.0", "id": request["id"], "result": "0x1"}
+
+    async with HostileNode(answer) as node:
+        rpc = RpcClient([node.url], chain_id=1, attempts=1)
+        try:
+            assert await rpc.call("custom_method", 2**200 + 1) == "0x1"
+        finally:
+            await rpc.close()
+    assert seen == [[2**200 + 1]]

@@ -268,8 +268,8 @@ async def test_an_attestation_has_one_signature_encoding(panel: Harness) -> None
     rid = await panel.dispute(12)
     seat = (await panel.seats(rid))[0]
     who = next(v for v in VERIFIERS if v.address.lower() == seat)
-    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=12, round=1, verifier=who.address,
-                        quality_ppm=800_000, confidence_ppm=900_000)
+    a = msg.Attestation(chain_id=CHAIN, escrow=ESCROW, task_id=12, round=1, attempt=1, evidence_hash=EVIDENCE,
+                        verifier=who.address, quality_ppm=800_000, confidence_ppm=900_000)
     signed = msg.sign_attestation(a, who.key)
     raw = bytes.fromhex(signed.signature[2:])
     s = int.from_bytes(raw[32:64], "big")

@@ -23,6 +23,7 @@ from api.app import create_app
 from chain.eth_rpc import EthRpc
 from chain.keys import SecretKey
 from escrowd.devnet import Devnet, anvil_key
+from escrowd.pipeline_parts import ApiClient
 from panels import rules
 from panels.service import PanelConfig
 from panels.service import build_consumer as build_panel_consumer
@@ -32,6 +33,7 @@ from runtime.kafka import TopicSpec, ensure_topics
 from schemas import panels as msg
 from schemas import topics
 from schemas.task_state import TaskStatus
+from schemas.task_terms import keccak_hex, result_hash
 from tests.integration.test_lifecycle_consumers import pipeline
 from tests.support.indexer_harness import wait_for
 from tests.verification.conftest import api_settings
@@ -50,9 +52,10 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def served_api(database_url: str) -> AsyncIterator[str]:
+async def served_api(database_url: str, devnet: Devnet) -> AsyncIterator[str]:
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(api_settings(database_url)), host="127.0.0.1", port=port,
+    settings = api_settings(database_url, deployments=[{"chain_id": devnet.chain_id, "escrow": devnet.escrow_address}])
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started, timeout=60, interval=0.05, what="the API to listen")
@@ -63,15 +66,40 @@ async def served_api(database_url: str) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 30)
 
 
-def _disputed(devnet: Devnet) -> int:
+BRIEF = "Summarise the escrow flow in one paragraph."
+RESULT = {"output": "The poster funds, the agent delivers, a verifier judges, the escrow pays."}
+
+
+async def _disputed(devnet: Devnet, api_url: str) -> int:
+    """Registered terms with a public brief, a delivered result, a failed verdict, a dispute:
+    what the bots check against the chain before they judge."""
     poster, agent = devnet.posters[0], devnet.agents[0]
-    task_id = devnet.post_task(poster)
-    devnet.accept_task(task_id, sender=agent)
-    evidence = b"\x22" * 32
-    devnet.submit_evidence(task_id, evidence, sender=agent)
-    devnet.complete_verification(task_id, 1, evidence, False, 10, sender=devnet.marketplace_verifier)
-    devnet.raise_dispute(task_id, sender=agent)
-    return task_id
+    client = ApiClient(api_url, devnet)
+    try:
+        # Auto mode: a manual review could be sampled for a panel of its own and take seats.
+        task_hash = await client.register_terms(poster.private_key, {
+            "verificationMode": "auto", "instructionsDigest": keccak_hex(BRIEF.encode()),
+            "verificationCriteria": {"min_length": 10, "pass_threshold": 60}})
+        await client.put_brief(poster.private_key, task_hash, BRIEF)
+        task_id = await asyncio.to_thread(devnet.post_task, poster, task_hash=task_hash)
+        await asyncio.to_thread(devnet.accept_task, task_id, sender=agent)
+        evidence = bytes.fromhex(result_hash(RESULT)[2:])
+        await asyncio.to_thread(devnet.submit_evidence, task_id, evidence, sender=agent)
+
+        async def finalized() -> bool:
+            try:
+                await client.finalize(agent.private_key, task_id, RESULT)
+            except RuntimeError:  # the submission is not indexed yet
+                return False
+            return True
+
+        await wait_for(finalized, timeout=120, interval=0.5, what="the delivery to be finalized")
+        await asyncio.to_thread(devnet.complete_verification, task_id, 1, evidence, False, 10,
+                                sender=devnet.marketplace_verifier)
+        await asyncio.to_thread(devnet.raise_dispute, task_id, sender=agent)
+        return task_id
+    finally:
+        await client.close()
 
 
 async def test_dispute_decided_by_bot_panels_lands_on_chain(
@@ -88,7 +116,7 @@ async def test_dispute_decided_by_bot_panels_lands_on_chain(
     processes: list[subprocess.Popen[bytes]] = []
     stop = asyncio.Event()
     async with pipeline(devnet, database_url, kafka_bootstrap, topic_prefix) as consumers, \
-            served_api(database_url) as api_url:
+            served_api(database_url, devnet) as api_url:
         config = PanelConfig(secret=b"e2e-panel-secret-0123456789abcdef", secret_version="e2e",
                              ruling_key=PANEL_KEY, attestation_seconds=300, fee_units=50_000)
         panel = build_panel_consumer(bootstrap=kafka_bootstrap, database_url=database_url, config=config,
@@ -104,7 +132,7 @@ async def test_dispute_decided_by_bot_panels_lands_on_chain(
                    asyncio.create_task(sender.run(pool, stop, 0.3))]
         try:
             for index, (_, key) in enumerate(bots):
-                env = {**os.environ, "ESCROWD_API_URL": api_url, "ESCROWD_VERIFIER_KEY": key,
+                env = {**os.environ, "ESCROWD_API_URL": api_url, "ESCROWD_RPC_URL": devnet.rpc_url, "ESCROWD_VERIFIER_KEY": key,
                        "ESCROWD_OPERATOR_ID": f"bot-op-{index}", "ESCROWD_VERIFIER_CHAINS": f"[{devnet.chain_id}]",
                        "ESCROWD_SCORER": "plugin:tests.panels.plugins.scorer:fixed",
                        "ESCROWD_POLL_SECONDS": "0.5", "PYTHONPATH": str(ROOT), "PANEL_TEST_QUALITY": "0.8", "PANEL_TEST_CONFIDENCE": "0.9"}
@@ -116,7 +144,7 @@ async def test_dispute_decided_by_bot_panels_lands_on_chain(
                 return int(await conn.fetchval("SELECT count(*) FROM panel_verifiers")) == 6
 
             await wait_for(registered, timeout=120, interval=0.2, what="six bots registered")
-            task_id = await asyncio.to_thread(_disputed, devnet)
+            task_id = await _disputed(devnet, api_url)
 
             async def resolved() -> bool:
                 view = await asyncio.to_thread(devnet.get_task, task_id)
@@ -139,6 +167,9 @@ async def test_dispute_decided_by_bot_panels_lands_on_chain(
             expected = rules.update_verifier(rules.Attestation("x", 800_000, 900_000, 500_000), 800_000)
             calibrations = [r["calibration_ppm"] for r in await conn.fetch("SELECT calibration_ppm FROM panel_verifiers")]
             assert calibrations == [expected] * 6 and expected > rules.START_CALIBRATION_PPM
+            # Every attestation signed the attempt and the evidence hash the chain holds.
+            bound = await conn.fetch("SELECT attempt, evidence_hash FROM panel_rounds WHERE task_id = $1", task_id)
+            assert {(r["attempt"], r["evidence_hash"]) for r in bound} == {(1, result_hash(RESULT))}
 
             async def lifecycle_resolved() -> bool:
                 state = await conn.fetchval(

@@ -128,3 +128,31 @@ async def test_fee_ledger_balances_and_pays_only_weighted_seats(conn: asyncpg.Co
         await entry(V[1], "verifier", 50, "attestation_fee")
         await entry(POSTER, "poster", -100, "panel_fee")
     assert await conn.fetchval("SELECT sum(delta_units) FROM panel_fee_ledger") == 0
+
+
+async def test_migration_170_binds_rounds_freezes_seats_and_keeps_pending_operators_whole(
+    conn: asyncpg.Connection,
+) -> None:
+    """Migration 170: a round's binding is whole (attempt and evidence hash together, a
+    well-formed hash), a seat's verifier, operator and calibration never change, and a
+    pending operator change comes with its date and differs from the current id."""
+    rid = await _round(conn)
+    for attempt, evidence in ((1, None), (None, "0x" + "22" * 32), (1, "0x" + "22" * 31), (0, "0x" + "22" * 32)):
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute("UPDATE panel_rounds SET attempt = $2, evidence_hash = $3 WHERE round_id = $1",
+                               rid, attempt, evidence)
+    await conn.execute("UPDATE panel_rounds SET attempt = 1, evidence_hash = $2 WHERE round_id = $1", rid, "0x" + "22" * 32)
+    await conn.execute(
+        "INSERT INTO panel_seats (round_id, seat, chain_id, escrow, task_id, reason, verifier, calibration_ppm,"
+        " operator) VALUES ($1, 0, 31337, $2, 7, 'dispute', $3, 500000, 'op0')", rid, ESCROW, V[0])
+    for change in ("operator = 'op9'", "operator = NULL", f"verifier = '{V[1]}'", "calibration_ppm = 600000"):
+        with pytest.raises(asyncpg.CheckViolationError, match="frozen"):
+            await conn.execute(f"UPDATE panel_seats SET {change} WHERE round_id = $1", rid)
+    await conn.execute("UPDATE panel_seats SET quality_ppm = 1, confidence_ppm = 1, signature = $2, attested_at = now()"
+                       " WHERE round_id = $1", rid, "0x" + "ab" * 65)  # attesting is not a change of seat
+    for pending, at in (("op9", None), (None, "now()"), ("op0", "now()")):
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(f"UPDATE panel_verifiers SET pending_operator = $2, operator_effective_at = {at or 'NULL'}"
+                               " WHERE address = $1", V[0], pending)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("UPDATE panel_rounds SET min_confidence_ppm = 1000001 WHERE round_id = $1", rid)

@@ -33,6 +33,16 @@ def test_digests_match_the_generic_typed_data_encoder() -> None:
     assert panels.ruling_digest(r) == _hash(panels.ruling_typed_data(r))
 
 
+def test_attestation_digest_pinned_vector() -> None:
+    """The attestation's type string and one digest as literals (also checked against
+    eth_account above): a client implementing the struct can test against them."""
+    assert panels.ATTESTATION_TYPE == (
+        "Attestation(uint256 chainId,address escrow,uint256 taskId,uint8 round,uint8 attempt,"
+        "bytes32 evidenceHash,address verifier,uint32 quality,uint32 confidence)")
+    assert panels.attestation_digest(_attestation()).hex() == (
+        "11594954de2ffd05f8cb608baa8a7a303574e31dd1efd40908437e1a1766721f")
+
+
 def _hash(typed: dict[str, object]) -> bytes:
     from eth_utils.crypto import keccak
 

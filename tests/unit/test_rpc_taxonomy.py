@@ -175,7 +175,6 @@ def _log(**changes: Any) -> dict[str, Any]:
     [
         {"data": 0},
         {"blockNumber": 16},
-        {"blockNumber": "0xzz"},
         {"logIndex": "0x" + "f" * 40},
         {"topics": ["0x" + "22" * 32] * 5},
         {"topics": [7]},
@@ -191,6 +190,33 @@ def test_a_malformed_log_is_refused(changes: dict[str, Any]) -> None:
     assert logs_reply([_log()]) == [_log()]
     with pytest.raises(RpcTransportError):
         logs_reply([_log(), _log(**changes)])
+
+
+def test_hex_digits_of_a_log_are_checked_where_they_are_decoded() -> None:
+    """The reply check looks at types and sizes only (it runs on every log of a backfill);
+    a log whose quantities are not hex fails in the decoder, as a DecodeError."""
+    from eth_abi.abi import encode
+
+    from chain.abi import escrow_codec
+    from indexer.decode import DecodeError, EscrowLogDecoder
+    from schemas.abi import escrow_abi
+
+    accepted = escrow_codec().events[escrow_codec().topic("TaskAccepted")]
+    assert [name for name, _ in accepted.indexed] == ["taskId", "agent"]
+    topics = [accepted.topic, "0x" + encode(["uint256"], [7]).hex(), "0x" + encode(["address"], ["0x" + "12" * 20]).hex()]
+    good = _log(
+        topics=topics,
+        data="0x" + encode(list(accepted.data_types), [1] * len(accepted.data_types)).hex(),
+        blockTimestamp="0x5",
+    )
+    decoder = EscrowLogDecoder(escrow_abi())
+    decoded = decoder.decode(1, good)
+    assert decoded is not None and decoded.task_id == 7
+    for field in ("blockNumber", "logIndex", "transactionIndex", "blockTimestamp"):
+        bad = {**good, field: "0xzz"}
+        assert logs_reply([bad]) == [bad]
+        with pytest.raises(DecodeError):
+            decoder.decode(1, bad)
 
 
 def test_quantities_and_headers() -> None:

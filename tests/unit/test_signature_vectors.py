@@ -2,9 +2,9 @@
 
 For each message type: the project's function, `eth_account`'s own typed-data encoding of a
 typed-data document written out here in full (domain included: a changed name, version,
-chain id or contract changes the digest), and a committed hex vector must all agree. The
-verdict digest is hand-rolled (`schemas.verdict`), so this is what catches a change of its
-domain or type strings. Signatures are deterministic (RFC 6979), so they are pinned too.
+chain id or contract changes the digest), and a committed hex vector must all agree. Every
+digest goes through `schemas.eip712`, so this is what catches a change of a domain or a type
+string. Signatures are deterministic (RFC 6979), so they are pinned too.
 """
 
 from __future__ import annotations
@@ -58,31 +58,29 @@ def eth_account_digest(document: dict[str, Any]) -> str:
     return bytes(_hash_eip191_message(encode_typed_data(full_message=document))).hex()
 
 
-def test_request_digest_and_signature_vector() -> None:
-    """Request(...) under the escrowd-api v2 domain of chain 31337's escrow."""
-    document = {
+def typed(primary: str, members: str, domain: tuple[str, str, int, str], message: dict[str, Any]) -> dict[str, Any]:
+    """A typed-data document written out from `primary(type name,...)`, by hand (never through
+    `schemas.eip712`, which it checks)."""
+    name, version, chain_id, contract = domain
+    return {
         "types": {
             "EIP712Domain": DOMAIN_FIELDS,
-            "Request": [
-                {"name": "method", "type": "string"},
-                {"name": "path", "type": "string"},
-                {"name": "bodyHash", "type": "bytes32"},
-                {"name": "signer", "type": "address"},
-                {"name": "nonce", "type": "string"},
-                {"name": "expiresAt", "type": "uint64"},
-            ],
+            primary: [{"name": m.split(" ")[1], "type": m.split(" ")[0]} for m in members.split(",")],
         },
-        "primaryType": "Request",
-        "domain": {"name": "escrowd-api", "version": "2", "chainId": 31337, "verifyingContract": ESCROW},
-        "message": {
-            "method": "POST",
-            "path": "/v1/terms",
-            "bodyHash": bytes(keccak(b'{"chainId":31337}')),
-            "signer": SIGNER,
-            "nonce": "nonce-0001",
-            "expiresAt": 1767225600,
-        },
+        "primaryType": primary,
+        "domain": {"name": name, "version": version, "chainId": chain_id, "verifyingContract": contract},
+        "message": message,
     }
+
+
+def test_request_digest_and_signature_vector() -> None:
+    """Request(...) under the escrowd-api v2 domain of chain 31337's escrow."""
+    document = typed(
+        "Request", "string method,string path,bytes32 bodyHash,address signer,string nonce,uint64 expiresAt",
+        ("escrowd-api", "2", 31337, ESCROW),
+        {"method": "POST", "path": "/v1/terms", "bodyHash": bytes(keccak(b'{"chainId":31337}')), "signer": SIGNER,
+         "nonce": "nonce-0001", "expiresAt": 1767225600},
+    )  # fmt: skip
     assert Account.from_key(KEY).address == SIGNER
     ours = request_digest(Deployment(31337, ESCROW), "POST", "/v1/terms", b'{"chainId":31337}', SIGNER, "nonce-0001", 1767225600)
     assert ours.hex() == eth_account_digest(document) == REQUEST_DIGEST
@@ -98,15 +96,10 @@ def test_request_digest_and_signature_vector() -> None:
 
 def test_service_digest_vector() -> None:
     """ServiceRequest(requestId, payloadHash) under the escrowd-api-service v1 domain."""
-    document = {
-        "types": {
-            "EIP712Domain": DOMAIN_FIELDS,
-            "ServiceRequest": [{"name": "requestId", "type": "string"}, {"name": "payloadHash", "type": "bytes32"}],
-        },
-        "primaryType": "ServiceRequest",
-        "domain": {"name": "escrowd-api-service", "version": "1", "chainId": 31337, "verifyingContract": ESCROW},
-        "message": {"requestId": REVIEW_ID, "payloadHash": b"\xcd" * 32},
-    }
+    document = typed(
+        "ServiceRequest", "string requestId,bytes32 payloadHash", ("escrowd-api-service", "1", 31337, ESCROW),
+        {"requestId": REVIEW_ID, "payloadHash": b"\xcd" * 32},
+    )
     assert service_digest(Deployment(31337, ESCROW), REVIEW_ID, b"\xcd" * 32).hex() == eth_account_digest(document) == SERVICE_DIGEST
     # The chain id is the deployment's, not a constant: chain 10's digest is its own vector.
     document["domain"]["chainId"] = 10
@@ -119,27 +112,13 @@ def verdict() -> Verdict:
 
 
 def test_verdict_digest_vector() -> None:
-    """The hand-rolled verdict digest equals eth_account's encoding of the full typed data and the vector."""
-    document = {
-        "types": {
-            "EIP712Domain": DOMAIN_FIELDS,
-            "Verdict": [
-                {"name": "chainId", "type": "uint256"},
-                {"name": "escrow", "type": "address"},
-                {"name": "taskId", "type": "uint256"},
-                {"name": "attempt", "type": "uint8"},
-                {"name": "evidenceHash", "type": "bytes32"},
-                {"name": "passed", "type": "bool"},
-                {"name": "score", "type": "uint8"},
-            ],
-        },
-        "primaryType": "Verdict",
-        "domain": {"name": "escrowd-verdict", "version": "1", "chainId": 31337, "verifyingContract": ESCROW},
-        "message": {
-            "chainId": 31337, "escrow": ESCROW, "taskId": 7, "attempt": 1, "evidenceHash": "0x" + "ab" * 32,
-            "passed": True, "score": 88,
-        },
-    }
+    """The verdict digest equals eth_account's encoding of the full typed data and the vector."""
+    document = typed(
+        "Verdict", "uint256 chainId,address escrow,uint256 taskId,uint8 attempt,bytes32 evidenceHash,bool passed,uint8 score",
+        ("escrowd-verdict", "1", 31337, ESCROW),
+        {"chainId": 31337, "escrow": ESCROW, "taskId": 7, "attempt": 1, "evidenceHash": "0x" + "ab" * 32,
+         "passed": True, "score": 88},
+    )  # fmt: skip
     assert verdict_digest(verdict()).hex() == eth_account_digest(document) == VERDICT_DIGEST
     signed = sign_verdict(verdict(), KEY)
     assert signed.signature == VERDICT_SIGNATURE and recover_signer(signed) == SIGNER

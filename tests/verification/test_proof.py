@@ -207,5 +207,11 @@ def test_the_criteria_hash_vector_is_independent_of_key_order() -> None:
     assert criteria_hash(criteria, verifier) == criteria_hash(*reordered) == "0x" + keccak(canonical.encode()).hex()
     assert criteria_hash(criteria, verifier) == CRITERIA_HASH
     assert criteria_hash(None, None) == "0x" + keccak(b'{"verificationCriteria":null,"verifier":null}').hex()
+    # Numbers are written as Python writes them (`1.0` stays `1.0`, unlike RFC 8785's `1`):
+    # what every proof signed so far holds, so a client must do the same.
+    with_float = {"kind": "exact_match", "ref": "x", "config": {}, "passReward": 1.0}
+    assert criteria_hash(None, with_float) == "0x" + keccak(
+        b'{"verificationCriteria":null,"verifier":{"config":{},"kind":"exact_match","passReward":1.0,"ref":"x"}}'
+    ).hex()
     # Array order is content, not layout.
     assert criteria_hash(criteria, {**verifier, "config": {"b": 1, "a": [1, 2]}}) != CRITERIA_HASH

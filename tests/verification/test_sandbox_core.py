@@ -4,6 +4,7 @@ determinism digest, the cgroup files and the host's memory, without starting a s
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from verification.sandbox import (
     BUILTIN_ERRORS,
     DEFAULT_SETTINGS,
+    DENIED_SYSCALLS_X86_64,
     CaseOutcome,
     SandboxRun,
     SandboxUnavailable,
@@ -24,6 +26,7 @@ from verification.sandbox import (
     interpret,
     own_cgroup2,
     run_limits,
+    seccomp_program,
 )
 from verification.verifier_types import MEASURE_STEPS, SuiteConfig, _coarse, run_digest
 
@@ -236,3 +239,74 @@ def test_host_short_of_memory_boundaries() -> None:
     assert host_short_of_memory(meminfo(100 * 2**20, 2 * 2**20 - 1))
     assert not host_short_of_memory(meminfo(100 * 2**20, 2 * 2**20 + 1))
     assert host_short_of_memory("garbage")
+
+
+def run_bpf(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000003E) -> int:
+    """A classic-BPF interpreter for the instructions the filter uses; the action it returns."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    code = [struct.unpack("<HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x20:  # ld [k]
+            acc = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif op == 0x15:  # jeq #k
+            pc += 1 + (jt if acc == k else jf)
+        elif op == 0x35:  # jge #k
+            pc += 1 + (jt if acc >= k else jf)
+        elif op == 0x06:  # ret #k
+            return int(k)
+        else:
+            raise AssertionError(f"unexpected instruction {op:#x}")
+
+
+ALLOW, EPERM, KILL = 0x7FFF0000, 0x00050001, 0x80000000
+
+
+def test_the_seccomp_filter_decides_each_call_as_documented() -> None:
+    program = seccomp_program("x86_64")
+    assert program is not None
+    for name, number in DENIED_SYSCALLS_X86_64.items():
+        assert run_bpf(program, number) == EPERM, name
+    for allowed in (
+        0,
+        1,
+        2,
+        9,
+        56,
+        57,
+        61,
+        231,
+    ):  # read write open mmap clone fork wait4 exit_group
+        assert run_bpf(program, allowed) == ALLOW
+    assert run_bpf(program, 0, arch=0x40000003) == KILL  # i386
+    assert run_bpf(program, 0x40000000 + 1) == KILL  # x32
+    # prlimit64 on itself only.
+    assert run_bpf(program, 302, (0, 7, 0, 0)) == ALLOW
+    assert run_bpf(program, 302, (1, 0, 0, 0)) == EPERM
+    assert run_bpf(program, 302, (0x1_0000_0000 + 1,)) == EPERM
+    # SIGCHLD's action may be read, not set; other signals' may be set.
+    assert run_bpf(program, 13, (17, 0, 0x7FFF0000)) == ALLOW
+    assert run_bpf(program, 13, (17, 0x7FFF0000)) == EPERM
+    assert run_bpf(program, 13, (17, 0x7F00_0000_0000)) == EPERM
+    assert run_bpf(program, 13, (2, 0x7FFF0000)) == ALLOW
+
+
+def test_a_run_the_cgroup_had_to_kill_is_a_time_limit(tmp_path: Any) -> None:
+    """Told to stop past the limit, a harness that did not is killed with its cgroup: a time limit, not ISOLATE."""
+    from verification.sandbox import RunCgroup, _CgroupAccount
+
+    (tmp_path / "cgroup.controllers").write_text("")
+    (tmp_path / "cpu.stat").write_text("usage_usec 1000\n")
+    account = _CgroupAccount(RunCgroup(tmp_path), 1, LIMITS)
+    account.baseline_usec = 1000
+    (tmp_path / "cpu.stat").write_text("usage_usec 901000\n")
+    assert account.over()  # 900 ms > 1.5 × 300 ms + 100 ms
+    account.stopped = True
+    run = interpret(
+        report({"event": "started"}, {"event": "loaded"}), b"", 137, [PUBLIC], LIMITS, 10, account
+    )
+    assert run.stage == "time_limit" and run.cpu_ms == 900 and run.accounting == "cgroup"
+    (tmp_path / "cpu.stat").write_text("usage_usec 551000\n")
+    assert not account.over()  # 550 ms: within the allowance for the harness's own polling

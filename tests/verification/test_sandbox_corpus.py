@@ -198,6 +198,36 @@ def test_cpu_in_a_thread_of_an_orphaned_grandchild_is_counted(
     assert "CPU time" in out["reasons"][0] and out["detail"]["measured"]["cpuMs"] > 300, out
 
 
+def test_execution_result_cpu_measure_sees_the_hidden_cpu(
+    workdir: Path, cpu_mode: dict[str, str]
+) -> None:
+    """`measure: cpu_ms` (lower is better) is the measured CPU of the whole run, not the main thread's."""
+    code = (
+        "import os, threading, time\n"
+        "def burn():\n"
+        "    t = time.process_time()\n"
+        "    while time.process_time() - t < 0.6:\n"
+        "        pass\n"
+        "    open('/tmp/done', 'w').close()\n"
+        "def solve(n):\n"
+        "    if os.fork() == 0:\n"
+        "        if os.fork() == 0:\n"
+        "            th = threading.Thread(target=burn); th.start(); th.join(); os._exit(0)\n"
+        "        os._exit(0)\n"
+        "    os.wait()\n"
+        "    while not os.path.exists('/tmp/done'):\n"
+        "        time.sleep(0.01)\n"
+        "    return n\n"
+    )
+    verifier = {
+        "kind": "execution_result", "ref": "fast",
+        "config": {"cases": [{"args": [1], "expected": 1}], "measure": "cpu_ms", "threshold": 200,
+                   "direction": "min", "timeLimitMs": 5000},
+    }  # fmt: skip
+    out = verify(workdir, verifier, code, cpu_mode)
+    assert out["passed"] is False and out["detail"]["result"] > 200, out
+
+
 def test_cpu_in_short_lived_forks_is_counted(workdir: Path, cpu_mode: dict[str, str]) -> None:
     """Forty children of 30 ms each, each gone long before a poll could see much of it."""
     code = (
@@ -364,6 +394,23 @@ def test_output_flood_on_every_descriptor_fails(workdir: Path) -> None:
     out = verify(workdir, ADD, code)
     assert out["passed"] is False, out
     assert out["detail"]["stage"] in ("PUBLIC TESTS", "RESOURCE LIMITS"), out
+
+
+def test_deeply_nested_lines_for_the_runner_fail(workdir: Path) -> None:
+    """200,000 nested brackets on every descriptor (the runner parses the worker's lines): a FAIL."""
+    code = (
+        "import os\n"
+        "def solve(a, b):\n"
+        "    deep = b'[' * 200000 + b'\\n' + b'{\"event\": \"case\", \"ok\": true, \"value\": ' + b'[' * 100000 + b'\\n'\n"
+        "    for fd in range(64):\n"
+        "        try:\n"
+        "            os.write(fd, deep)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return -1\n"
+    )
+    out = verify(workdir, ADD, code)
+    assert_fail(out, "PUBLIC TESTS")
 
 
 def test_huge_return_value_fails(workdir: Path) -> None:

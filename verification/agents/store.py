@@ -1,4 +1,4 @@
-"""SQL of listings and briefs (tables of `080_agents.sql`)."""
+"""SQL of listings and briefs (tables of `080_agents.sql`, format constraints of `180_brief_format.sql`)."""
 
 from __future__ import annotations
 

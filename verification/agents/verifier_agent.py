@@ -351,7 +351,8 @@ class VerifierAgent:
         try:
             on_chain = decode_task(await self.rpc.eth_call(entry.escrow, get_task_data(entry.task_id)))
         except ValueError:
-            raise Refusal("CHAIN_UNREADABLE", "getTask did not answer one task") from None
+            # Its own node answered nonsense: not the agent's fault, no try is counted.
+            raise RpcError("getTask did not answer one task") from None
         try:
             grounds = check_item(entry, on_chain, self.address)
             status, reply = await self._read_json(f"/v1/briefs/{entry.task_hash.lower()}", MAX_BRIEF_REPLY_BYTES)

@@ -1,9 +1,9 @@
 """The HTTP API: `create_app(settings)` builds the FastAPI application.
 
-OpenAPI is published at `/openapi.json` (Swagger UI at `/docs`). Routers of other packages
-are included when they are installed: `relayer.settlement.routes:router`
-(`GET /health/bridge`) and `lifecycle.routes:router` (task state, what can whom do
-now, reputation). They find the shared resources on `request.app.state`: `settings`
+OpenAPI is published at `/openapi.json` (Swagger UI at `/docs`). The services' routers are
+imported, not looked up by name: `relayer.settlement.routes` (`GET /health/bridge`,
+`/metrics`), `lifecycle.routes` (task state, what can whom do now, reputation),
+`verification.agents.routes` and `panels.routes`. They find the shared resources on `request.app.state`: `settings`
 (ApiSettings), `pool` (asyncpg pool with the project's JSON codecs) and `clock`.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,35 +22,20 @@ from pydantic import BaseModel
 
 from api.settings import ApiSettings
 from api.tasks import router as tasks_router
+from lifecycle.routes import router as lifecycle_router
+from panels.routes import router as panels_router
+from relayer.settlement.routes import metrics_router
+from relayer.settlement.routes import router as bridge_router
 from runtime.db import create_pool, migrate_url
 from runtime.logging import register_secret
 from runtime.web.auth import forget_expired_nonces
 from runtime.web.bodies import BodyGuard
 from runtime.web.errors import GUARD_RESPONSES, SIGNED_RESPONSES, install_error_handlers
 from runtime.web.probes import router as probes_router
+from verification.agents.routes import router as agents_router
 from verification.verifiers import default_registry
 
 log = structlog.get_logger(__name__)
-
-OPTIONAL_ROUTERS: tuple[tuple[str, str], ...] = (
-    ("relayer.settlement.routes", "router"),
-    ("lifecycle.routes", "router"),
-    ("verification.agents.routes", "router"),
-    ("panels.routes", "router"),
-)
-
-
-def _optional_router(module_name: str, attr: str) -> APIRouter | None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only "the module is not there (yet)" is optional; a broken import inside it is not.
-        if exc.name and module_name.startswith(exc.name):
-            return None
-        raise
-    router = getattr(module, attr, None)
-    return router if isinstance(router, APIRouter) else None
-
 
 async def _forget_nonces_forever(app: FastAPI) -> None:
     while True:
@@ -152,13 +136,15 @@ def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time)
     app.add_middleware(BodyGuard, max_body_bytes=settings.api_max_body_bytes)
     app.include_router(probes_router, responses=GUARD_RESPONSES)
     app.include_router(tasks_router, responses=GUARD_RESPONSES)
-    metrics = _optional_router("relayer.settlement.routes", "metrics_router")
-    if metrics is not None:
-        app.include_router(metrics)
-    for module_name, attr in OPTIONAL_ROUTERS:
-        router = _optional_router(module_name, attr)
-        if router is not None:
-            app.include_router(router, responses={**GUARD_RESPONSES, **_EXTRA_RESPONSES.get(module_name, {})})
+    app.include_router(metrics_router)
+    routers: list[tuple[APIRouter, dict[int | str, dict[str, Any]]]] = [
+        (bridge_router, {503: {"model": BridgeUnavailable, "description": "No report: not configured, or the check failed"}}),
+        (lifecycle_router, {}),
+        (agents_router, SIGNED_RESPONSES),
+        (panels_router, SIGNED_RESPONSES),
+    ]
+    for router, extra in routers:
+        app.include_router(router, responses={**GUARD_RESPONSES, **extra})
     return app
 
 
@@ -169,10 +155,3 @@ class BridgeUnavailable(BaseModel):
     error: str
 
 
-_EXTRA_RESPONSES: dict[str, dict[int | str, dict[str, Any]]] = {
-    "relayer.settlement.routes": {
-        503: {"model": BridgeUnavailable, "description": "No report: not configured, or the check failed"}
-    },
-    "verification.agents.routes": SIGNED_RESPONSES,
-    "panels.routes": SIGNED_RESPONSES,
-}

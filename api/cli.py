@@ -23,9 +23,8 @@ def serve(
     from api.app import create_app
     from api.settings import ApiSettings
     from runtime.config_file import load
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
     from runtime.web.server import serve_asgi
     from schemas.jsonbounds import cap_recursion_limit
 
@@ -33,8 +32,7 @@ def serve(
     try:
         settings = load(ApiSettings, "api", config)
     except Exception as exc:
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     application = create_app(settings)
     # Every import is done: a library that raised the recursion limit on the way is undone.
     limit = cap_recursion_limit()

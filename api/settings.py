@@ -6,8 +6,8 @@ from typing import Any
 
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas import topics
 from schemas.request_auth import Deployment
 
@@ -21,12 +21,10 @@ class DeploymentSetting(BaseModel):
     escrow: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$")
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(ServiceSettings):
     """Everything `escrowd api serve` needs."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str | None = Field(
         default=None, description="Kafka bootstrap servers; with it the API runs a (standby) outbox publisher"
     )
@@ -84,13 +82,6 @@ class ApiSettings(BaseSettings):
         default_factory=list,
         description="Chains /health/bridge checks (the indexer's `chains` shape: chain_id, rpc_urls, escrow_addresses)",
     )
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
     @field_validator("marketplace_verifier_address")
     @classmethod

@@ -22,12 +22,12 @@ from typing import Annotated, Any, Literal
 
 import asyncpg
 from eth_utils.address import is_address, to_checksum_address
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.settings import ApiSettings
 from runtime.outbox import enqueue
-from runtime.web.auth import Caller, authenticate, has_auth
+from runtime.web.auth import Caller, Signed, authenticate, has_auth
 from runtime.web.errors import ApiProblem
 from schemas.task_state import MAX_SUBMISSIONS
 from schemas.task_terms import (
@@ -93,11 +93,6 @@ _POLL_SECONDS = 0.2
 EscrowPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$", description="Escrow address")]
 ChainPath = Annotated[int, Path(gt=0, le=2**63 - 1)]
 TaskPath = Annotated[int, Path(ge=1, le=2**256 - 1)]
-# Declared so that OpenAPI documents them; `runtime.web.auth` reads and checks them.
-SignerHeader = Annotated[str | None, Header(alias="X-Escrowd-Signer", description="Acting address")]
-NonceHeader = Annotated[str | None, Header(alias="X-Escrowd-Nonce", description="Single-use nonce")]
-ExpiresHeader = Annotated[str | None, Header(alias="X-Escrowd-Expires-At", description="Unix seconds")]
-SignatureHeader = Annotated[str | None, Header(alias="X-Escrowd-Signature", description="EIP-712 signature")]
 
 
 @dataclass(frozen=True)
@@ -284,10 +279,7 @@ async def register_terms(
     body: RegisterTermsRequest,
     request: Request,
     response: Response,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
+    _signed: Signed,
 ) -> RegisterTermsResponse:
     """Signed by the poster named in the terms."""
     ctx = _ctx(request)
@@ -444,10 +436,7 @@ async def finalize(
     body: FinalizeRequest,
     request: Request,
     response: Response,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
+    _signed: Signed,
 ) -> FinalizeResponse:
     """Signed by the agent holding the task. 200 with the verdict when judged in time, else 202."""
     ctx = _ctx(request)
@@ -560,10 +549,7 @@ async def review(
     body: ReviewRequest,
     request: Request,
     response: Response,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
+    _signed: Signed,
 ) -> RequestAccepted:
     """Signed by the poster; names the attempt and evidence hash it judges; up to 20 reasons."""
     ctx = _ctx(request)
@@ -624,10 +610,7 @@ async def verifier_report(
     task_id: TaskPath,
     body: VerifierReportRequest,
     request: Request,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
+    _signed: Signed,
 ) -> RequestAccepted:
     """Signed by the verifier agent; a verdict is recorded once it matches the chain."""
     ctx = _ctx(request)
@@ -702,10 +685,7 @@ async def task_results(
     escrow: EscrowPath,
     task_id: TaskPath,
     request: Request,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
+    _signed: Signed,
 ) -> TaskResults:
     """Anonymous, or signed by a party of the task (poster, agent, verifier) to see a private task in full."""
     ctx = _ctx(request)
@@ -776,11 +756,8 @@ async def task_proof(
 async def executions(
     address: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
     request: Request,
+    _signed: Signed,
     limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
-    signer: SignerHeader = None,
-    nonce: NonceHeader = None,
-    expires_at: ExpiresHeader = None,
-    signature: SignatureHeader = None,
 ) -> ExecutionsPage:
     """Anonymous callers see private tasks' executions as passed and score only."""
     ctx = _ctx(request)

@@ -16,8 +16,15 @@ class SendGate:
     def __init__(self, *, open_: bool = False) -> None:
         self._open = asyncio.Event()
         self.reason: str | None = "waiting for the first health check"
+        self._closures = 0
         if open_:
             self.open()
+
+    @property
+    def closures(self) -> int:
+        """How many times the gate was closed: a health check that started before the last
+        closure read the chain too early to reopen it."""
+        return self._closures
 
     @property
     def is_open(self) -> bool:
@@ -32,6 +39,7 @@ class SendGate:
     def close(self, reason: str) -> None:
         """Stop sending, saying why."""
         self.reason = reason
+        self._closures += 1
         self._open.clear()
 
     async def wait_open(self) -> None:

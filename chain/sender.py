@@ -58,8 +58,9 @@ from chain.keys import SecretKey
 from chain.nonces import reconcile
 from chain.receipts import Receipt, depth, fetch_receipts
 from chain.stuck import is_due
-from chain.txs import FILLER_GAS, SignedTx, sign_eip1559
+from chain.txs import FILLER_GAS, SignedTx, sign_eip1559, signed_call
 from chain.txstore import MinedUpdate, NewSlot, TxVersion, version_of
+from runtime.aio import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -140,7 +141,7 @@ class SenderOptions:
     """Tuning of one sender."""
 
     policy: FeePolicy = field(default_factory=FeePolicy)
-    gas_limit: int = 300_000
+    gas_limit: int = 400_000
     max_in_flight: int = 512
     batch_size: int = 128
     broadcast_concurrency: int = 16
@@ -150,10 +151,10 @@ class SenderOptions:
     track_interval: float = 0.02  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
     dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
-    settle_batch: int = 0  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
-    settle_batch_min: int = 16  # pack only rounds with at least this many verdicts ready
+    settle_batch: int = 50  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
+    settle_batch_min: int = 2  # pack only rounds with at least this many verdicts ready
     batch_gas_per_item: int = 60_000
-    batch_gas_base: int = 100_000
+    batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class TxSender:
         self._lock_conn: asyncpg.Connection | None = None
         self.last_error: str | None = None
         self.started = asyncio.Event()
+        self._tracking = False
 
     # ------------------------------------------------------------------ hooks
 
@@ -259,10 +261,15 @@ class TxSender:
         ]
 
     def _call(self, slot: Slot) -> tuple[str, bytes, int]:
-        """(to, calldata, gas limit) a replacement of `slot` signs: the same call as before."""
-        if slot.to is None or slot.data is None:
+        """(to, calldata, gas limit) a replacement of `slot` signs: the calldata first signed
+        for this nonce, read back from that signed version, whatever the slot carries since.
+        One nonce never stands for two different calls: both could be mined in turn after a
+        reorg, and anyone may broadcast an old version."""
+        first = next((v for v in slot.versions if v.kind == slot.kind and v.kind != "filler"), None)
+        if first is None:
             return self.address, b"", FILLER_GAS
-        return slot.to, slot.data, slot.latest.gas_limit
+        to, data = signed_call(bytes.fromhex(first.raw_hex.removeprefix("0x")))
+        return to, data, slot.latest.gas_limit
 
     async def _screen(self, due: list[Slot]) -> tuple[list[Slot], set[int]]:
         """Before anything due is sent again: (what may be sent, nonces to cancel with a filler)."""
@@ -368,7 +375,10 @@ class TxSender:
         plan = reconcile(local, chain_latest, chain_pending, held)
         self._note_chain_count(chain_latest)
         if plan.check_mined:
-            await self._track(full=False)
+            # Held nonces below the chain's count: the track loop reads their receipts. It
+            # is the only caller of `_track`: two rounds at once would both count a missing
+            # receipt (a nonce called lost after one look) and both handle the same slots.
+            self._head_event.set()
         for nonce in plan.rebroadcast:
             slot = self.slots.get(nonce)
             if slot is not None and not slot.in_flight:
@@ -421,8 +431,8 @@ class TxSender:
 
     @staticmethod
     async def _wait(event: asyncio.Event, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+        # Not `asyncio.wait_for`: on 3.11 it can drop a cancellation (see runtime/aio.py).
+        await wait_event(event, seconds)
         event.clear()
 
     def _sign(self, nonce: int, to: str, data: bytes, gas_limit: int, fees: Fees) -> SignedTx:
@@ -591,6 +601,17 @@ class TxSender:
         return await fetch_receipts(self._rpc, hashes)
 
     async def _track(self, *, full: bool) -> None:
+        # One round at a time, from the track loop only: two rounds at once would both count
+        # a missing receipt and both handle the same lost, reverted or refused slots.
+        if self._tracking:
+            raise RuntimeError("two track rounds at once")
+        self._tracking = True
+        try:
+            await self._track_round(full=full)
+        finally:
+            self._tracking = False
+
+    async def _track_round(self, *, full: bool) -> None:
         head = self.head
         if head is None:
             return
@@ -705,7 +726,8 @@ class TxSender:
             await self._record_lost(conn, slots)
         for slot in slots:
             slot.state = "lost"
-            self.slots.pop(slot.nonce, None)
+            if self.slots.get(slot.nonce) is slot:  # not a slot stored at that nonce since
+                del self.slots[slot.nonce]
         log.warning("nonces_lost", chain_id=self.chain_id, nonces=[s.nonce for s in slots])
         self._reconcile_requested = "nonce_lost"
         self._wake.set()

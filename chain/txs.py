@@ -33,6 +33,7 @@ __all__ = [
     "selector",
     "settled_attempts",
     "sign_eip1559",
+    "signed_call",
 ]
 
 FILLER_GAS = 21_000
@@ -186,3 +187,41 @@ def sign_eip1559(
     return SignedTx(
         raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
     )
+
+
+def _rlp_item(data: bytes, at: int) -> tuple[int, int, bool]:
+    """(payload start, payload end, is a list) of the RLP item at `at` (our own bytes)."""
+    lead = data[at]
+    if lead < 0x80:
+        return at, at + 1, False
+    if lead < 0xB8:
+        return at + 1, at + 1 + lead - 0x80, False
+    if lead < 0xC0:
+        size = lead - 0xB7
+        length = int.from_bytes(data[at + 1 : at + 1 + size], "big")
+        return at + 1 + size, at + 1 + size + length, False
+    if lead < 0xF8:
+        return at + 1, at + 1 + lead - 0xC0, True
+    size = lead - 0xF7
+    length = int.from_bytes(data[at + 1 : at + 1 + size], "big")
+    return at + 1 + size, at + 1 + size + length, True
+
+
+def signed_call(raw: bytes) -> tuple[str, bytes]:
+    """(to, calldata) of a signed type-2 transaction (ours, from `sign_eip1559`): what a
+    replacement must carry again, so that a nonce never stands for two different calls."""
+    if raw[:1] != b"\x02":
+        raise ValueError("not a type-2 transaction")
+    start, end, is_list = _rlp_item(raw, 1)
+    if not is_list or end != len(raw):
+        raise ValueError("malformed transaction")
+    at = start
+    for _ in range(5):  # chain id, nonce, tip, max fee, gas
+        _, at, _ = _rlp_item(raw, at)
+    to_start, at, _ = _rlp_item(raw, at)
+    to = raw[to_start:at]
+    _, at, _ = _rlp_item(raw, at)  # value
+    data_start, data_end, is_list = _rlp_item(raw, at)
+    if is_list or len(to) != 20:
+        raise ValueError("malformed transaction")
+    return "0x" + to.hex(), raw[data_start:data_end]

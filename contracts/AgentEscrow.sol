@@ -42,6 +42,20 @@ contract AgentEscrow {
     uint8 public constant MAX_SCORE = 100;
     /// @notice Most items one `completeVerificationBatch` accepts (a bound on calldata and gas).
     uint256 public constant MAX_BATCH = 256;
+    /// @notice Gas a pushed payout's token transfer may use. A transfer that needs more (a
+    ///         token whose hook lets the recipient spend without end) fails like a refused one:
+    ///         the payout is credited to the recipient, who withdraws it (`withdraw` forwards
+    ///         all the gas its caller gives). Plain tokens use 25-45k.
+    uint256 public constant TRANSFER_GAS = 100_000;
+    /// @notice Gas a push must have left before its transfer: the whole stipend for the call
+    ///         (a call gets at most 63/64 of what is left), the token's cold access and the
+    ///         credit when it fails. With less, the call reverts with `GasTooLow`: a transfer
+    ///         never fails for the caller's lack of gas.
+    uint256 public constant PUSH_GAS = TRANSFER_GAS + TRANSFER_GAS / 63 + 40_000;
+    /// @notice Gas `completeVerificationBatch` must have left to start an item: its checks and
+    ///         effects and two pushes at their worst. An item (and every item after it) started
+    ///         with less is refused with `GasTooLow`, so no item can make the batch run out.
+    uint256 public constant BATCH_ITEM_GAS = 30_000 + 2 * PUSH_GAS;
     /// @dev After the deadline the verifier has this long to judge delivered work before
     ///      anyone (not only the poster) may escalate it.
     uint64 public constant JUDGING_GRACE = 7 days;
@@ -196,6 +210,7 @@ contract AgentEscrow {
     error Reentrancy();
     error TokenTransferFailed();
     error BatchTooLarge(uint256 maxItems);
+    error GasTooLow();
 
     // ------------------------------------------------------------------ modifiers
     modifier nonReentrant() {
@@ -332,6 +347,9 @@ contract AgentEscrow {
     ///         items before it left (a task named twice: the second is `AlreadyJudged`). A
     ///         settled item emits its usual `VerificationCompleted` and pays as usual; a
     ///         refused item changes nothing, emits nothing and does not stop the others.
+    ///         When less than `BATCH_ITEM_GAS` is left for an item, it and the items after it
+    ///         are refused with `GasTooLow` (the sender queues them again): whatever one
+    ///         recipient's token costs, the batch itself never runs out of gas.
     /// @return refusals Per item, empty when it settled, else the ABI encoding of the custom
     ///         error `completeVerification` would have reverted with (e.g. `AlreadyJudged(1)`).
     function completeVerificationBatch(VerdictItem[] calldata items)
@@ -342,6 +360,13 @@ contract AgentEscrow {
         if (items.length > MAX_BATCH) revert BatchTooLarge(MAX_BATCH);
         refusals = new bytes[](items.length);
         for (uint256 i = 0; i < items.length; ++i) {
+            if (gasleft() < BATCH_ITEM_GAS) {
+                bytes memory low = abi.encodeWithSelector(GasTooLow.selector);
+                for (uint256 j = i; j < items.length; ++j) {
+                    refusals[j] = low;
+                }
+                break;
+            }
             VerdictItem calldata v = items[i];
             bytes memory refusal = _verdictRefusal(v.taskId, v.attempt, v.evidenceHash, v.score);
             if (refusal.length != 0) {
@@ -602,16 +627,18 @@ contract AgentEscrow {
         emit PaymentDeferred(taskId, to, amount, status);
     }
 
-    /// @dev A transfer that never reverts: copies at most one return word (a token cannot
-    ///      make the escrow pay for a huge return value) and accepts nothing or exactly `true`.
+    /// @dev A transfer the token cannot turn into a revert: at most `TRANSFER_GAS` (a token
+    ///      cannot spend the caller's gas), at most one return word copied (nor make the
+    ///      escrow pay for a huge return value), and nothing or exactly `true` accepted.
     function _tryTransfer(address to, uint256 amount) private returns (bool delivered) {
+        if (gasleft() < PUSH_GAS) revert GasTooLow();
         bytes memory data = abi.encodeCall(IERC20Like.transfer, (to, amount));
         address tokenAddress = address(token);
         bool ok;
         uint256 size;
         uint256 word;
         assembly ("memory-safe") {
-            ok := call(gas(), tokenAddress, 0, add(data, 32), mload(data), 0, 32)
+            ok := call(TRANSFER_GAS, tokenAddress, 0, add(data, 32), mload(data), 0, 32)
             size := returndatasize()
             word := mload(0)
         }

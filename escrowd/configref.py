@@ -107,6 +107,7 @@ def settings_models(modules: Sequence[str] | None = None) -> list[type[BaseSetti
                 and issubclass(value, BaseSettings)
                 and value is not BaseSettings
                 and value.__module__ == name
+                and value.model_fields  # a base with no field of its own (runtime.settings) is no service's
             ):
                 line = _first_line(value)
                 models.append((name, line, value))

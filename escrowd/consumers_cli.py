@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
 
 from escrowd.verification_cli import app as verification_app
-from runtime.errors import safe_message
+from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.shell import startup_failure
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
 
 if TYPE_CHECKING:
@@ -22,12 +22,10 @@ app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, pa
 app.add_typer(verification_app, name="verification")
 
 
-class ConsumerSettings(BaseSettings):
+class ConsumerSettings(ServiceSettings):
     """What the lifecycle and reputation consumers need (`ESCROWD_*` environment variables)."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
     tasks_topic: str = Field(default=TASKS, description="Compacted task states")
@@ -37,13 +35,6 @@ class ConsumerSettings(BaseSettings):
     reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
     reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
 
 async def _consume(
@@ -93,8 +84,7 @@ def _settings(config: Path | None) -> ConsumerSettings:
     try:
         return load(ConsumerSettings, "consumers", config)
     except Exception as exc:
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
 
 
 @app.command()
@@ -166,8 +156,7 @@ def panels(
     except Exception as exc:
         # One line naming the field (safe_message never prints an input value), and
         # read_secret / signing_key name no byte of what they read.
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
     configure_logging(json=log_json)
     panel_config = PanelConfig(
         secret=secret,
@@ -188,4 +177,10 @@ def panels(
         dlq_topic=settings.dead_letter_topic,
         idle_interval=settings.panel_idle_interval,
     )
+    from panels.rules import Outcome
+    from panels.service import ROUNDS
+    from runtime.metrics import at_zero
+
+    events = ("opened", "pool_too_small", "superseded", "retracted", "ruled", "sample_calibrated")
+    at_zero(ROUNDS, (*events, *(outcome.value for outcome in Outcome)))
     _serve("panels", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)

@@ -327,10 +327,13 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
         for e in events
         if e.name == "VerificationCompleted" and str(e.args["verifier"]).lower() == marketplace
     }
+    # A verdict's transactions: its own (kind 'verdict'), or the batch that carries it.
     rows = await conn.fetch(
         "SELECT v.task_id, v.attempt, v.status, count(t.nonce) FILTER (WHERE t.receipt_status = 1) AS mined_ok,"
         " count(t.nonce) AS nonces FROM settlement_verdicts v"
-        " LEFT JOIN settlement_transactions t ON t.verdict_id = v.id AND t.kind = 'verdict'"
+        " LEFT JOIN (SELECT verdict_id, chain_id, sender, nonce FROM settlement_transactions WHERE kind = 'verdict'"
+        "   UNION ALL SELECT verdict_id, chain_id, sender, nonce FROM settlement_batch_items) s ON s.verdict_id = v.id"
+        " LEFT JOIN settlement_transactions t ON (t.chain_id, t.sender, t.nonce) = (s.chain_id, s.sender, s.nonce)"
         " GROUP BY v.id"
     )
     relayed = {(int(r["task_id"]), r["attempt"]): r for r in rows}

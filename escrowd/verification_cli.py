@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from runtime.config_file import load
-from runtime.errors import safe_message
+from runtime.shell import startup_failure
 
 app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
 
@@ -31,13 +31,11 @@ def run(
     try:
         settings = load(VerificationSettings, "verification", config)
     except Exception as exc:
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     try:
         run_service("verification", lambda stop: run_verification_consumer(settings, stop), configure=False)
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("signing key", exc)
 
 
 @app.command()
@@ -53,11 +51,9 @@ def check(
         settings = load(VerificationSettings, "verification", config)
         key = load_signing_key(settings)
     except SigningKeyError as exc:
-        typer.echo(f"signing key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("signing key", exc)
     except Exception as exc:
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
 
 

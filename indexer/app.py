@@ -7,6 +7,7 @@ import contextlib
 
 import structlog
 
+from indexer import metrics
 from indexer.config import IndexerSettings
 from indexer.service import ChainIndexer
 from runtime.db import migrate_url
@@ -30,10 +31,13 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
     await ensure_topics(settings.kafka_bootstrap, topics)
     if settings.metrics_port is not None:
         start_server(settings.metrics_port)
+    metrics.at_start({chain.chain_id: len(chain.rpc_urls) for chain in settings.chains})
     indexers = [
         ChainIndexer(chain, database_url=settings.database_url, topic=settings.events_topic)
         for chain in settings.chains
     ]
+    for ix in indexers:
+        metrics.RANGE_SIZE.labels(ix.chain_label).set(ix.sizer.size)  # moves only when the sizer adapts
     tasks = [asyncio.create_task(ix.run(stop), name=f"index-{ix.chain.chain_id}") for ix in indexers]
     producer = None
     publisher = None

@@ -8,9 +8,8 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
-from runtime.errors import safe_message
 from runtime.logging import configure_logging
-from runtime.shell import run_service, wait_stopped
+from runtime.shell import run_service, startup_failure, wait_stopped
 
 app = typer.Typer(help="Index escrow events into PostgreSQL and Kafka.", no_args_is_help=True)
 
@@ -26,8 +25,7 @@ def run(
     try:
         settings = load_settings(config)
     except (ValidationError, OSError, ValueError) as exc:
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
     configure_logging(json=settings.log_json)
     run_service("indexer", lambda stop: run_indexer(settings, stop), configure=False)
 

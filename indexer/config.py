@@ -10,9 +10,10 @@ from typing import Any
 
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from runtime.config_file import load as config_file_load
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas.topics import ESCROW_EVENTS
 
 
@@ -72,12 +73,12 @@ class ChainConfig(BaseModel):
         return self
 
 
-class IndexerSettings(BaseSettings):
+class IndexerSettings(ServiceSettings):
     """Everything `escrowd index` needs."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="forbid", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(extra="forbid", env_nested_delimiter="__")
 
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
     events_topic: str = Field(default=ESCROW_EVENTS, description="Topic for escrow events")
     topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
@@ -85,13 +86,6 @@ class IndexerSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
     log_json: bool = Field(default=True, description="JSON log lines (false: console)")
     run_publisher: bool = Field(default=True, description="Run the outbox publisher in this process")
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:

@@ -31,3 +31,20 @@ BATCH_SECONDS = Histogram(
     ["chain_id"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+
+def at_start(chains: dict[int, int]) -> None:
+    """Every indexer series at 0 for the chains it follows (`chain id -> number of RPC endpoints`)."""
+    from chain.rpc import RPC_ERRORS, RPC_LATENCY
+    from runtime.metrics import at_zero
+    from schemas.events import event_names
+
+    ids = [str(c) for c in chains]
+    for metric in (REORGS, REORG_DEPTH, DEEP_REORGS, RETRACTIONS, BATCH_SECONDS):
+        at_zero(metric, ids)
+    at_zero(EVENTS, ids, event_names())
+    for chain_id, endpoints in chains.items():
+        names = [f"rpc{i}" for i in range(endpoints)]
+        methods = ("eth_getLogs", "eth_blockNumber", "eth_getBlockByNumber")
+        at_zero(RPC_LATENCY, [chain_id], names, methods)
+        at_zero(RPC_ERRORS, [chain_id], names, methods, ("transport", "response", "range_too_large"))

@@ -45,6 +45,7 @@ from indexer.decode import DecodedLog, DecodeError, EscrowLogDecoder
 from indexer.ranges import RangeSizer, plan_ranges
 from indexer.reorg import BlockRef, Inconsistent, Reorged, check_window, common_ancestor
 from indexer.store import Cursor, CursorMoved, IndexerStore
+from runtime.aio import wait_event
 from runtime.db import connect, is_connection_error
 from schemas.abi import escrow_abi
 
@@ -113,8 +114,7 @@ class ChainIndexer:
                     while not stop.is_set():
                         await self.sync_once(conn, stop)
                         self._wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._wake.wait(), self.chain.poll_interval)
+                        await wait_event(self._wake, self.chain.poll_interval)
                 except (RpcError, DecodeError) as exc:
                     self._bound.warning("indexer_retry", error=str(exc))
                 except CursorMoved as exc:

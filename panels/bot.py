@@ -27,7 +27,6 @@ never a verdict. The API and the node must be HTTPS unless they are on a loopbac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import ipaddress
@@ -43,10 +42,11 @@ import structlog
 import typer
 from eth_abi.exceptions import DecodingError
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
+from runtime.aio import wait_event
+from runtime.settings import ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
@@ -111,10 +111,8 @@ def check_shown(assignment: dict[str, Any], attempts: int, task_hash: str, evide
     return attempt, evidence_hash
 
 
-class BotSettings(BaseSettings):
+class BotSettings(ServiceSettings):
     """`escrowd verifier-bot` (`ESCROWD_*` over the file's `verifier_bot:` section); the keys are never logged."""
-
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
 
     api_url: str = Field(description="Base URL of the escrowd API (https unless loopback)")
     rpc_url: str = Field(
@@ -383,8 +381,7 @@ class VerifierBot:
                 log.warning("register_failed", error_type=type(exc).__name__)
                 if once:
                     raise
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+                await wait_event(stop, self.settings.poll_seconds)
         while not stop.is_set():
             try:
                 await self.poll_once()
@@ -392,9 +389,7 @@ class VerifierBot:
                 log.warning("poll_failed", error_type=type(exc).__name__)
             if once:
                 return
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
-            except TimeoutError:
+            if not await wait_event(stop, self.settings.poll_seconds):
                 continue
 
 
@@ -406,9 +401,8 @@ def verifier_bot(
     ] = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     try:
         settings = load_bot_settings(config)
@@ -416,8 +410,7 @@ def verifier_bot(
         scorer = load_scorer(settings.scorer, timeout=settings.scorer_timeout, api_key=settings.scorer_key())
     except Exception as exc:
         # One line naming the field, never a value (the key, the scorer's bearer key).
-        typer.echo(f"invalid configuration: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid configuration", exc)
     configure_logging(json=True)
 
     async def main(stop: asyncio.Event) -> None:

@@ -15,9 +15,9 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from panels import rules
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas import jsonbounds
 from schemas.panels import Address, OperatorId
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
@@ -42,12 +42,10 @@ class AllowlistEntry(BaseModel):
 _ENTRIES = TypeAdapter(Annotated[list[AllowlistEntry], Field(max_length=MAX_ALLOWLIST_ENTRIES)])
 
 
-class PanelSettings(BaseSettings):
+class PanelSettings(ServiceSettings):
     """What `escrowd consume panels` needs. The secret and the key are never logged."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import Counter, Gauge, Histogram
 
+from runtime.aio import wait_event
 from runtime.db import is_connection_error
 from runtime.eventlog import UNPUBLISHED_SQL, LogMessage, MessageBuilder, read_after
 from schemas import jsoncodec
@@ -205,8 +206,7 @@ class OutboxPublisher:
                 last_gauge = now
             if sent == 0:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._idle_poll_seconds)
+                await wait_event(self._wake, self._idle_poll_seconds)
 
     async def publish_batch(self, conn: asyncpg.Connection) -> int:
         """Send one batch of publishable rows, await every ack, mark them; return how many."""

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -147,3 +148,14 @@ async def cancel_on_stop(stop: asyncio.Event, work: Awaitable[None]) -> None:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def startup_failure(what: str, exc: BaseException) -> NoReturn:
+    """Print `what: <the problem>` on one line of stderr (never a secret's value) and exit 2.
+
+    The one start-up error block of every command: a configuration or key the operator fixes.
+    """
+    from runtime.errors import safe_message
+
+    print(f"{what}: {safe_message(exc)}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

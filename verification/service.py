@@ -22,13 +22,13 @@ import structlog
 from eth_account import Account
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.consumer import IdempotentConsumer
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import register_secret
 from runtime.outbox import OutboxPublisher, enqueue
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas import topics
 from schemas.task_terms import RetryDue
 from verification import results_store as store
@@ -46,12 +46,10 @@ from verification.verifiers import default_registry
 log = structlog.get_logger(__name__)
 
 
-class VerificationSettings(BaseSettings):
+class VerificationSettings(ServiceSettings):
     """Everything the verification consumer needs (`ESCROWD_*` environment variables)."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
     verification_group: str = Field(default=CONSUMER_NAME, description="Consumer group id")
     events_topic: str = Field(default=topics.ESCROW_EVENTS, description="Indexed escrow events")
@@ -69,6 +67,9 @@ class VerificationSettings(BaseSettings):
     )
     verification_keystore_password: SecretStr | None = Field(
         default=None, description="Password of the keystore file"
+    )
+    verification_keystore_password_file: Path | None = Field(
+        default=None, description="File holding that password (a mounted secret), instead of the password itself"
     )
     trusted_api_signers: list[str] = Field(
         default_factory=list,
@@ -90,13 +91,6 @@ class VerificationSettings(BaseSettings):
     max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
     @field_validator("trusted_api_signers")
     @classmethod
@@ -133,12 +127,28 @@ class SigningKeyError(RuntimeError):
     """The signing key is missing or unreadable (the message never holds key material)."""
 
 
+def _keystore_password(settings: VerificationSettings) -> str:
+    given, path = settings.verification_keystore_password, settings.verification_keystore_password_file
+    if given is not None and path is not None:
+        raise SigningKeyError("set one of verification_keystore_password and verification_keystore_password_file")
+    if path is not None:
+        from runtime.config_file import read_secret_file
+
+        try:
+            return read_secret_file(path, "verification_keystore_password_file")
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read verification_keystore_password_file: {exc.strerror}") from None
+        except ValueError as exc:
+            raise SigningKeyError(str(exc)) from None
+    if given is None:
+        raise SigningKeyError("verification_keystore is set but its password is not")
+    return given.get_secret_value()
+
+
 def load_signing_key(settings: VerificationSettings) -> str:
     """The signing key as 0x hex, from the keystore (preferred) or the raw setting."""
     if settings.verification_keystore is not None:
-        if settings.verification_keystore_password is None:
-            raise SigningKeyError("verification_keystore is set but its password is not")
-        password = settings.verification_keystore_password.get_secret_value()
+        password = _keystore_password(settings)
         register_secret(password)
         try:
             keystore = settings.verification_keystore.read_text(encoding="utf-8")
@@ -209,6 +219,19 @@ class RetryScheduler:
                 await asyncio.sleep(1.0)
 
 
+def _metrics_at_start() -> None:
+    """The verdict and verifier-error series at 0 (see `runtime.metrics`)."""
+    from typing import get_args
+
+    from runtime.metrics import at_zero
+    from schemas.task_terms import VerifierKind
+    from verification.consumer import VERDICTS, VERIFIER_ERRORS
+    from verification.routing import Mode, Source
+
+    at_zero(VERDICTS, get_args(Mode), get_args(Source), ("passed", "failed"))
+    at_zero(VERIFIER_ERRORS, get_args(VerifierKind))
+
+
 def build_consumer(
     settings: VerificationSettings, *, signing_key: str | None = None, registry: VerifierRegistry | None = None
 ) -> IdempotentConsumer:
@@ -247,6 +270,7 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
 
     stop = stop or asyncio.Event()
     key = load_signing_key(settings)
+    _metrics_at_start()
     if settings.metrics_port is not None:
         from runtime.health import start_server
 

@@ -10,6 +10,10 @@ from typing import Annotated
 
 import typer
 
+RULING_OUTCOMES = ("accepted", "duplicate", "rejected", "sent", "broadcast_refused", "replaced", "reorged",
+                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed")  # fmt: skip
+"""The outcomes `relay rulings` counts (`escrowd_relayer_rulings_total`), created at 0 at start."""
+
 app = typer.Typer(help="Settlement relayer: signed verdicts in, completeVerification out.", no_args_is_help=True)
 
 
@@ -25,23 +29,23 @@ def run(
     from chain.keys import KeyLoadError
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.service import run_relayer
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import cancel_on_stop, run_service
+    from runtime.shell import cancel_on_stop, run_service, startup_failure
 
     try:
         settings = RelayerSettings.load(config)
     except (ValidationError, FileNotFoundError) as exc:
         # pydantic hides SecretStr values in its messages; nothing else here is secret.
-        typer.echo(f"invalid relayer settings: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid relayer settings", exc)
     configure_logging(json=settings.log_json)
+    from relayer.settlement import metrics
+
+    metrics.at_start(chain.chain_id for chain in settings.chains)
     try:
         # The relayer's loops stop by cancellation: each one's `finally` is its drain.
         run_service("relayer", lambda stop: cancel_on_stop(stop, run_relayer(settings)), configure=False)
     except KeyLoadError as exc:
-        typer.echo(f"relayer key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("relayer key", exc)
 
 
 @app.command("rulings")
@@ -55,23 +59,24 @@ def rulings(
     from pydantic import ValidationError
 
     from chain.keys import KeyLoadError
-    from relayer.settlement.rulings import load_ruling_settings, run_ruling_relay
-    from runtime.errors import StartupError, safe_message
+    from relayer.settlement.rulings import RULINGS, load_ruling_settings, run_ruling_relay
+    from runtime.errors import StartupError
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     try:
         settings = load_ruling_settings(config)
     except (ValidationError, StartupError) as exc:
         # One line naming the field; never a value of the input (the key, the database URL).
-        typer.echo(f"invalid ruling relay settings: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("invalid ruling relay settings", exc)
     configure_logging(json=True)
+    from runtime.metrics import at_zero
+
+    at_zero(RULINGS, RULING_OUTCOMES)
     try:
         run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
     except KeyLoadError as exc:
-        typer.echo(f"arbiter key: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("arbiter key", exc)
 
 
 @app.command("keystore")

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from runtime.config_file import load as config_file_load
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
 
@@ -50,12 +51,12 @@ class ChainSettings(BaseModel):
         return max(1, self.confirmations)
 
 
-class RelayerSettings(BaseSettings):
+class RelayerSettings(ServiceSettings):
     """Everything `escrowd relay` needs."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(frozen=True)
 
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     chains: list[ChainSettings] = Field(min_length=1, description="Chains to send to")
     verdicts_topic: str = Field(default=VERDICTS, description="Topic of signed verdicts")
@@ -97,22 +98,22 @@ class RelayerSettings(BaseSettings):
     relayer_max_priority_fee_wei: int = Field(default=50 * GWEI, ge=0)
     relayer_base_fee_multiplier_bps: int = Field(default=20_000, ge=10_000)
     relayer_fee_bump_bps: int = Field(default=1_250, ge=NODE_MIN_BUMP_BPS, description="Replacement bump")
-    relayer_gas_limit: int = Field(default=300_000, ge=21_000, description="Gas limit of a verdict tx")
+    relayer_gas_limit: int = Field(default=400_000, ge=21_000, description="Gas limit of a verdict tx")
 
     relayer_max_in_flight: int = Field(default=512, ge=1, description="Unmined transactions at most")
     relayer_batch_size: int = Field(default=512, ge=1, description="Verdicts signed per round")
     relayer_broadcast_concurrency: int = Field(default=16, ge=1, le=256)
     relayer_settle_batch_size: int = Field(
-        default=0,
+        default=50,
         ge=0,
         le=256,
         description=(
             "Verdicts per completeVerificationBatch transaction when a round is deep enough; 0 or 1:"
-            " one completeVerification per verdict (the default: see docs/relayer.md)"
+            " one completeVerification per verdict (measured in docs/relayer.md)"
         ),
     )
     relayer_settle_batch_min: int = Field(
-        default=16, ge=2, description="Verdicts ready in one dispatch round before they are packed"
+        default=2, ge=2, description="Verdicts ready in one dispatch round before they are packed"
     )
     relayer_preflight_simulation: bool = Field(
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"
@@ -136,13 +137,6 @@ class RelayerSettings(BaseSettings):
     relayer_fault_injection: str | None = Field(
         default=None, description="Tests only: 'point:probability,...' kill -9 at named crash points"
     )
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, url: str) -> str:
-        if not url.startswith(("postgres://", "postgresql://")):
-            raise ValueError("database_url must be a postgresql:// URL")
-        return url
 
     @field_validator("relayer_trusted_signers", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from chain.eth_rpc import EthRpc, RpcError
 from chain.txs import marketplace_verifier_data, selector
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
+from runtime.aio import wait_event
 from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)
@@ -280,6 +281,11 @@ class SendGateLike(Protocol):
 
     reason: str | None
 
+    @property
+    def closures(self) -> int:
+        """How many times the gate was closed so far (by anyone)."""
+        ...
+
     def open(self) -> None: ...
 
     def close(self, reason: str) -> None: ...
@@ -311,9 +317,10 @@ class HealthMonitor:
 
     async def check_once(self) -> BridgeHealth:
         """Run one check and apply it to the gates and metrics."""
+        closures = {chain_id: gate.closures for chain_id, gate in self._gates.items()}
         report = await self._checker.check()
         for chain in report.chains:
-            self._apply(chain)
+            self._apply(chain, closures.get(chain.chain_id))
         # Re-read the gate state so the report shows the decision just taken.
         chains = [c.model_copy(update={"relayer": self._relayer_view(c)}) for c in report.chains]
         self._report = report.model_copy(update={"chains": chains})
@@ -327,7 +334,7 @@ class HealthMonitor:
             update={"sending": gate.is_open, "paused_reason": None if gate.is_open else gate.reason}
         )
 
-    def _apply(self, chain: ChainHealth) -> None:
+    def _apply(self, chain: ChainHealth, closures_before: int | None) -> None:
         label = str(chain.chain_id)
         gate = self._gates.get(chain.chain_id)
         matches = chain.verifier.verifier_matches
@@ -346,6 +353,13 @@ class HealthMonitor:
         if gate is None:
             return
         if matches:
+            if gate.closures != closures_before:
+                # The gate closed while this check was in flight (a sender saw the escrow
+                # refuse our key): what the check read may predate that refusal, so it
+                # cannot reopen the gate. Check again at once instead.
+                log.info("health_check_outdated", chain_id=chain.chain_id, reason=gate.reason)
+                self._wake.set()
+                return
             if not gate.is_open:
                 log.info("sending_resumed", chain_id=chain.chain_id, verifier=chain.verifier.marketplace_verifier)
                 metrics.SENDING_PAUSED.labels(label, "verifier_mismatch").set(0)
@@ -370,12 +384,13 @@ class HealthMonitor:
     async def run(self) -> None:
         """Check forever; a failing check closes the gates rather than stopping the loop."""
         while True:
+            # Cleared before the check: a request made while it is in flight (the escrow
+            # refused our key meanwhile) is answered by another check, not lost.
+            self._wake.clear()
             try:
                 await self.check_once()
             except Exception as exc:  # health must outlive any single fault
                 log.error("health_check_failed", error=f"{type(exc).__name__}: {exc}"[:300])
                 for gate in self._gates.values():
                     gate.close("health check failed")
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+            await wait_event(self._wake, self._interval)

@@ -6,6 +6,8 @@ chain ids, outcomes and error names: never addresses of users, never anything se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from chain.eth_rpc import RPC_ERRORS as RPC_ERRORS
@@ -78,3 +80,28 @@ INDEXER_LAG = Gauge(
     "escrowd_relayer_indexer_lag_blocks", "Chain head minus the indexer's cursor", ["chain_id"]
 )
 RPC_UP = Gauge("escrowd_relayer_rpc_up", "1 when the chain's RPC answered the last check", ["chain_id"])
+
+
+def at_start(chain_ids: Iterable[int]) -> None:
+    """Every relayer series whose labels are known at 0, so each alert fires on its first event."""
+    from runtime.metrics import at_zero
+    from schemas.abi import escrow_abi
+
+    ids = [str(c) for c in chain_ids]
+    at_zero(VERDICTS_RECEIVED, ("accepted", "awaiting_evidence", "rejected", "duplicate"))
+    signature = ("bad_signature", "signer_mismatch", "untrusted_signer")  # consumer.SIGNATURE_REASONS
+    at_zero(SIGNATURE_REJECTIONS, signature)
+    at_zero(VERDICT_REJECTIONS, ("malformed", "unknown_escrow", "attempt_out_of_range", "attempt_not_indexed",
+                                 "evidence_mismatch", *signature))  # fmt: skip
+    errors = sorted({str(e["name"]) for e in escrow_abi() if e.get("type") == "error"} | {"unknown"})
+    at_zero(TX_SENT, ids, ("verdict", "batch", "filler"))
+    at_zero(TX_RESENT, ids, ("reorg", "transient", "nonce_lost", "nonce_too_low", "nonce_too_high"))
+    at_zero(TX_REVERTED, ids, errors)
+    at_zero(NONCE_RECONCILIATIONS, ids, ("startup", "nonce_lost", "nonce_too_low", "nonce_too_high"))
+    for metric in (TX_REPLACED, TX_CONFIRMED, ALREADY_JUDGED, REORGS, GAPS_FILLED, FEE_CAP_REACHED,
+                   CONFIRMATION_SECONDS, KEY_MISMATCH_EVENTS):  # fmt: skip
+        at_zero(metric, ids)
+    methods = ("eth_sendRawTransaction", "eth_getTransactionReceipt", "eth_getTransactionCount", "eth_call", "eth_blockNumber")
+    at_zero(RPC_ERRORS, ids, methods, ("transient", "refused"))
+    for chain_id in ids:
+        KEY_MATCH.labels(chain_id).set(-1)  # unknown until the first check (the gauge's documented value)

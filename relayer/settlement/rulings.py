@@ -47,7 +47,6 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chain.eth_rpc import EthRpc, Head, RetryableRpcError, RpcCallError, RpcError
 from chain.fees import (
@@ -65,8 +64,10 @@ from chain.sender import NODE_HAS_IT, broadcast_raw, classify_send_error
 from chain.stuck import stuck_action as stuck_action  # re-exported: the ruling rules' tests
 from chain.taken import TakenWatch
 from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
+from runtime.aio import wait_event
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
+from runtime.settings import PostgresUrl, ServiceSettings
 from schemas import panels as msg
 from schemas.topics import DEAD_LETTERS, PANEL_RULINGS
 from schemas.verdict import InvalidSignature
@@ -571,8 +572,7 @@ class RulingSender:
                 health.mark(SENDER_PART, False)
                 RULINGS.labels("step_crashed").inc()
                 log.error("ruling_step_crashed", error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+            await wait_event(stop, interval)
 
 
 def build_ruling_consumer(
@@ -622,7 +622,7 @@ def public_test_key_refused(address: str, chain_id: int) -> bool:
     return chain_id not in LOCAL_CHAIN_IDS and address.lower() in PUBLIC_TEST_ADDRESSES
 
 
-class RulingRelaySettings(BaseSettings):
+class RulingRelaySettings(ServiceSettings):
     """`escrowd relay rulings` (`ESCROWD_*` over the file's `rulings:` section). The key is never logged.
 
     The arbiter key must not be the marketplace verifier key of `escrowd relay run`: each
@@ -630,9 +630,7 @@ class RulingRelaySettings(BaseSettings):
     keystore (+ its password or a password file; what deployments mount) or as raw hex.
     """
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
-
-    database_url: str = Field(description="PostgreSQL URL")
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
     kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
     ruling_chain_id: int = Field(gt=0, description="Chain whose disputes the rulings resolve")
     ruling_rpc_url: str = Field(description="HTTP JSON-RPC URL of that chain")

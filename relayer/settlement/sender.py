@@ -7,13 +7,15 @@ re-send, lost nonces, the fail-closed gate) with what is the relayer's own on to
 - **dispatch**: takes queued verdicts in batches, simulates each call (a refusal is
   recorded with its decoded error and costs no nonce), then in ONE database transaction
   locks the nonce counter, signs the round with consecutive nonces (one verdict per
-  transaction, or packed `completeVerificationBatch` transactions), stores the raw
-  transactions and advances the counter; only after the commit are they broadcast, many in
-  flight (pipelined nonces);
+  transaction, or packed `completeVerificationBatch` transactions, each batch first simulated
+  exactly as it will be signed: an item it would refuse stays queued, a batch that would
+  revert goes out as single sends), stores the raw transactions and advances the counter;
+  only after the commit are they broadcast, many in flight (pipelined nonces);
 - **what a slot's outcome means for its verdicts**: confirmed → the verdicts confirmed; a
   reorg → back to `sent`; a lost nonce → queued again; a mined revert decoded and recorded
   (`AlreadyJudged` → `already_judged`; `NotVerifier` re-checked against the escrow's key);
-  a mined batch's items its logs do not show settled → looked at one by one;
+  a mined batch's items its logs do not show settled, and every item of a reverted batch →
+  looked at one by one once the batch is confirmed, recorded or queued again;
 - **before every resend** an on-chain read of `isJudged`: an attempt someone else judged
   meanwhile is cancelled with a 0-value filler at the same nonce.
 """
@@ -21,6 +23,7 @@ re-send, lost nonces, the fail-closed gate) with what is the relayer's own on to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +48,7 @@ from chain.txs import (
     SignedTx,
     complete_verification_batch_data,
     complete_verification_data,
+    decode_batch_refusals,
     decode_revert,
     is_judged_data,
     marketplace_verifier_data,
@@ -149,16 +153,6 @@ class ChainSender(TxSender):
             if row.versions
         ]
 
-    def _call(self, slot: Slot) -> tuple[str, bytes, int]:
-        vs = _vs(slot)
-        if vs.kind == "verdict" and vs.verdict is not None:
-            return vs.verdict.escrow, self._calldata(vs.verdict), self._opt.gas_limit
-        if vs.kind == "batch" and vs.items:
-            # The same items in the same order: the calldata of every version is identical.
-            to, data, _ = self._batch_call(vs.items)
-            return to, data, vs.latest.gas_limit
-        return super()._call(slot)
-
     async def _screen(self, due: list[Slot]) -> tuple[list[Slot], set[int]]:
         # Before every resend: is the attempt judged already? Then cancel rather than send.
         verdict_slots = [_vs(s) for s in due if s.kind == "verdict" and _vs(s).verdict is not None]
@@ -185,9 +179,11 @@ class ChainSender(TxSender):
                 elif int(str(reply), 16) != 0:
                     judged.add(slot.nonce)
         if judged:
-            receipts = await self._receipts([v.tx_hash for n in judged for v in self.slots[n].versions])
+            # By the slots screened, not `self.slots`: the tracker may have dropped one meanwhile.
+            by_nonce = {s.nonce: s for s in verdict_slots}
+            receipts = await self._receipts([v.tx_hash for n in judged for v in by_nonce[n].versions])
             # Judged by our own transaction, just mined: the tracker takes it from here.
-            judged = {n for n in judged if not any(v.tx_hash in receipts for v in self.slots[n].versions)}
+            judged = {n for n in judged if not any(v.tx_hash in receipts for v in by_nonce[n].versions)}
         return due, judged
 
     async def _record_replacement(self, conn: asyncpg.Connection, slot: Slot, kind: str) -> None:
@@ -218,7 +214,10 @@ class ChainSender(TxSender):
         return slot.kind != "batch" or _vs(slot).settled is not None
 
     def _on_reorged(self, slot: Slot) -> None:
-        _vs(slot).settled = None
+        vs = _vs(slot)
+        vs.settled = None
+        for item in vs.items:  # refused by the block that is gone: decided again
+            self._refusals.pop(item.id, None)
 
     def _confirmations(self, confirmed: list[Slot]) -> list[tuple[int, VerdictSlot, VerdictRow]]:
         out = []
@@ -346,9 +345,8 @@ class ChainSender(TxSender):
             self.gate.close("the escrow refused our key (NotVerifier)")
             self._on_key_refused()
             return len(outcomes)
-        if ready:
-            await self._sign_and_send(ready)
-        return len(outcomes) + len(ready)
+        signed = await self._sign_and_send(ready) if ready else 0
+        return len(outcomes) + signed
 
     def _calldata(self, row: VerdictRow) -> bytes:
         return complete_verification_data(row.task_id, row.attempt, row.evidence_hash, row.passed, row.score)
@@ -399,9 +397,56 @@ class ChainSender(TxSender):
         )
         return items[0].escrow, data, self._opt.batch_gas_base + self._opt.batch_gas_per_item * len(items)
 
-    async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> None:
+    async def _simulate_batches(self, groups: list[list[VerdictRow]]) -> list[list[VerdictRow]]:
+        """Each batch exactly as it would be signed (calldata and gas limit), simulated in one
+        JSON-RPC batch before any nonce is spent on it. An item the batch would refuse leaves
+        it and stays queued (`GasTooLow`: the items before it used the gas; anything else: the
+        next round's own simulation records it); a batch that would revert as a whole goes out
+        as single sends, each of which passed its own simulation."""
+        batches = [g for g in groups if len(g) > 1]
+        if not batches:
+            return groups
+        calls = []
+        for group in batches:
+            to, data, gas = self._batch_call(group)
+            call = {"from": self.address, "to": to, "gas": hex(gas), "data": "0x" + data.hex()}
+            calls.append(("eth_call", [call, "latest"]))
+        replies = dict(zip(map(id, batches), await self._rpc.batch(calls), strict=True))
+        out: list[list[VerdictRow]] = []
+        left = 0
+        for group in groups:
+            if len(group) == 1:
+                out.append(group)
+                continue
+            reply = replies[id(group)]
+            if isinstance(reply, Reverted):
+                log.warning("batch_would_revert", chain_id=self.chain_id, items=len(group), error=str(decode_revert(reply.revert_data)))
+                out += [[row] for row in group]
+                continue
+            refusals: list[DecodedError | None] | None = None
+            if not isinstance(reply, Exception):
+                with contextlib.suppress(ValueError, TypeError, OverflowError):  # a node's reply: hostile
+                    refusals = decode_batch_refusals(bytes.fromhex(str(reply).removeprefix("0x")))
+            if refusals is None or len(refusals) != len(group):
+                left += len(group)  # transient or malformed: nothing packed blind, next round
+                continue
+            keep = [row for row, why in zip(group, refusals, strict=True) if why is None]
+            left += len(group) - len(keep)
+            if keep:
+                out.append(keep)
+        if left:
+            # Still queued: the dispatch loop goes round again at once if this round made
+            # progress, else at its next wake-up (no tight loop on a failing node).
+            log.info("batch_items_left_queued", chain_id=self.chain_id, count=left)
+        return out
+
+    async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> int:
+        """Sign and store the rows' transactions in one database transaction, then broadcast;
+        the number of verdicts signed (a batch's simulation may leave some queued)."""
+        groups = await self._simulate_batches(self._groups(rows))
+        if not groups:
+            return 0
         fees = await self._fees_now()
-        groups = self._groups(rows)
         self._crash.maybe_crash("before_sign")
         async with self._pool.acquire() as conn, conn.transaction():
             first = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
@@ -436,6 +481,7 @@ class ChainSender(TxSender):
                 )
             )
         self._adopt(slots)
+        return sum(len(group) for _, group in signed)
 
     # ------------------------------------------------------------------ outcomes
 
@@ -443,8 +489,12 @@ class ChainSender(TxSender):
         """Which items of a mined batch its logs show settled; the others are refusals to
         record (`_handle_refused_items`)."""
         if int(receipt["status"], 16) != 1:
+            # A reverted batch settled nothing: each item is checked on its own, like the
+            # items a mined batch refused (never all recorded `reverted` for the batch's fault).
             slot.settled = set()
-            return  # a reverted batch: `_handle_reverted` records every item
+            for item in slot.items:
+                self._refusals[item.id] = (slot.nonce, item)
+            return
         done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
         slot.settled = {v.id for v in slot.items if (v.task_id, v.attempt) in done}
         for item in slot.items:
@@ -454,8 +504,18 @@ class ChainSender(TxSender):
     async def _handle_refused_items(self) -> None:
         """Items a mined batch did not settle: what the single call says about each now (one
         JSON-RPC batch of simulations), recorded like a refused single send. Only verdicts
-        still `sent` are touched (a restart reads a batch's logs again)."""
-        pending = list(self._refusals.values())
+        still `sent` are touched (a restart reads a batch's logs again).
+
+        Only once the batch is confirmed: until then a reorg may put the batch back in the
+        pool with its signed bytes, which still carry every item; an item queued again
+        meanwhile would stand in two transactions."""
+        pending = [
+            (nonce, item)
+            for nonce, item in self._refusals.values()
+            if (slot := self.slots.get(nonce)) is None or slot.state == "confirmed"
+        ]
+        if not pending:
+            return
         replies = await self._rpc.batch(
             [
                 (
@@ -521,18 +581,16 @@ class ChainSender(TxSender):
             self._wake.set()
 
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
-        batches = [_vs(s) for s in slots if s.kind == "batch"]
-        if batches:
-            # A whole batch reverted (out of gas, too large): nothing settled; every item is
-            # recorded with the error, as a reverted single send is (never retried blindly).
-            batch_outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
-            for slot in batches:
-                slot.reverted_handled = True
-                data = await self._rpc.revert_data(slot.mined_hash or "")
-                error = decode_revert(data) if data is not None else DecodedError("Reverted")
-                batch_outcomes += [(item, "reverted", error) for item in slot.items]
-            await self._record_outcomes(batch_outcomes, stage="mined")
-            slots = [s for s in slots if s.kind != "batch"]
+        for slot in (_vs(s) for s in slots if s.kind == "batch"):
+            # A whole batch reverted: nothing settled, and the cause may be the batch's (its
+            # gas) rather than any item's: `_set_settled` put every item among the refusals,
+            # each checked alone and recorded or queued again (`_handle_refused_items`).
+            slot.reverted_handled = True
+            data = await self._rpc.revert_data(slot.mined_hash or "")
+            error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            metrics.TX_REVERTED.labels(self._label, f"batch:{error.name}").inc()
+            log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
+        slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         requeue: list[VerdictSlot] = []
         for slot in map(_vs, slots):

@@ -31,6 +31,7 @@ from relayer.settlement.crash import CrashPoints
 from relayer.settlement.health import BridgeHealthChecker, HealthMonitor
 from relayer.settlement.routes import metrics_router, router
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
+from runtime.aio import wait_event
 from runtime.db import connect, create_pool, is_connection_error, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
@@ -209,8 +210,7 @@ class Relayer:
     async def _admission_loop(self, pool: asyncpg.Pool) -> None:
         interval = min(self.settings.relayer_poll_interval, 5.0)
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._admit.wait(), interval)
+            await wait_event(self._admit, interval)  # not wait_for: see runtime/aio.py
             self._admit.clear()
             try:
                 async with pool.acquire() as conn:

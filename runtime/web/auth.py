@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Annotated
 
 import asyncpg
 from eth_utils.address import to_checksum_address
-from fastapi import Request
+from fastapi import Depends, Header, Request
 
 from runtime.web.errors import ApiProblem
 from schemas import eip712
@@ -181,3 +182,16 @@ async def authenticate(request: Request, chain_id: int | None = None, escrow: st
     async with state.pool.acquire() as conn, conn.transaction():
         await spend_nonce(conn, caller)
     return caller
+
+
+async def _signature_headers(
+    signer: Annotated[str | None, Header(alias="X-Escrowd-Signer", description="Acting address")] = None,
+    nonce: Annotated[str | None, Header(alias="X-Escrowd-Nonce", description="Single-use nonce")] = None,
+    expires_at: Annotated[str | None, Header(alias="X-Escrowd-Expires-At", description="Unix seconds")] = None,
+    signature: Annotated[str | None, Header(alias="X-Escrowd-Signature", description="EIP-712 signature")] = None,
+) -> None:
+    """Declares the four headers in OpenAPI; :func:`authenticate` reads and checks them."""
+
+
+Signed = Annotated[None, Depends(_signature_headers)]
+"""A route parameter (`_signed: Signed`) that documents the signature headers of a signed route."""

@@ -174,8 +174,10 @@ def test_a_reentering_token_is_stopped_and_every_agent_paid_once(odd: Devnet) ->
         ev = text_hash(f"odd {i}")
         odd.submit_evidence(tid, ev, sender=a)
         items.append((tid, 1, ev, True, 90))
-    # During the first payout the token calls the batch again with the same items.
-    reenter = bytes(HexBytes(_data(odd, items)))
+    # During the first payout the token calls the batch again with the first item (its
+    # hook runs under the escrow's TRANSFER_GAS: a longer call read from its storage would
+    # run the hook out of gas before the guard is reached; then the push is credited).
+    reenter = bytes(HexBytes(_data(odd, items[:1])))
     arm = (
         "0x"
         + _selector("arm(address,bytes)")

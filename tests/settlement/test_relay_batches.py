@@ -216,8 +216,8 @@ async def test_a_reorg_under_a_confirmed_batch_resends_it(
         assert await _batch_nonces(database_url), "the verdicts went out packed"
         first_block = await fetchval(database_url, "SELECT min(block_number) FROM settlement_verdicts")
         depth = (await on_chain(devnet.block_number)) - first_block + 1
-        # Mining paused around the reorg: the relayer resends at once, and with automine its
-        # resend could land between the reorg and the look below (it did, under load).
+        # Mining paused across the reorg and the check: the relayer may resend the moment it
+        # sees the new heads, and with automine its resend was mined before the check ran.
         await on_chain(devnet.rpc, "evm_setAutomine", False)
         try:
             await on_chain(devnet.reorg, depth)  # every verdict transaction is gone
@@ -273,12 +273,6 @@ def _urgent(devnet: Devnet, sender: str, to: str, data: str, nonce: int | None =
     devnet.rpc("eth_sendTransaction", tx)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known intermittent fault of the opt-in packing path (off by default): in 1 of ~9 runs "
-    "(a loaded clean-clone run) the re-queued items were never confirmed after the gate reopened; "
-    "not yet diagnosed, see docs/relayer.md",
-)
 @pytest.mark.timeout(180)
 async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
@@ -317,11 +311,6 @@ async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
         await run.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent with packing (off by default): in one clean-clone run the relayer's own batch, "
-    "not the outbidding transaction, took the nonce (state 'confirmed', not 'lost'); see docs/relayer.md",
-)
 @pytest.mark.timeout(180)
 async def test_a_batch_nonce_taken_by_another_transaction_is_sent_again(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer

@@ -9,11 +9,12 @@ The relayer runs as a subprocess (`python -m relayer.settlement.cli run`). Two k
 
 Then a last run without faults finishes the work, and the chain and the database are
 checked: every attempt judged exactly once, no verdict transaction sent twice for an
-attempt (every mined relayer transaction is a distinct verdict or a filler, none
-reverted), no nonce gap (mined count = pool count = our counter), and the key never
-appeared in the logs.
+attempt (every mined relayer transaction is a filler or carries distinct verdicts, each
+verdict in exactly one, none reverted), no nonce gap (mined count = pool count = our
+counter), every verdict in exactly one live slot, and the key never appeared in the logs.
 
-It runs at full size in CI (300 verdicts, 20 kills: 1–2.5 minutes on two shared cores).
+It runs at full size in CI (300 verdicts, 20 kills: 1–2.5 minutes on two shared cores),
+twice: one transaction per verdict, and packed (the default, `completeVerificationBatch`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from eth_abi.abi import decode as abi_decode
 
-from chain.txs import decode_complete_verification
+from chain.txs import decode_complete_verification, selector
 from escrowd.devnet import Devnet
 from relayer.settlement.crash import POINTS
 from tests.settlement.conftest import (
@@ -118,6 +120,7 @@ async def crash_campaign(
     point_cycles: int,
     external_kills: int,
     seed: int,
+    packed: bool = False,
 ) -> dict[str, object]:
     rng = random.Random(seed)
     items = await on_chain(submit_tasks, devnet, verdicts, prefix=f"crash{seed}")
@@ -132,6 +135,9 @@ async def crash_campaign(
         relayer_batch_size=4,
         relayer_broadcast_concurrency=4,
         relayer_replace_after_seconds=2,
+        # Packed: the default packing (verdicts of a round of 2 or more in one batch); single:
+        # one completeVerification per verdict, the path every round of one verdict takes.
+        **({} if packed else {"relayer_settle_batch_size": 0}),
     )
     topic = env["ESCROWD_VERDICTS_TOPIC"]
     log_file = tmp_path / "relayer.log"
@@ -209,10 +215,11 @@ async def crash_campaign(
             assert tx["input"] in ("0x", "") and int(tx["value"], 16) == 0
             fillers += 1
             continue
-        decoded = decode_complete_verification(bytes.fromhex(tx["input"][2:]))
-        assert decoded is not None and tx["to"].lower() == devnet.escrow_address.lower()
-        verdict_txs[(decoded[0], decoded[1])] += 1
+        assert tx["to"].lower() == devnet.escrow_address.lower()
+        verdict_txs.update(carried_attempts(tx))
     assert verdict_txs == Counter({(i.task_id, 1): 1 for i in items})
+    batches = sum(1 for tx in txs if tx["input"].startswith("0x" + selector("completeVerificationBatch").hex()))
+    assert (batches > 0) == packed
     # 3. No nonce gap, no drift.
     latest = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "latest"), 16)
     pending = int(await on_chain(devnet.rpc, "eth_getTransactionCount", relayer, "pending"), 16)
@@ -220,12 +227,16 @@ async def crash_campaign(
     assert latest == pending == counter == len(txs)
     assert sorted(int(tx["nonce"], 16) for tx in txs) == list(range(latest))
     assert pending_rows == 0
+    # Every verdict in exactly one live slot (its own, or as an item of a batch).
     live = await fetch(
         database_url,
-        "SELECT verdict_id, count(*) AS n FROM settlement_transactions WHERE kind = 'verdict' AND state <> 'lost'"
-        " GROUP BY verdict_id HAVING count(*) <> 1",
+        "SELECT verdict_id, count(*) AS n FROM ("
+        " SELECT verdict_id FROM settlement_transactions WHERE kind = 'verdict' AND state <> 'lost'"
+        " UNION ALL SELECT b.verdict_id FROM settlement_batch_items b JOIN settlement_transactions t"
+        "   USING (chain_id, sender, nonce) WHERE t.kind = 'batch' AND t.state <> 'lost') s"
+        " GROUP BY verdict_id",
     )
-    assert live == []
+    assert len(live) == len(items) and all(r["n"] == 1 for r in live)
     # 4. The key never reached the logs.
     text = log_file.read_text(errors="replace").lower()
     key = devnet.marketplace_verifier.private_key.lower()
@@ -235,14 +246,27 @@ async def crash_campaign(
     return {"kills": sum(kills.values()), "by_kind": dict(kills), "points_hit": injected, "fillers": fillers}
 
 
+def carried_attempts(tx: dict) -> list[tuple[int, int]]:
+    """(task, attempt) of each verdict a relayer transaction carries (single or batch)."""
+    data = bytes.fromhex(tx["input"][2:])
+    single = decode_complete_verification(data)
+    if single is not None:
+        return [(single[0], single[1])]
+    assert data[:4] == selector("completeVerificationBatch"), tx["hash"]
+    (items,) = abi_decode(["(uint256,uint8,bytes32,bool,uint8)[]"], data[4:])
+    return [(int(t), int(a)) for t, a, *_ in items]
+
+
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("packed", [False, True], ids=["single", "packed"])
 async def test_kill_nine_300_verdicts_20_kills_keeps_exactly_once(
-    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
+    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path, packed
 ) -> None:
-    """300 verdicts, 20 kills: every crash point twice plus ten random external kills."""
+    """300 verdicts, 20 kills: every crash point twice plus ten random external kills; with
+    one transaction per verdict, and packed (the default)."""
     result = await crash_campaign(
         devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer, tmp_path,
-        verdicts=300, point_cycles=2, external_kills=10, seed=11,
+        verdicts=300, point_cycles=2, external_kills=10, seed=11, packed=packed,
     )  # fmt: skip
     assert result["kills"] >= 20
     assert result["points_hit"] == set(POINTS), result

@@ -25,10 +25,13 @@ from tests.settlement.conftest import (
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["single", "packed"])
 async def test_verdicts_are_relayed_and_confirmed(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer,
+    packed: bool,
 ) -> None:
-    """Signed verdicts from Kafka end up judged on chain exactly once, confirmed in the database."""
+    """Signed verdicts from Kafka end up judged on chain exactly once, confirmed in the database
+    (one transaction per verdict, or packed: the default)."""
     items = await on_chain(submit_tasks, devnet, 12)
     await indexer.caught_up()
     env = relayer_env(
@@ -38,6 +41,7 @@ async def test_verdicts_are_relayed_and_confirmed(
         topic_prefix=topic_prefix,
         trusted=[service_signer.address],
         confirmations=2,
+        **({} if packed else {"relayer_settle_batch_size": 0}),
     )
     run = RelayerRun(settings_from_env(env))
     await run.start()
@@ -59,7 +63,20 @@ async def test_verdicts_are_relayed_and_confirmed(
             assert task.judged_mask == 1
             assert int(task.status) == (4 if signed.verdict.passed else 3)
         rows = await fetch(database_url, "SELECT count(*) AS n, count(DISTINCT nonce) AS d FROM settlement_transactions")
-        assert rows[0]["n"] == rows[0]["d"] == len(items)
+        if packed:
+            # Every verdict in exactly one transaction (here the batches), one row per nonce.
+            carried = await fetch(
+                database_url,
+                "SELECT b.verdict_id, count(*) AS n FROM settlement_batch_items b JOIN settlement_transactions t"
+                " USING (chain_id, sender, nonce) WHERE t.kind = 'batch' GROUP BY b.verdict_id",
+            )
+            singles = await fetch(database_url, "SELECT verdict_id FROM settlement_transactions WHERE kind = 'verdict'")
+            assert len(carried) + len(singles) == len(items) and all(r["n"] == 1 for r in carried)
+            assert {r["verdict_id"] for r in carried}.isdisjoint(r["verdict_id"] for r in singles)
+            assert carried, "the verdicts went out packed"
+            assert rows[0]["n"] == rows[0]["d"] < len(items)
+        else:
+            assert rows[0]["n"] == rows[0]["d"] == len(items)
         async with httpx.AsyncClient() as client:
             # The report is the monitor's latest check (one per poll interval): one taken while
             # the last transactions were still pending may be served for a moment after.

@@ -34,6 +34,7 @@ from chain.txs import (
     decode_revert,
     selector,
     sign_eip1559,
+    signed_call,
 )
 from relayer.settlement.consumer import Accept, Reject, Wait, check_signature, decide
 from relayer.settlement.health import key_match
@@ -578,3 +579,20 @@ def test_settings_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("ESCROWD_RELAYER_KEYSTORE", str(tmp_path / "k.json"))
     with pytest.raises(ValidationError):
         RelayerSettings.load()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nonce=st.integers(0, 2**64 - 1),
+    gas=st.integers(21_000, 30_000_000),
+    data=st.binary(max_size=4096),
+    to=st.binary(min_size=20, max_size=20),
+)
+def test_a_signed_transaction_gives_back_its_call(nonce: int, gas: int, data: bytes, to: bytes) -> None:
+    """`signed_call` reads (to, calldata) back from our signed bytes: a replacement re-signs
+    exactly what the nonce first carried."""
+    key = SecretKey.from_hex("0x" + "42" * 32)
+    tx = sign_eip1559(key, chain_id=31337, nonce=nonce, to="0x" + to.hex(), data=data, gas_limit=gas, fees=Fees(3 * GWEI, GWEI))
+    assert signed_call(tx.raw) == ("0x" + to.hex(), data)
+    with pytest.raises(ValueError):
+        signed_call(b"\x01" + tx.raw[1:])

@@ -13,7 +13,11 @@ from typing import Any
 from escrowd.devnet import USDC, Actor, Devnet, deploy_contract, load_artifact, text_hash
 
 ROOT = Path(__file__).resolve().parents[2]
-MOCKS = ("contracts/mocks/BlacklistToken.sol", "contracts/mocks/FeeOnTransferToken.sol")
+MOCKS = (
+    "contracts/mocks/BlacklistToken.sol",
+    "contracts/mocks/FeeOnTransferToken.sol",
+    "contracts/mocks/GasBurnToken.sol",
+)
 
 _COMPILE_JS = r"""
 const fs = require("fs");

@@ -58,6 +58,26 @@ def test_signing_key_errors_never_show_the_key(extra: dict[str, Any], message: s
     assert "1234" not in str(caught.value)
 
 
+def test_keystore_password_from_a_file(tmp_path: Path) -> None:
+    """`verification_keystore_password_file`, like the relayer's and the arbiter's: whitespace trimmed, one of the two forms."""
+    keystore = tmp_path / "key.json"
+    keystore.write_text(json.dumps(Account.encrypt(bytes.fromhex(KEY[2:]), "from-a-file", iterations=2)))
+    password = tmp_path / "password"
+    password.write_text("from-a-file\n")
+    loaded = load_signing_key(settings(verification_keystore=keystore, verification_keystore_password_file=password))
+    assert loaded == KEY
+    with pytest.raises(SigningKeyError, match="set one of"):
+        load_signing_key(settings(verification_keystore=keystore, verification_keystore_password_file=password,
+                                  verification_keystore_password="from-a-file"))  # fmt: skip
+    with pytest.raises(SigningKeyError, match="cannot read") as caught:
+        load_signing_key(settings(verification_keystore=keystore, verification_keystore_password_file=tmp_path / "absent"))
+    assert "from-a-file" not in str(caught.value)
+    password.write_text("wrong-password-in-file")
+    with pytest.raises(SigningKeyError, match="cannot decrypt") as caught:
+        load_signing_key(settings(verification_keystore=keystore, verification_keystore_password_file=password))
+    assert "wrong-password-in-file" not in str(caught.value)
+
+
 def test_wrong_keystore_password_is_an_error_without_the_password(tmp_path: Path) -> None:
     keystore = tmp_path / "key.json"
     keystore.write_text(json.dumps(Account.encrypt(bytes.fromhex(KEY[2:]), "right", iterations=2)))

@@ -30,10 +30,11 @@ import aiohttp
 import structlog
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from runtime.logging import register_secret
+from runtime.settings import ServiceSettings
 from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,7 @@ class ModelError(Exception):
         self.transient = transient
 
 
-class ModelSettings(BaseSettings):
+class ModelSettings(ServiceSettings):
     """Where the judge model is and how it is called (`ESCROWD_MODEL_*`)."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_MODEL_", extra="ignore")

@@ -44,7 +44,7 @@ import httpx
 import structlog
 import typer
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, RpcError
@@ -53,7 +53,9 @@ from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
 from chain.txs import complete_verification_data, is_judged_data
+from runtime.aio import wait_event
 from runtime.logging import register_secret
+from runtime.settings import PostgresUrl, ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from verification.agents import briefs
@@ -84,7 +86,7 @@ class ReplyTooLarge(Exception):
 _TASK_ROUTE = re.compile(r"^/v1/tasks/(?P<chain>[0-9]+)/(?P<escrow>0x[0-9a-fA-F]{40})/")
 
 
-class VerifierAgentSettings(BaseSettings):
+class VerifierAgentSettings(ServiceSettings):
     """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
     the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 
@@ -108,7 +110,7 @@ class VerifierAgentSettings(BaseSettings):
     )
     poll_seconds: float = Field(default=2.0, gt=0, description="Seconds between queue reads")
     capabilities: list[str] = Field(default_factory=lambda: ["text"], description="Capabilities it registers")
-    database_url: str = Field(
+    database_url: PostgresUrl = Field(
         validation_alias=AliasChoices("ESCROWD_VERIFIER_DATABASE_URL", "ESCROWD_DATABASE_URL"),
         description="PostgreSQL URL (or ESCROWD_DATABASE_URL): the wallet's nonce row and every transaction it signed",
     )
@@ -424,8 +426,7 @@ class VerifierAgent:
                     log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
             except Exception as exc:
                 log.warning("verifier_poll_failed", error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.poll_seconds)
+            await wait_event(stop, self.settings.poll_seconds)
 
 
 async def run_verifier_agent(
@@ -463,9 +464,8 @@ def verifier_agent(
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""
-    from runtime.errors import safe_message
     from runtime.logging import configure_logging
-    from runtime.shell import run_service
+    from runtime.shell import run_service, startup_failure
 
     configure_logging(json=log_json)
     try:
@@ -475,8 +475,7 @@ def verifier_agent(
             raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
         # One line naming the field, never a value (the wallet key, the model's key).
-        typer.echo(f"configuration error: {safe_message(exc)}", err=True)
-        raise typer.Exit(2) from None
+        startup_failure("configuration error", exc)
     run_service("verifier-agent", lambda stop: run_verifier_agent(settings, model_settings, stop), configure=False)
 
 

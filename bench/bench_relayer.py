@@ -53,6 +53,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from bench.agent_send import agent_send_figure
 from chain.fees import Fees
 from chain.keys import SecretKey
 from chain.txs import (
@@ -75,6 +76,7 @@ OVERRIDES: dict[str, Any] = {}  # relayer settings from --set name=value (experi
 RESTART_MODES = ["group", "direct"]  # --restart-modes
 VARIANTS: dict[str, dict[str, Any]] = {"relayer": {}}  # --variant name:k=v,k=v (A/B in one run)
 SETTLE_BATCH = [50]  # --settle-batch: items per completeVerificationBatch in raw_settle_batch (0: skip)
+AGENT_VERDICTS = [30]  # --agent-verdicts: the verifier agent's send path figure (0: skip)
 TASK_CHUNK = 600  # tasks per set-up batch: larger ones fill blocks and drive the base fee up until sends fail
 
 
@@ -516,8 +518,10 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
             restart[mode] = await restart_to_work(
                 devnet, database_url, bootstrap, batch, mode, devnet.spare[0].private_key
             )
-        if not relayed:  # --rounds 0: the restart figure alone
-            return {"benchmark": "relayer", "restart_to_work_s": {mode: round(v, 2) for mode, v in restart.items()}}
+        agent = {"agent_send": await agent_send_figure(devnet, database_url, AGENT_VERDICTS[0])} if AGENT_VERDICTS[0] else {}
+        if not relayed:  # --rounds 0: the restart figure (and the agent's send path) alone
+            return {"benchmark": "relayer", "restart_to_work_s": {mode: round(v, 2) for mode, v in restart.items()},
+                    **agent}
         raw_median = statistics.median(raw)
         raw_batched_median = statistics.median(raw_batched)
         relay_rate = statistics.median(r["rate"] for r in relayed)
@@ -555,6 +559,7 @@ async def main(verdicts: int, database_url: str, bootstrap: str, rounds: int) ->
             "gas_per_verdict": {kind: round(statistics.median(v)) for kind, v in GAS_USED.items()},
             "setup_seconds": round(setup_s, 1),
             "chain_blocks": devnet.block_number(),
+            **agent,
         }
     finally:
         anvil.stop()
@@ -594,10 +599,15 @@ def cli() -> None:
         help="name:setting=value,... a relayer configuration to run in each round (repeatable; A/B in one run)",
     )
     parser.add_argument(
+        "--agent-verdicts", type=int, default=30,
+        help="verdicts per figure of the hosted verifier agent's send path (bench/agent_send.py; 0: skip)",
+    )
+    parser.add_argument(
         "--settle-batch", type=int, default=50, help="items per completeVerificationBatch of the raw batch figure (0: skip)"
     )
     args = parser.parse_args()
     SETTLE_BATCH[0] = args.settle_batch
+    AGENT_VERDICTS[0] = args.agent_verdicts
     if args.variant:
         VARIANTS.clear()
         for item in args.variant:

@@ -186,6 +186,7 @@ async def _pipeline_main(
         hosted = await LocalHostedVerifier.start(
             api_url=f"http://127.0.0.1:{api_port}", rpc_url=dn.rpc_url, chain_id=dn.chain_id,
             escrow_address=dn.escrow_address, wallet_key=hosted_actor.private_key,
+            database_url=pipeline.config.database_url,
         )  # fmt: skip
         console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
         generator = TrafficGenerator(dn, offchain=offchain, seed=seed, hosted_verifier=hosted_actor)

@@ -24,6 +24,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from chain import txstore
 from chain.eth_rpc import EthRpc, RpcError
 from chain.txs import marketplace_verifier_data, selector
 from relayer.settlement import metrics, store
@@ -190,8 +191,8 @@ class BridgeHealthChecker:
         with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
             async with self._pool.acquire() as conn:
                 cursor = await store.indexer_cursor(conn, chain.chain_id)
-                pending = await store.pending_count(conn, chain.chain_id, self.relayer_address)
-                next_nonce = await store.next_nonce(conn, chain.chain_id, self.relayer_address)
+                pending = await txstore.pending_count(conn, chain.chain_id, self.relayer_address)
+                next_nonce = await txstore.next_nonce(conn, chain.chain_id, self.relayer_address)
         matches, reason = key_match(trusted, self.relayer_address)
         if head is None and reason is not None:
             reason = f"RPC unreachable ({error}); {reason}"

@@ -11,6 +11,20 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram
 
 from chain.eth_rpc import RPC_ERRORS as RPC_ERRORS
+from chain.sender import SenderMetrics
+
+# What the chain toolkit's transaction sender counts, under the relayer's names.
+SENDER = SenderMetrics.create("escrowd_relayer", "the relayer")
+TX_SENT = SENDER.tx_sent
+TX_REPLACED = SENDER.tx_replaced
+TX_RESENT = SENDER.tx_resent
+REORGS = SENDER.reorgs
+NONCE_RECONCILIATIONS = SENDER.reconciliations
+GAPS_FILLED = SENDER.gaps_filled
+FEE_CAP_REACHED = SENDER.fee_cap_reached
+PENDING_TX = SENDER.pending
+NEXT_NONCE = SENDER.next_nonce
+HEAD_BLOCK = SENDER.head_block
 
 VERDICTS_RECEIVED = Counter(
     "escrowd_relayer_verdicts_received_total",
@@ -27,17 +41,6 @@ VERDICT_REJECTIONS = Counter(
     "Verdicts refused for any reason, signature included",
     ["reason"],
 )
-TX_SENT = Counter(
-    "escrowd_relayer_tx_sent_total", "Transactions broadcast for the first time", ["chain_id", "kind"]
-)
-TX_REPLACED = Counter(
-    "escrowd_relayer_tx_replaced_total", "Fee-bumped replacements broadcast", ["chain_id"]
-)
-TX_RESENT = Counter(
-    "escrowd_relayer_tx_resent_total",
-    "Unchanged transactions broadcast again (restart, reorg, dropped)",
-    ["chain_id", "reason"],
-)
 TX_CONFIRMED = Counter(
     "escrowd_relayer_tx_confirmed_total", "Verdict transactions confirmed", ["chain_id"]
 )
@@ -51,39 +54,11 @@ ALREADY_JUDGED = Counter(
     "Verdicts not sent (or cancelled) because the attempt was judged already",
     ["chain_id"],
 )
-REORGS = Counter(
-    "escrowd_relayer_reorgs_detected_total",
-    "Reorgs that removed one of our mined transactions",
-    ["chain_id"],
-)
-NONCE_RECONCILIATIONS = Counter(
-    "escrowd_relayer_nonce_reconciliations_total",
-    "Nonce reconciliations with the chain, by trigger",
-    ["chain_id", "trigger"],
-)
-GAPS_FILLED = Counter(
-    "escrowd_relayer_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"]
-)
-FEE_CAP_REACHED = Counter(
-    "escrowd_relayer_fee_cap_reached_total",
-    "Replacements skipped because the fee cap left no valid bump",
-    ["chain_id"],
-)
 CONFIRMATION_SECONDS = Histogram(
     "escrowd_relayer_verdict_confirmation_seconds",
     "Time from a verdict's arrival to its transaction's confirmation",
     ["chain_id"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
-)
-PENDING_TX = Gauge(
-    "escrowd_relayer_pending_transactions", "Our transactions not yet mined", ["chain_id"]
-)
-NEXT_NONCE = Gauge("escrowd_relayer_nonce", "The next nonce the relayer will use", ["chain_id"])
-BALANCE = Gauge("escrowd_relayer_balance_wei", "Balance of the relayer address, wei", ["chain_id"])
-KEY_MATCH = Gauge(
-    "escrowd_relayer_verifier_key_match",
-    "1 when the escrow trusts the relayer's key, 0 when not (sending stopped), -1 unknown",
-    ["chain_id"],
 )
 KEY_MISMATCH_EVENTS = Counter(
     "escrowd_relayer_verifier_key_mismatch_total",
@@ -95,7 +70,12 @@ SENDING_PAUSED = Gauge(
     "1 while sending is stopped (fail closed), with the reason as a label",
     ["chain_id", "reason"],
 )
-HEAD_BLOCK = Gauge("escrowd_relayer_head_block", "Latest block the relayer saw", ["chain_id"])
+BALANCE = Gauge("escrowd_relayer_balance_wei", "Balance of the relayer address, wei", ["chain_id"])
+KEY_MATCH = Gauge(
+    "escrowd_relayer_verifier_key_match",
+    "1 when the escrow trusts the relayer's key, 0 when not (sending stopped), -1 unknown",
+    ["chain_id"],
+)
 INDEXER_LAG = Gauge(
     "escrowd_relayer_indexer_lag_blocks", "Chain head minus the indexer's cursor", ["chain_id"]
 )

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,18 +48,20 @@ import structlog
 from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError, classify_send_error
+from chain.eth_rpc import EthRpc, Head, RetryableRpcError, RpcCallError, RpcError
 from chain.fees import (
     BPS,
     GWEI,
     NODE_MIN_BUMP_BPS,
     FeePolicy,
     Fees,
-    bump,
-    includable,
     price,
 )
 from chain.keys import KeyLoadError, SecretKey, load_keystore
+from chain.receipts import INT64 as _INT64
+from chain.receipts import BadReply, Receipt, quantity
+from chain.sender import NODE_HAS_IT, broadcast_raw, classify_send_error
+from chain.stuck import stuck_action as stuck_action  # re-exported: the ruling rules' tests
 from chain.taken import TakenWatch
 from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.aio import wait_event
@@ -84,34 +85,11 @@ SENDER_PART = "ruling-sender"
 MINED = ("confirmed", "reverted", "already_resolved")
 """Statuses a receipt gave the ruling: watched until `finality_depth` deep, then final."""
 
+MALFORMED_REPLY = "malformed reply"
+"""How the JSON-RPC client (`chain.rpc`) begins the error of a reply it refused for its shape."""
+
 MAX_NONCE_JUMP = 1_024
 """How far the arbiter's pending count may run ahead of what we know before nothing is signed."""
-
-_QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,64}")
-_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
-_INT64 = 2**63 - 1
-
-
-class BadReply(RpcError):
-    """A node's reply of the wrong type or out of range: the pass fails, nothing is signed."""
-
-
-def quantity(value: object, what: str, limit: int = _INT64) -> int:
-    """A JSON-RPC quantity (0x hex string) no larger than `limit`, or BadReply."""
-    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
-        raise BadReply(f"{what}: not a quantity")
-    number = int(value, 16)
-    if number > limit:
-        raise BadReply(f"{what}: out of range")
-    return number
-
-
-def hash32(value: object, what: str) -> str:
-    """A 32-byte 0x hash, lower-cased, or BadReply."""
-    if not isinstance(value, str) or not _HASH.fullmatch(value):
-        raise BadReply(f"{what}: not a 32-byte hash")
-    return value.lower()
-
 
 RULINGS = Counter("escrowd_relayer_rulings_total", "Panel rulings by outcome", ["outcome"])
 ARBITER_MATCH = Gauge("escrowd_relayer_arbiter_matches", "1 when the escrow's arbiter is our key", ["chain_id"])
@@ -138,12 +116,6 @@ def check_ruling(signed: msg.SignedRuling, trusted: frozenset[str]) -> str | Non
     if recovered.lower() not in trusted:
         return "the signer is not a trusted panel key"
     return None
-
-
-def node_has_it(message: str) -> bool:
-    """True when a node's refusal of a raw transaction means it has it, or mined its nonce
-    (already known, or nonce too low): not a problem to report."""
-    return classify_send_error(message) in ("known", "nonce_too_low")
 
 
 def preflight_outcome(error_name: str, args: tuple[Any, ...]) -> str:
@@ -193,45 +165,11 @@ class Version:
     fees: Fees
 
 
-@dataclass(frozen=True)
-class Receipt:
-    """The fields of a transaction receipt the ruling path reads, checked (`parse`)."""
-
-    block_number: int
-    block_hash: str
-    failed: bool
-
-    @classmethod
-    def parse(cls, raw: object, tx_hash: str) -> Receipt | None:
-        """A mined receipt of `tx_hash`, None while pending; BadReply for anything malformed
-        (wrong types, another transaction's receipt, a status other than 0x0 / 0x1)."""
-        if not isinstance(raw, dict):
-            raise BadReply("eth_getTransactionReceipt: not an object")
-        if raw.get("blockNumber") is None:
-            return None
-        if hash32(raw.get("transactionHash"), "receipt transactionHash") != tx_hash.lower():
-            raise BadReply("eth_getTransactionReceipt: the receipt of another transaction")
-        status = raw.get("status", "0x1")
-        if status not in ("0x0", "0x1"):
-            raise BadReply("eth_getTransactionReceipt: status is neither 0x0 nor 0x1")
-        return cls(quantity(raw["blockNumber"], "receipt blockNumber"),
-                   hash32(raw.get("blockHash"), "receipt blockHash"), status == "0x0")
-
-
-def stuck_action(
-    latest: Fees, *, base_fee: int, suggested_priority: int, policy: FeePolicy, waited: float, replace_after: float
-) -> tuple[str, Fees | None]:
-    """What to do with an unmined ruling transaction whose nonce is still ours (pure).
-
-    `wait` (rebroadcast the live version) while it can enter the next block and was broadcast
-    less than `replace_after` seconds ago; otherwise it is stuck: `bump` with fees that are a
-    valid EIP-1559 replacement (tip and max fee each +`bump_bps`, at least the market price),
-    or `capped` when that would pass the policy's fee cap (the live version stays).
-    """
-    if includable(latest, base_fee) and waited < replace_after:
-        return "wait", None
-    fees = bump(latest, base_fee, suggested_priority, policy)
-    return ("capped", None) if fees is None else ("bump", fees)
+def node_has_it(message: str) -> bool:
+    """True when a node's refusal of a raw transaction means it has it, or mined its nonce
+    (geth/erigon "already known", anvil "already imported", besu "Known transaction",
+    "nonce too low" / nethermind "OldNonce"): not a problem to report."""
+    return classify_send_error(message) in NODE_HAS_IT
 
 
 def mined_status(
@@ -371,17 +309,19 @@ class RulingSender:
         )
 
     async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
-        try:
-            await self.rpc.send_raw(raw_hex)
-        except RpcCallError as exc:
-            if node_has_it(exc.message):
-                # The node has it or mined it (or its nonce): the receipt decides.
-                log.debug("ruling_broadcast_known", tx_hash=tx_hash)
-                return
-            # A real refusal (no gas money, underpriced next to another transaction at the
-            # nonce, a gas limit the node refuses): retried every pass, counted, alerted on.
-            RULINGS.labels("broadcast_refused").inc()
-            log.warning("ruling_broadcast_refused", tx_hash=tx_hash, error=exc.message[:200])
+        (outcome,) = await broadcast_raw(self.rpc, [raw_hex])
+        if outcome == "ok":
+            return
+        if outcome in NODE_HAS_IT:
+            # The node has it or mined it (or its nonce): the receipt decides.
+            log.debug("ruling_broadcast_known", tx_hash=tx_hash)
+            return
+        if outcome == "transient":
+            raise RetryableRpcError("eth_sendRawTransaction: no answer")  # the pass fails; retried
+        # A real refusal (no gas money, underpriced next to another transaction at the
+        # nonce, a gas limit the node refuses): retried every pass, counted, alerted on.
+        RULINGS.labels("broadcast_refused").inc()
+        log.warning("ruling_broadcast_refused", tx_hash=tx_hash, outcome=outcome)
 
     async def _follow(self, pool: asyncpg.Pool) -> int:
         """Follow every ruling that was sent, and every confirmed one that is not final yet."""
@@ -618,7 +558,12 @@ class RulingSender:
                 log.warning("ruling_bad_reply", error=str(exc))
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
-                log.warning("ruling_step_failed", error_type=type(exc).__name__)
+                if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
+                    # The JSON-RPC client refused the reply's shape: the node lies, as above.
+                    RULINGS.labels("bad_reply").inc()
+                    log.warning("ruling_bad_reply", error=str(exc)[:200])
+                else:
+                    log.warning("ruling_step_failed", error_type=type(exc).__name__)
             except Exception as exc:  # the sending task must outlive any one pass
                 # Anything else (a database refusal, a bug) failed this pass only: the sender
                 # stays not ready (alerting) and tries again, rather than dying silently while

@@ -1,34 +1,29 @@
-"""The send loop of one chain: queued verdicts in, confirmed `completeVerification` out.
+"""The verdict send loop of one chain: queued verdicts in, confirmed `completeVerification` out.
 
-Four cooperating loops share the in-memory slots (one per nonce we hold; the database is
-the truth, memory a cache rebuilt at start-up):
+`ChainSender` is the chain toolkit's transaction sender (`chain.sender.TxSender`: nonce
+row, fees and bumps under the cap, stuck replacement, receipts, confirmations, reorg
+re-send, lost nonces, the fail-closed gate) with what is the relayer's own on top:
 
-- **dispatch**: takes queued verdicts in batches, reads on chain whether each attempt is
-  judged already and simulates the call (a refusal is recorded with its decoded error and
-  costs no nonce), then in ONE database transaction locks the nonce counter, signs the
-  batch with consecutive nonces, stores the raw transactions and advances the counter;
+- **dispatch**: takes queued verdicts in batches, simulates each call (a refusal is
+  recorded with its decoded error and costs no nonce), then in ONE database transaction
+  locks the nonce counter, signs the round with consecutive nonces (one verdict per
+  transaction, or packed `completeVerificationBatch` transactions, each batch first simulated
+  exactly as it will be signed: an item it would refuse stays queued, a batch that would
+  revert goes out as single sends), stores the raw transactions and advances the counter;
   only after the commit are they broadcast, many in flight (pipelined nonces);
-- **heads**: follows `newHeads` over WebSocket (polling without one) and notices reorgs by
-  block number and parent hash;
-- **track**: on each new head, our account's mined count says which nonces were consumed;
-  their receipts (one batched round trip) say by which version; mined transactions
-  become confirmed at the configured depth; after a reorg (and periodically) the receipts
-  of recently mined ones are read again, and a transaction no longer on chain goes back
-  to pending and is sent again;
-- **maintain**: resends what was never broadcast by this process (restart, reorg),
-  replaces stuck transactions with a fee bump, cancels with a 0-value filler a verdict
-  whose attempt someone else judged meanwhile, and reconciles nonces when the node says
-  "nonce too low/high". Before every resend, an on-chain read of `isJudged`.
-
-Nothing is broadcast unless the gate is open: the health monitor closes it when the
-escrow does not trust our key (fail closed).
+- **what a slot's outcome means for its verdicts**: confirmed → the verdicts confirmed; a
+  reorg → back to `sent`; a lost nonce → queued again; a mined revert decoded and recorded
+  (`AlreadyJudged` → `already_judged`; `NotVerifier` re-checked against the escrow's key);
+  a mined batch's items its logs do not show settled, and every item of a reverted batch →
+  looked at one by one once the batch is confirmed, recorded or queued again;
+- **before every resend** an on-chain read of `isJudged`: an attempt someone else judged
+  meanwhile is cancelled with a 0-value filler at the same nonce.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,22 +32,18 @@ from typing import Any
 import asyncpg
 import structlog
 
-from chain.eth_rpc import (
-    EthRpc,
-    Head,
-    RetryableRpcError,
-    Reverted,
-    RpcCallError,
-    RpcError,
-    classify_send_error,
-    new_heads,
-    sleep_backoff,
-)
-from chain.fees import FeePolicy, Fees, bump, includable, price
+from chain import txstore
+from chain.eth_rpc import EthRpc, Reverted
 from chain.keys import SecretKey
-from chain.nonces import reconcile
+from chain.sender import (
+    BROADCAST_CHUNK,
+    SenderOptions,
+    SendGate,
+    Slot,
+    TxSender,
+    classify_send_error,
+)
 from chain.txs import (
-    FILLER_GAS,
     DecodedError,
     SignedTx,
     complete_verification_batch_data,
@@ -62,23 +53,24 @@ from chain.txs import (
     is_judged_data,
     marketplace_verifier_data,
     settled_attempts,
-    sign_eip1559,
-    signed_call,
 )
+from chain.txstore import version_of
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
 from relayer.settlement.crash import CrashPoints
-from relayer.settlement.store import MinedUpdate, TxVersion, VerdictRow
-from runtime.aio import wait_event
+from relayer.settlement.store import VerdictRow
 
 log = structlog.get_logger(__name__)
 
-RECEIPT_BATCH = 500
-BROADCAST_CHUNK = 16  # raw transactions per JSON-RPC batch request
-PRIORITY_FEE_TTL = 2.0  # seconds a suggested tip is reused
-
-
-# ---------------------------------------------------------------------------- pure decisions
+__all__ = [
+    "BROADCAST_CHUNK",
+    "ChainSender",
+    "SendGate",
+    "SenderOptions",
+    "VerdictSlot",
+    "classify_send_error",
+    "revert_outcome",
+]
 
 
 def revert_outcome(error: DecodedError) -> str:
@@ -90,101 +82,22 @@ def revert_outcome(error: DecodedError) -> str:
     return "reverted"
 
 
-# ---------------------------------------------------------------------------- state
-
-
-class SendGate:
-    """Open while the escrow trusts our key. Starts closed: nothing goes out unchecked."""
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-        self.reason: str | None = "waiting for the first health check"
-        self._closures = 0
-
-    @property
-    def closures(self) -> int:
-        """How many times the gate was closed: a health check that started before the last
-        closure read the chain too early to reopen it."""
-        return self._closures
-
-    @property
-    def is_open(self) -> bool:
-        """True while sending is allowed."""
-        return self._open.is_set()
-
-    def open(self) -> None:
-        """Allow sending."""
-        self.reason = None
-        self._open.set()
-
-    def close(self, reason: str) -> None:
-        """Stop sending, saying why."""
-        self.reason = reason
-        self._closures += 1
-        self._open.clear()
-
-    async def wait_open(self) -> None:
-        """Return once sending is allowed."""
-        await self._open.wait()
-
-
 @dataclass
-class Slot:
-    """One nonce we hold, in memory."""
+class VerdictSlot(Slot):
+    """A nonce holding a verdict, a batch of verdicts, or a filler."""
 
-    nonce: int
-    kind: str
-    verdict: VerdictRow | None
-    versions: list[TxVersion]
-    state: str = "pending"
-    last_broadcast: float | None = None  # monotonic; None: not sent by this process yet
-    resend_reason: str = "restart"
-    needs_bump: bool = False
-    in_flight: bool = False
-    misses: int = 0
-    mined_hash: str | None = None
-    block_number: int | None = None
-    block_hash: str | None = None
-    receipt_status: int | None = None
-    reverted_handled: bool = False
+    verdict: VerdictRow | None = None
     items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in calldata order
     settled: set[int] | None = None  # a mined batch: ids of the items its logs show settled
 
-    @property
-    def latest(self) -> TxVersion:
-        """The newest signed version."""
-        return self.versions[-1]
+
+def _vs(slot: Slot) -> VerdictSlot:
+    assert isinstance(slot, VerdictSlot)
+    return slot
 
 
-@dataclass(frozen=True)
-class SenderOptions:
-    """Tuning of one chain's sender (from the settings)."""
-
-    policy: FeePolicy
-    gas_limit: int = 400_000
-    max_in_flight: int = 512
-    batch_size: int = 128
-    broadcast_concurrency: int = 16
-    replace_after: float = 30.0
-    watch_blocks: int = 64
-    recheck_interval: float = 5.0
-    track_interval: float = 0.02  # at most one receipts round per this many seconds
-    simulate: bool = True  # eth_call each verdict before spending a nonce on it
-    dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
-    settle_batch: int = 50  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
-    settle_batch_min: int = 2  # pack only rounds with at least this many verdicts ready
-    batch_gas_per_item: int = 60_000
-    batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
-
-
-def _version(tx: SignedTx, version: int, kind: str) -> TxVersion:
-    return TxVersion(
-        tx_hash=tx.tx_hash, raw_hex=tx.raw_hex, fees=tx.fees, gas_limit=tx.gas_limit, version=version, kind=kind
-    )
-
-
-class ChainSender:
-    """Sends one chain's verdicts from one key."""
+class ChainSender(TxSender):
+    """Sends one chain's verdicts from the marketplace verifier key."""
 
     def __init__(
         self,
@@ -198,79 +111,32 @@ class ChainSender:
         crash: CrashPoints | None = None,
         on_key_refused: Callable[[], None] | None = None,
     ) -> None:
-        self.chain = chain
-        self.chain_id = chain.chain_id
-        self.address = key.address
-        self._key = key
-        self._rpc = rpc
-        self._pool = pool
-        self.gate = gate
-        self._opt = options
         self._crash = crash or CrashPoints(None)
+        super().__init__(
+            chain_id=chain.chain_id,
+            key=key,
+            rpc=rpc,
+            pool=pool,
+            gate=gate,
+            options=options,
+            metrics=metrics.SENDER,
+            confirmations=chain.depth,
+            ws_url=chain.ws_url,
+            poll_interval=chain.poll_interval,
+            crash=self._crash.maybe_crash,
+        )
+        self.chain = chain
         self._on_key_refused = on_key_refused or (lambda: None)
-        self._label = str(chain.chain_id)
-        self.slots: dict[int, Slot] = {}
-        self.head: Head | None = None
-        self._seen: dict[int, str] = {}
-        self._reorg_suspected = False
-        self._chain_latest = 0
-        self._last_progress = time.monotonic()
-        self._reconcile_requested: str | None = None
-        self._wake = asyncio.Event()
-        self._head_event = asyncio.Event()
-        self._send_sem = asyncio.Semaphore(options.broadcast_concurrency)
-        self._background: set[asyncio.Task[None]] = set()
-        self._priority: tuple[float, int] | None = None  # (monotonic time read, suggested tip)
-        self._lock_conn: asyncpg.Connection | None = None
         self._refusals: dict[int, tuple[int, VerdictRow]] = {}  # verdict id -> (nonce, item) to record
-        self.last_error: str | None = None
-        self.started = asyncio.Event()
-        self._tracking = False
 
-    # ------------------------------------------------------------------ public
+    # ------------------------------------------------------------------ the core's hooks
 
-    def wake(self) -> None:
-        """New queued verdicts: look now rather than at the next idle tick."""
-        self._wake.set()
+    def _loops(self) -> list[tuple[str, Callable[[], Any]]]:
+        return [("dispatch", self._dispatch_loop)]
 
-    async def run(self) -> None:
-        """Start (reconcile with the chain) and run the loops until cancelled."""
-        try:
-            await self._start()
-            self.started.set()
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._guard("heads", self._watch_heads))
-                group.create_task(self._guard("track", self._track_loop))
-                group.create_task(self._guard("dispatch", self._dispatch_loop))
-                group.create_task(self._guard("maintain", self._maintain_loop))
-        finally:
-            for task in list(self._background):
-                task.cancel()
-            if self._lock_conn is not None:
-                with contextlib.suppress(Exception):
-                    await self._lock_conn.close(timeout=2)
-
-    # ------------------------------------------------------------------ start-up
-
-    async def _start(self) -> None:
-        chain_id = await self._rpc.chain_id()
-        if chain_id != self.chain_id:
-            raise RuntimeError(f"RPC of chain {self.chain_id} answers for chain {chain_id}")
-        # One sending process per (chain, key): a second one waits here as a standby.
-        conn: asyncpg.Connection = await self._pool.acquire()
-        self._lock_conn = conn
-        lock_id = store.advisory_lock_key(self.chain_id, self.address)
-        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_id):
-            log.warning("sender_standby", chain_id=self.chain_id, reason="another relayer holds this key")
-            await conn.execute("SELECT pg_advisory_lock($1)", lock_id)
-        head = await self._rpc.head()
-        self._on_head(head)
-        async with self._pool.acquire() as db:
-            rows = await store.open_slots(db, self.chain_id, self.address, head.number - self._opt.watch_blocks)
-        for row in rows:
-            if not row.versions:
-                continue
-            self.slots[row.nonce] = Slot(
+    async def _load(self, conn: asyncpg.Connection, watch_from_block: int) -> list[Slot]:
+        return [
+            VerdictSlot(
                 nonce=row.nonce,
                 kind=row.kind,
                 verdict=row.verdict,
@@ -283,164 +149,125 @@ class ChainSender:
                 reverted_handled=row.receipt_status == 0,
                 items=row.items,
             )
-        await self._reconcile("startup")
-        log.info(
-            "sender_started",
-            chain_id=self.chain_id,
-            address=self.address,
-            head=head.number,
-            open_slots=len(self.slots),
-        )
-
-    async def _reconcile(self, trigger: str) -> None:
-        metrics.NONCE_RECONCILIATIONS.labels(self._label, trigger).inc()
-        latest, pending = await self._rpc.batch(
-            [
-                ("eth_getTransactionCount", [self.address, "latest"]),
-                ("eth_getTransactionCount", [self.address, "pending"]),
-            ]
-        )
-        for value in (latest, pending):
-            if isinstance(value, Exception):
-                raise value
-        chain_latest, chain_pending = int(latest, 16), int(pending, 16)
-        async with self._pool.acquire() as conn:
-            local = await store.next_nonce(conn, self.chain_id, self.address)
-        held = [n for n, s in self.slots.items() if s.state == "pending"]
-        plan = reconcile(local, chain_latest, chain_pending, held)
-        self._note_chain_count(chain_latest)
-        if plan.check_mined:
-            # Held nonces below the chain's count: the track loop reads their receipts. It
-            # is the only caller of `_track`: two rounds at once would both count a missing
-            # receipt (a nonce called lost after one look) and both handle the same slots.
-            self._head_event.set()
-        for nonce in plan.rebroadcast:
-            slot = self.slots[nonce]
-            if not slot.in_flight:
-                slot.last_broadcast = None
-        async with self._pool.acquire() as conn:
-            await store.set_next_nonce(conn, self.chain_id, self.address, plan.next_nonce)
-        if plan.fill:
-            await self._fill(plan.fill, plan.next_nonce)
-        metrics.NEXT_NONCE.labels(self._label).set(plan.next_nonce)
-        (log.warning if plan.drifted else log.info)(
-            "nonces_reconciled",
-            chain_id=self.chain_id,
-            trigger=trigger,
-            local_next=local,
-            chain_latest=chain_latest,
-            chain_pending=chain_pending,
-            next_nonce=plan.next_nonce,
-            rebroadcast=len(plan.rebroadcast),
-            filled=list(plan.fill),
-            foreign_pending=plan.foreign_pending,
-        )
-
-    async def _fill(self, nonces: Sequence[int], next_nonce: int) -> None:
-        fees = await self._fees_now()
-        signed = [
-            sign_eip1559(
-                self._key,
-                chain_id=self.chain_id,
-                nonce=n,
-                to=self.address,
-                data=b"",
-                gas_limit=FILLER_GAS,
-                fees=fees,
-            )
-            for n in nonces
+            for row in await store.open_slots(conn, self.chain_id, self.address, watch_from_block)
+            if row.versions
         ]
-        async with self._pool.acquire() as conn, conn.transaction():
-            await store.record_new_slots(
-                conn, self.chain_id, self.address, [(tx, None, "filler") for tx in signed], next_nonce
+
+    async def _screen(self, due: list[Slot]) -> tuple[list[Slot], set[int]]:
+        # Before every resend: is the attempt judged already? Then cancel rather than send.
+        verdict_slots = [_vs(s) for s in due if s.kind == "verdict" and _vs(s).verdict is not None]
+        judged: set[int] = set()
+        if verdict_slots:
+            replies = await self._rpc.batch(
+                [
+                    (
+                        "eth_call",
+                        [
+                            {
+                                "to": s.verdict.escrow,  # type: ignore[union-attr]
+                                "data": "0x" + is_judged_data(s.verdict.task_id, s.verdict.attempt).hex(),  # type: ignore[union-attr]
+                            },
+                            "latest",
+                        ],
+                    )
+                    for s in verdict_slots
+                ]
             )
-        for tx in signed:
-            # Broadcast by the maintain loop, behind the send gate like everything else.
-            slot = Slot(nonce=tx.nonce, kind="filler", verdict=None, versions=[_version(tx, 0, "filler")])
-            slot.resend_reason = "new"
-            self.slots[tx.nonce] = slot
-        metrics.GAPS_FILLED.labels(self._label).inc(len(signed))
+            for slot, reply in zip(verdict_slots, replies, strict=True):
+                if isinstance(reply, Exception):
+                    due.remove(slot)  # cannot tell: do not send blind
+                elif int(str(reply), 16) != 0:
+                    judged.add(slot.nonce)
+        if judged:
+            # By the slots screened, not `self.slots`: the tracker may have dropped one meanwhile.
+            by_nonce = {s.nonce: s for s in verdict_slots}
+            receipts = await self._receipts([v.tx_hash for n in judged for v in by_nonce[n].versions])
+            # Judged by our own transaction, just mined: the tracker takes it from here.
+            judged = {n for n in judged if not any(v.tx_hash in receipts for v in by_nonce[n].versions)}
+        return due, judged
 
-    # ------------------------------------------------------------------ helpers
+    async def _record_replacement(self, conn: asyncpg.Connection, slot: Slot, kind: str) -> None:
+        verdict = _vs(slot).verdict
+        if kind == "filler" and slot.kind == "verdict" and verdict is not None:
+            await store.set_verdict_outcome(conn, verdict.id, "already_judged")
 
-    async def _guard(self, name: str, loop: Callable[[], Any]) -> None:
-        # A loop survives transient faults; anything else ends the sender (and the process).
-        failures = 0
-        while True:
-            try:
-                await loop()
-                return
-            except (RpcError, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-                failures += 1
-                self.last_error = f"{name}: {type(exc).__name__}: {exc}"
-                log.warning("sender_loop_retry", chain_id=self.chain_id, loop=name, error=self.last_error)
-                await sleep_backoff(failures)
+    def _replaced(self, slot: Slot, kind: str) -> None:
+        if kind == "filler" and slot.kind == "verdict":
+            verdict = _vs(slot).verdict
+            metrics.ALREADY_JUDGED.labels(self._label).inc()
+            log.info(
+                "verdict_cancelled_already_judged",
+                chain_id=self.chain_id,
+                nonce=slot.nonce,
+                task_id=verdict.task_id if verdict else None,
+            )
 
-    @staticmethod
-    async def _wait(event: asyncio.Event, seconds: float) -> None:
-        # Not `asyncio.wait_for`: on 3.11 it can drop a cancellation (see runtime/aio.py).
-        await wait_event(event, seconds)
-        event.clear()
+    def _on_mined(self, slot: Slot, receipt: dict[str, Any]) -> None:
+        if slot.kind == "batch":
+            self._set_settled(_vs(slot), receipt)
 
-    def _note_chain_count(self, chain_latest: int) -> None:
-        if chain_latest > self._chain_latest:
-            self._last_progress = time.monotonic()
-        self._chain_latest = chain_latest
+    def _on_recheck(self, slot: Slot, receipt: dict[str, Any]) -> None:
+        if slot.kind == "batch" and _vs(slot).settled is None:
+            self._set_settled(_vs(slot), receipt)  # loaded at start-up: read which items settled
 
-    async def _fees_now(self) -> Fees:
-        head = self.head or await self._rpc.head()
-        # The suggested tip moves slowly; asking per block would cost a round trip per batch
-        # on a chain that mines a block per transaction.
-        if self._priority is None or time.monotonic() - self._priority[0] > PRIORITY_FEE_TTL:
-            self._priority = (time.monotonic(), await self._rpc.max_priority_fee())
-        return price(head.base_fee, self._priority[1], self._opt.policy)
+    def _confirmable(self, slot: Slot) -> bool:
+        return slot.kind != "batch" or _vs(slot).settled is not None
 
-    def _pending(self) -> list[Slot]:
-        return [s for s in self.slots.values() if s.state == "pending"]
+    def _on_reorged(self, slot: Slot) -> None:
+        vs = _vs(slot)
+        vs.settled = None
+        for item in vs.items:  # refused by the block that is gone: decided again
+            self._refusals.pop(item.id, None)
 
-    def _update_gauges(self) -> None:
-        metrics.PENDING_TX.labels(self._label).set(len(self._pending()))
+    def _confirmations(self, confirmed: list[Slot]) -> list[tuple[int, VerdictSlot, VerdictRow]]:
+        out = []
+        for slot in map(_vs, confirmed):
+            if slot.receipt_status != 1:
+                continue
+            if slot.kind == "verdict" and slot.verdict is not None:
+                out.append((slot.verdict.id, slot, slot.verdict))
+            elif slot.kind == "batch":
+                out += [(v.id, slot, v) for v in slot.items if v.id in (slot.settled or set())]
+        return out
 
-    # ------------------------------------------------------------------ heads
+    async def _record_tracked(self, conn: asyncpg.Connection, confirmed: list[Slot], reorged: list[Slot]) -> None:
+        confirmations = [
+            (vid, s.mined_hash or "", s.block_number or 0, s.block_hash or "")
+            for vid, s, _ in self._confirmations(confirmed)
+        ]
+        if confirmations:
+            await store.confirm_verdicts(conn, confirmations)
+        reorged_verdicts = [
+            v.id
+            for s in map(_vs, reorged)
+            for v in ([s.verdict] if s.kind == "verdict" and s.verdict is not None else s.items if s.kind == "batch" else [])
+        ]
+        if reorged_verdicts:
+            await store.reorged_verdicts(conn, reorged_verdicts)
 
-    def _on_head(self, head: Head) -> None:
-        previous = self.head
-        if previous is not None and head.hash == previous.hash:
-            return
-        known_parent = self._seen.get(head.number - 1)
-        if previous is not None and (
-            head.number <= previous.number or (known_parent is not None and known_parent != head.parent_hash)
-        ):
-            self._reorg_suspected = True
-            log.info("reorg_suspected", chain_id=self.chain_id, head=head.number, previous=previous.number)
-        self._seen[head.number] = head.hash
-        for number in [n for n in self._seen if n > head.number or n < head.number - self._opt.watch_blocks]:
-            if number != head.number:
-                del self._seen[number]
-        self.head = head
-        metrics.HEAD_BLOCK.labels(self._label).set(head.number)
-        self._head_event.set()
+    def _tracked(self, confirmed: list[Slot], reorged: list[Slot]) -> None:
+        now = datetime.now(UTC)
+        for _, _, verdict in self._confirmations(confirmed):
+            metrics.TX_CONFIRMED.labels(self._label).inc()
+            metrics.CONFIRMATION_SECONDS.labels(self._label).observe(max(0.0, (now - verdict.received_at).total_seconds()))
+        if reorged:
+            log.warning(
+                "reorg_dropped_verdicts",
+                chain_id=self.chain_id,
+                nonces=[s.nonce for s in reorged],
+                tasks=[v.task_id for s in map(_vs, reorged) for v in ([s.verdict] if s.verdict else s.items)],
+            )
 
-    async def _watch_heads(self) -> None:
-        if self.chain.ws_url is None:
-            while True:
-                self._on_head(await self._rpc.head())
-                await asyncio.sleep(self.chain.poll_interval)
-        failures = 0
-        while True:
-            try:
-                async for head in new_heads(self.chain.ws_url):
-                    failures = 0
-                    self._on_head(head)
-            except (RpcError, OSError, ValueError) as exc:
-                log.warning("new_heads_disconnected", chain_id=self.chain_id, error=type(exc).__name__)
-            except Exception as exc:  # aiohttp's WS errors have no common root worth naming
-                log.warning("new_heads_disconnected", chain_id=self.chain_id, error=type(exc).__name__)
-            failures += 1
-            # Do not miss blocks while reconnecting.
-            with contextlib.suppress(RpcError):
-                self._on_head(await self._rpc.head())
-            await sleep_backoff(failures)
+    async def _record_lost(self, conn: asyncpg.Connection, slots: Sequence[Slot]) -> None:
+        for slot in map(_vs, slots):
+            if slot.verdict is not None and slot.kind == "verdict":
+                await store.requeue_verdict(conn, slot.verdict.id, "nonce used by another transaction")
+            for item in slot.items if slot.kind == "batch" else []:
+                await store.requeue_verdict(conn, item.id, "nonce used by another transaction")
+
+    async def _after_track(self) -> None:
+        if self._refusals:
+            await self._handle_refused_items()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -464,11 +291,10 @@ class ChainSender:
             rows = await store.queued_verdicts(conn, self.chain_id, limit)
         # A verdict whose transaction reverted may be queued again (key rotated): its old,
         # reverted slot does not make it live, exactly as in the database's unique index.
+        slots = [_vs(s) for s in self.slots.values()]
         live = {
-            s.verdict.id
-            for s in self.slots.values()
-            if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
-        } | {v.id for s in self.slots.values() if s.kind == "batch" and s.receipt_status != 0 for v in s.items}
+            s.verdict.id for s in slots if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
+        } | {v.id for s in slots if s.kind == "batch" and s.receipt_status != 0 for v in s.items}
         rows = [r for r in rows if r.id not in live]
         if not rows:
             return 0
@@ -623,17 +449,14 @@ class ChainSender:
         fees = await self._fees_now()
         self._crash.maybe_crash("before_sign")
         async with self._pool.acquire() as conn, conn.transaction():
-            first = await store.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
+            first = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
             signed: list[tuple[SignedTx, list[VerdictRow]]] = []
             for i, group in enumerate(groups):
                 if len(group) == 1:
                     to, data, gas = group[0].escrow, self._calldata(group[0]), self._opt.gas_limit
                 else:
                     to, data, gas = self._batch_call(group)
-                tx = sign_eip1559(
-                    self._key, chain_id=self.chain_id, nonce=first + i, to=to, data=data, gas_limit=gas, fees=fees
-                )
-                signed.append((tx, group))
+                signed.append((self._sign(first + i, to, data, gas, fees), group))
             self._crash.maybe_crash("after_sign")
             await store.record_new_slots(
                 conn,
@@ -645,281 +468,24 @@ class ChainSender:
             )
         self._crash.maybe_crash("after_persist")
         metrics.NEXT_NONCE.labels(self._label).set(first + len(signed))
-        slots = []
-        now = time.monotonic()
+        slots: list[Slot] = []
         for tx, group in signed:
             kind = "verdict" if len(group) == 1 else "batch"
-            slot = Slot(
-                nonce=tx.nonce,
-                kind=kind,
-                verdict=group[0] if kind == "verdict" else None,
-                versions=[_version(tx, 0, kind)],
-                items=list(group) if kind == "batch" else [],
+            slots.append(
+                VerdictSlot(
+                    nonce=tx.nonce,
+                    kind=kind,
+                    verdict=group[0] if kind == "verdict" else None,
+                    versions=[version_of(tx, 0, kind)],
+                    items=list(group) if kind == "batch" else [],
+                )
             )
-            slot.last_broadcast = now
-            slot.in_flight = True
-            self.slots[tx.nonce] = slot
-            slots.append(slot)
-        self._update_gauges()
-        self._spawn_broadcast(slots, "new")
+        self._adopt(slots)
         return sum(len(group) for _, group in signed)
 
-    # ------------------------------------------------------------------ broadcast
+    # ------------------------------------------------------------------ outcomes
 
-    def _spawn_broadcast(self, slots: Sequence[Slot], reason: str) -> None:
-        task = asyncio.create_task(self._broadcast(slots, reason))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _broadcast(self, slots: Sequence[Slot], reason: str) -> None:
-        for slot in slots:
-            slot.in_flight = True
-
-        async def chunk(part: Sequence[Slot]) -> list[str]:
-            # One JSON-RPC batch per chunk (in nonce order): far fewer HTTP requests for
-            # the node to parse than one per transaction; each item is judged on its own.
-            async with self._send_sem:
-                versions = [slot.latest for slot in part]
-                try:
-                    replies = await self._rpc.batch([("eth_sendRawTransaction", [v.raw_hex]) for v in versions])
-                except RpcError:
-                    replies = [RetryableRpcError("broadcast batch failed")] * len(part)
-                sent = []
-                for slot, version, reply in zip(part, versions, replies, strict=True):
-                    if isinstance(reply, RpcCallError):
-                        outcome = classify_send_error(reply.message)
-                    elif isinstance(reply, RpcError):
-                        outcome = "transient"
-                    else:
-                        outcome = "ok"
-                    self._after_send(slot, version, outcome, reason)
-                    if outcome in ("ok", "known"):
-                        sent.append(version.tx_hash)
-                return sent
-
-        ordered = sorted(slots, key=lambda s: s.nonce)
-        parts = [ordered[i : i + BROADCAST_CHUNK] for i in range(0, len(ordered), BROADCAST_CHUNK)]
-        try:
-            sent = [h for hashes in await asyncio.gather(*(chunk(p) for p in parts)) for h in hashes]
-        finally:
-            for slot in slots:
-                slot.in_flight = False
-        self._crash.maybe_crash("after_broadcast")
-        hashes = sent
-        if hashes:
-            with contextlib.suppress(asyncpg.PostgresError, OSError):
-                async with self._pool.acquire() as conn:
-                    await store.mark_broadcast(conn, hashes)
-
-    def _after_send(self, slot: Slot, version: TxVersion, outcome: str, reason: str) -> None:
-        now = time.monotonic()
-        kind = slot.kind
-        if outcome in ("ok", "known"):
-            slot.last_broadcast = now
-            slot.needs_bump = False
-            if reason == "new":
-                metrics.TX_SENT.labels(self._label, kind).inc()
-            elif reason == "replace":
-                metrics.TX_REPLACED.labels(self._label).inc()
-            else:
-                metrics.TX_RESENT.labels(self._label, reason).inc()
-            return
-        bound = log.bind(chain_id=self.chain_id, nonce=slot.nonce, tx_hash=version.tx_hash, outcome=outcome)
-        if outcome == "nonce_too_low":
-            # Mined already (ours: the tracker will see it) or taken by someone else.
-            slot.last_broadcast = now
-            self._reconcile_requested = "nonce_too_low"
-        elif outcome == "nonce_too_high":
-            slot.last_broadcast = now
-            self._reconcile_requested = "nonce_too_high"
-            bound.warning("send_nonce_too_high")
-        elif outcome in ("underpriced", "below_base_fee"):
-            slot.last_broadcast = now
-            slot.needs_bump = True
-            bound.info("send_needs_higher_fee")
-        elif outcome == "transient":
-            slot.last_broadcast = None
-            slot.resend_reason = "transient"
-            bound.warning("send_transient_failure")
-        else:
-            slot.last_broadcast = now
-            self.last_error = f"send refused: {outcome}"
-            bound.error("send_refused")
-
-    # ------------------------------------------------------------------ tracking
-
-    async def _track_loop(self) -> None:
-        last_full = 0.0  # the first round re-reads everything: the chain moved while we were down
-        while True:
-            await self._wait(self._head_event, self._opt.recheck_interval)
-            now = time.monotonic()
-            full = self._reorg_suspected or now - last_full >= self._opt.recheck_interval
-            if full:
-                self._reorg_suspected = False
-                last_full = now
-            await self._track(full=full)
-            # Coalesce: on a fast chain (anvil mines a block per transaction) one round per
-            # head would spend the node's time on our receipts instead of on mining.
-            await asyncio.sleep(max(0.0, self._opt.track_interval - (time.monotonic() - now)))
-
-    async def _receipts(self, hashes: Sequence[str]) -> dict[str, dict[str, Any]]:
-        found: dict[str, dict[str, Any]] = {}
-        for start in range(0, len(hashes), RECEIPT_BATCH):
-            chunk = hashes[start : start + RECEIPT_BATCH]
-            replies = await self._rpc.batch([("eth_getTransactionReceipt", [h]) for h in chunk])
-            for tx_hash, reply in zip(chunk, replies, strict=True):
-                if isinstance(reply, Exception):
-                    raise reply
-                if reply is not None:
-                    found[tx_hash] = reply
-        return found
-
-    async def _track(self, *, full: bool) -> None:
-        # One round at a time, from the track loop only: two rounds at once would both count
-        # a missing receipt and both handle the same lost, reverted or refused slots.
-        if self._tracking:
-            raise RuntimeError("two track rounds at once")
-        self._tracking = True
-        try:
-            await self._track_round(full=full)
-        finally:
-            self._tracking = False
-
-    async def _track_round(self, *, full: bool) -> None:
-        head = self.head
-        if head is None:
-            return
-        chain_latest = await self._rpc.transaction_count(self.address, "latest")
-        self._note_chain_count(chain_latest)
-        below = [s for s in self._pending() if s.nonce < chain_latest]
-        recheck = [s for s in self.slots.values() if s.state in ("mined", "confirmed")] if full else []
-        if not below and not recheck and not any(s.state == "mined" for s in self.slots.values()):
-            self._update_gauges()
-            return
-        hashes = [v.tx_hash for s in below for v in s.versions] + [
-            s.mined_hash for s in recheck if s.mined_hash is not None
-        ]
-        receipts = await self._receipts(hashes)
-        updates: list[MinedUpdate] = []
-        newly_mined: list[Slot] = []
-        lost: list[Slot] = []
-        reorged: list[Slot] = []
-        for slot in below:
-            receipt = next((receipts[v.tx_hash] for v in reversed(slot.versions) if v.tx_hash in receipts), None)
-            if receipt is None:
-                # Counted twice before calling it lost: the count and the receipts were
-                # read a moment apart and a reorg may sit between them.
-                slot.misses += 1
-                if slot.misses >= 2:
-                    lost.append(slot)
-                continue
-            self._set_mined(slot, receipt)
-            newly_mined.append(slot)
-        for slot in recheck:
-            receipt = receipts.get(slot.mined_hash or "")
-            if receipt is None:
-                reorged.append(slot)
-            elif receipt["blockHash"] != slot.block_hash:
-                self._set_mined(slot, receipt)  # re-included in another block: count depth again
-                newly_mined.append(slot)
-            elif slot.kind == "batch" and slot.settled is None:
-                self._set_settled(slot, receipt)  # loaded at start-up: read which items settled
-        current = self.head or head
-        confirmed = [
-            s
-            for s in self.slots.values()
-            if s.state == "mined"
-            and s.block_number is not None
-            and current.number - s.block_number + 1 >= self.chain.depth
-            and (s.kind != "batch" or s.settled is not None)
-        ]
-        if newly_mined:
-            self._crash.maybe_crash("after_mined")
-        reverted = [
-            s for s in newly_mined if s.receipt_status == 0 and s.kind in ("verdict", "batch") and not s.reverted_handled
-        ]
-        for slot in confirmed:
-            slot.state = "confirmed"
-        for slot in reorged:
-            for item in slot.items:  # refused by the block that is gone: decided again
-                self._refusals.pop(item.id, None)
-            slot.state = "pending"
-            slot.mined_hash = slot.block_hash = None
-            slot.block_number = slot.receipt_status = None
-            slot.last_broadcast = None
-            slot.resend_reason = "reorg"
-            slot.reverted_handled = False
-            slot.settled = None
-        updates = [
-            MinedUpdate(s.nonce, s.state, s.mined_hash, s.block_number, s.block_hash, s.receipt_status)
-            for s in {id(s): s for s in [*newly_mined, *confirmed, *reorged]}.values()
-        ]
-        confirmations = [
-            (s.verdict.id, s.mined_hash or "", s.block_number or 0, s.block_hash or "")
-            for s in confirmed
-            if s.verdict is not None and s.kind == "verdict" and s.receipt_status == 1
-        ] + [
-            (v.id, s.mined_hash or "", s.block_number or 0, s.block_hash or "")
-            for s in confirmed
-            if s.kind == "batch" and s.receipt_status == 1
-            for v in s.items
-            if v.id in (s.settled or set())
-        ]
-        async with self._pool.acquire() as conn, conn.transaction():
-            await store.update_slots(conn, self.chain_id, self.address, updates)
-            if confirmations:
-                await store.confirm_verdicts(conn, confirmations)
-            reorged_verdicts = [s.verdict.id for s in reorged if s.verdict is not None and s.kind == "verdict"] + [
-                v.id for s in reorged if s.kind == "batch" for v in s.items
-            ]
-            if reorged_verdicts:
-                await store.reorged_verdicts(conn, reorged_verdicts)
-        now = datetime.now(UTC)
-        for slot in confirmed:
-            if slot.verdict is not None and slot.kind == "verdict" and slot.receipt_status == 1:
-                metrics.TX_CONFIRMED.labels(self._label).inc()
-                metrics.CONFIRMATION_SECONDS.labels(self._label).observe(
-                    max(0.0, (now - slot.verdict.received_at).total_seconds())
-                )
-            elif slot.kind == "batch" and slot.receipt_status == 1:
-                for item in slot.items:
-                    if item.id in (slot.settled or set()):
-                        metrics.TX_CONFIRMED.labels(self._label).inc()
-                        metrics.CONFIRMATION_SECONDS.labels(self._label).observe(
-                            max(0.0, (now - item.received_at).total_seconds())
-                        )
-        if reorged:
-            metrics.REORGS.labels(self._label).inc()
-            log.warning(
-                "reorg_dropped_transactions",
-                chain_id=self.chain_id,
-                nonces=[s.nonce for s in reorged],
-                tasks=[s.verdict.task_id for s in reorged if s.verdict is not None],
-            )
-        if reverted:
-            await self._handle_reverted(reverted)
-        if lost:
-            await self._handle_lost(lost)
-        if self._refusals:
-            await self._handle_refused_items()
-        self._prune(current)
-        self._update_gauges()
-
-    def _set_mined(self, slot: Slot, receipt: dict[str, Any]) -> None:
-        slot.state = "mined"
-        slot.misses = 0
-        slot.mined_hash = str(receipt["transactionHash"])
-        slot.block_number = int(receipt["blockNumber"], 16)
-        slot.block_hash = str(receipt["blockHash"])
-        slot.receipt_status = int(receipt["status"], 16)
-        # The mined version tells what the slot became: a filler cancels its verdict.
-        mined = next((v for v in slot.versions if v.tx_hash == slot.mined_hash), None)
-        if mined is not None:
-            slot.kind = mined.kind
-        if slot.kind == "batch":
-            self._set_settled(slot, receipt)
-
-    def _set_settled(self, slot: Slot, receipt: dict[str, Any]) -> None:
+    def _set_settled(self, slot: VerdictSlot, receipt: dict[str, Any]) -> None:
         """Which items of a mined batch its logs show settled; the others are refusals to
         record (`_handle_refused_items`)."""
         if int(receipt["status"], 16) != 1:
@@ -934,15 +500,6 @@ class ChainSender:
         for item in slot.items:
             if item.id not in slot.settled:
                 self._refusals[item.id] = (slot.nonce, item)
-
-    def _prune(self, head: Head) -> None:
-        horizon = head.number - self._opt.watch_blocks
-        for nonce in [
-            n
-            for n, s in self.slots.items()
-            if s.state == "confirmed" and s.block_number is not None and s.block_number < horizon
-        ]:
-            del self.slots[nonce]
 
     async def _handle_refused_items(self) -> None:
         """Items a mined batch did not settle: what the single call says about each now (one
@@ -1002,7 +559,7 @@ class ChainSender:
         for nonce, item, kind, why in outcomes:
             self._refusals.pop(item.id, None)
             slot = self.slots.get(nonce)
-            if kind in ("key_refused", "requeue") and slot is not None:
+            if kind in ("key_refused", "requeue") and isinstance(slot, VerdictSlot):
                 slot.items = [v for v in slot.items if v.id != item.id]
             if kind == "already_judged":
                 metrics.ALREADY_JUDGED.labels(self._label).inc()
@@ -1024,8 +581,7 @@ class ChainSender:
             self._wake.set()
 
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
-        batches = [s for s in slots if s.kind == "batch"]
-        for slot in batches:
+        for slot in (_vs(s) for s in slots if s.kind == "batch"):
             # A whole batch reverted: nothing settled, and the cause may be the batch's (its
             # gas) rather than any item's: `_set_settled` put every item among the refusals,
             # each checked alone and recorded or queued again (`_handle_refused_items`).
@@ -1036,8 +592,8 @@ class ChainSender:
             log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
         slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
-        requeue: list[Slot] = []
-        for slot in slots:
+        requeue: list[VerdictSlot] = []
+        for slot in map(_vs, slots):
             slot.reverted_handled = True
             data = await self._rpc.revert_data(slot.mined_hash or "")
             error = decode_revert(data) if data is not None else DecodedError("Reverted")
@@ -1061,172 +617,3 @@ class ChainSender:
     async def _key_trusted(self, escrow: str) -> bool:
         raw = await self._rpc.eth_call(escrow, marketplace_verifier_data())
         return "0x" + raw[-20:].hex() == self.address.lower()
-
-    async def _handle_lost(self, slots: Sequence[Slot]) -> None:
-        async with self._pool.acquire() as conn, conn.transaction():
-            await store.update_slots(
-                conn,
-                self.chain_id,
-                self.address,
-                [MinedUpdate(s.nonce, "lost", None, None, None, None) for s in slots],
-            )
-            for slot in slots:
-                if slot.verdict is not None and slot.kind == "verdict":
-                    await store.requeue_verdict(conn, slot.verdict.id, "nonce used by another transaction")
-                for item in slot.items if slot.kind == "batch" else []:
-                    await store.requeue_verdict(conn, item.id, "nonce used by another transaction")
-        for slot in slots:
-            if self.slots.get(slot.nonce) is slot:
-                del self.slots[slot.nonce]
-        log.warning("nonces_lost", chain_id=self.chain_id, nonces=[s.nonce for s in slots])
-        self._reconcile_requested = "nonce_lost"
-        self._wake.set()
-
-    # ------------------------------------------------------------------ maintenance
-
-    async def _maintain_loop(self) -> None:
-        tick = min(0.5, self._opt.replace_after / 4)
-        last_poll = time.monotonic()
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            if now - last_poll >= self._opt.recheck_interval:
-                # Backstop for missed notifications and silent rollbacks.
-                last_poll = now
-                self._on_head(await self._rpc.head())
-            if self._reconcile_requested is not None:
-                trigger, self._reconcile_requested = self._reconcile_requested, None
-                await self._reconcile(trigger)
-            if self.gate.is_open:
-                await self._maintain()
-
-    def _due(self, now: float) -> list[Slot]:
-        stalled = now - self._last_progress >= self._opt.replace_after
-        base_fee = self.head.base_fee if self.head else 0
-        due = []
-        for slot in self._pending():
-            if slot.in_flight:
-                continue
-            if (
-                slot.last_broadcast is None
-                or slot.needs_bump
-                or not includable(slot.latest.fees, base_fee)
-                or (stalled and now - slot.last_broadcast >= self._opt.replace_after)
-            ):
-                due.append(slot)
-        return sorted(due, key=lambda s: s.nonce)
-
-    async def _maintain(self) -> None:
-        due = self._due(time.monotonic())
-        if not due:
-            return
-        verdict_slots = [s for s in due if s.kind == "verdict" and s.verdict is not None]
-        judged: set[int] = set()
-        if verdict_slots:
-            replies = await self._rpc.batch(
-                [
-                    (
-                        "eth_call",
-                        [
-                            {
-                                "to": s.verdict.escrow,  # type: ignore[union-attr]
-                                "data": "0x" + is_judged_data(s.verdict.task_id, s.verdict.attempt).hex(),  # type: ignore[union-attr]
-                            },
-                            "latest",
-                        ],
-                    )
-                    for s in verdict_slots
-                ]
-            )
-            for slot, reply in zip(verdict_slots, replies, strict=True):
-                if isinstance(reply, Exception):
-                    due.remove(slot)  # cannot tell: do not send blind
-                elif int(str(reply), 16) != 0:
-                    judged.add(slot.nonce)
-        if judged:
-            by_nonce = {s.nonce: s for s in verdict_slots}
-            receipts = await self._receipts([v.tx_hash for n in judged for v in by_nonce[n].versions])
-            # Judged by our own transaction, just mined: the tracker takes it from here.
-            judged = {n for n in judged if not any(v.tx_hash in receipts for v in by_nonce[n].versions)}
-        fees_now = await self._fees_now()
-        head = self.head
-        base_fee = head.base_fee if head else 0
-        resend: list[Slot] = []
-        for slot in due:
-            if slot.state != "pending":
-                continue
-            if slot.nonce in judged:
-                if not await self._cancel(slot, fees_now, base_fee):
-                    # No room under the cap to outbid it: let the verdict tx itself use the
-                    # nonce (it reverts with AlreadyJudged, recorded) rather than leave a gap.
-                    resend.append(slot)
-                continue
-            if slot.last_broadcast is None and not slot.needs_bump and includable(slot.latest.fees, base_fee):
-                resend.append(slot)
-                continue
-            new_fees = bump(slot.latest.fees, base_fee, fees_now.max_priority_fee_per_gas, self._opt.policy)
-            if new_fees is None:
-                metrics.FEE_CAP_REACHED.labels(self._label).inc()
-                log.warning("fee_cap_reached", chain_id=self.chain_id, nonce=slot.nonce)
-                slot.needs_bump = False
-                resend.append(slot)
-                continue
-            await self._replace(slot, new_fees, kind=slot.kind)
-        for reason in {s.resend_reason for s in resend}:
-            group = [s for s in resend if s.resend_reason == reason]
-            self._spawn_broadcast(group, reason)
-
-    async def _replace(self, slot: Slot, fees: Fees, *, kind: str) -> None:
-        verdict = slot.verdict
-        if kind == "verdict" and verdict is not None:
-            to, data, gas = verdict.escrow, self._calldata(verdict), self._opt.gas_limit
-        elif kind == "batch":
-            # The calldata first signed for this nonce, whatever left the slot since: one
-            # nonce never stands for two different calls (both could be mined in turn after
-            # a reorg, and anyone may broadcast an old version).
-            first = next(v for v in slot.versions if v.kind == "batch")
-            to, data = signed_call(bytes.fromhex(first.raw_hex.removeprefix("0x")))
-            gas = slot.latest.gas_limit
-        else:
-            to, data, gas = self.address, b"", FILLER_GAS
-        tx = sign_eip1559(
-            self._key, chain_id=self.chain_id, nonce=slot.nonce, to=to, data=data, gas_limit=gas, fees=fees
-        )
-        version = slot.latest.version + 1
-        async with self._pool.acquire() as conn, conn.transaction():
-            await store.record_version(conn, self.chain_id, self.address, tx, version, kind)
-            if kind == "filler" and slot.kind == "verdict":
-                await store.convert_to_filler(conn, self.chain_id, self.address, slot.nonce)
-                if verdict is not None:
-                    await store.set_verdict_outcome(conn, verdict.id, "already_judged")
-        slot.versions.append(_version(tx, version, kind))
-        if kind == "filler" and slot.kind == "verdict":
-            metrics.ALREADY_JUDGED.labels(self._label).inc()
-            log.info(
-                "verdict_cancelled_already_judged",
-                chain_id=self.chain_id,
-                nonce=slot.nonce,
-                task_id=verdict.task_id if verdict else None,
-            )
-        slot.kind = kind
-        slot.needs_bump = False
-        log.info(
-            "tx_replaced",
-            chain_id=self.chain_id,
-            nonce=slot.nonce,
-            tx_hash=tx.tx_hash,
-            max_fee_per_gas=fees.max_fee_per_gas,
-            max_priority_fee_per_gas=fees.max_priority_fee_per_gas,
-        )
-        self._spawn_broadcast([slot], "replace")
-
-    async def _cancel(self, slot: Slot, fees_now: Fees, base_fee: int) -> bool:
-        # Someone else judged the attempt: a filler at the same nonce keeps the nonce
-        # sequence whole; it must outbid our own pending verdict transaction.
-        new_fees = bump(slot.latest.fees, base_fee, fees_now.max_priority_fee_per_gas, self._opt.policy)
-        if new_fees is None:
-            metrics.FEE_CAP_REACHED.labels(self._label).inc()
-            log.warning("cancel_fee_cap_reached", chain_id=self.chain_id, nonce=slot.nonce)
-            return False
-        await self._replace(slot, new_fees, kind="filler")
-        return True

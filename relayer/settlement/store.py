@@ -17,6 +17,7 @@ import asyncpg
 from chain import indexed
 from chain.fees import Fees
 from chain.txs import SignedTx
+from chain.txstore import NewSlot, TxVersion, insert_slots, set_next_nonce
 from chain.view import ChainEvent, fold_task
 from schemas import jsoncodec
 
@@ -37,18 +38,6 @@ class VerdictRow:
     passed: bool
     score: int
     received_at: datetime
-
-
-@dataclass(frozen=True)
-class TxVersion:
-    """One signed version of a transaction."""
-
-    tx_hash: str
-    raw_hex: str
-    fees: Fees
-    gas_limit: int
-    version: int
-    kind: str
 
 
 @dataclass
@@ -347,45 +336,6 @@ def _jsonable(value: Any) -> Any:
 # ---------------------------------------------------------------------------- sender: nonces
 
 
-async def lock_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, floor: int) -> int:
-    """Lock the counter row for this transaction and return the next nonce (at least `floor`)."""
-    await conn.execute(
-        "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
-        " ON CONFLICT (chain_id, address) DO NOTHING",
-        chain_id,
-        address.lower(),
-        floor,
-    )
-    value = await conn.fetchval(
-        "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
-        chain_id,
-        address.lower(),
-    )
-    return max(int(value), floor)
-
-
-async def set_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, next_nonce: int) -> None:
-    """Store the counter; it only ever moves forward."""
-    await conn.execute(
-        "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
-        " ON CONFLICT (chain_id, address) DO UPDATE SET"
-        " next_nonce = GREATEST(settlement_nonces.next_nonce, EXCLUDED.next_nonce), updated_at = now()",
-        chain_id,
-        address.lower(),
-        next_nonce,
-    )
-
-
-async def next_nonce(conn: asyncpg.Connection, chain_id: int, address: str) -> int | None:
-    """The stored counter (None when this database never used the address)."""
-    value = await conn.fetchval(
-        "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2",
-        chain_id,
-        address.lower(),
-    )
-    return None if value is None else int(value)
-
-
 # ---------------------------------------------------------------------------- sender: slots
 
 
@@ -394,7 +344,7 @@ async def record_new_slots(
     chain_id: int,
     sender: str,
     slots: Sequence[tuple[SignedTx, int | None, str]],
-    next_nonce: int,
+    counter: int,
     batch_items: Sequence[tuple[int, Sequence[int]]] = (),
 ) -> None:
     """Store signed transactions (tx, verdict id or None, kind), mark verdicts sent, move the counter.
@@ -404,30 +354,7 @@ async def record_new_slots(
     address = sender.lower()
     # One statement per table (unnest), not one per row: a round of hundreds of verdicts
     # is stored in four round trips.
-    await conn.execute(
-        "INSERT INTO settlement_transactions (chain_id, sender, nonce, verdict_id, kind, state)"
-        " SELECT $1, $2, n, v, k, 'pending' FROM unnest($3::bigint[], $4::bigint[], $5::text[]) AS u(n, v, k)",
-        chain_id,
-        address,
-        [tx.nonce for tx, _, _ in slots],
-        [verdict_id for _, verdict_id, _ in slots],
-        [kind for _, _, kind in slots],
-    )
-    await conn.execute(
-        "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
-        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit)"
-        " SELECT h, $1, $2, n, 0, k, r, mf, mp, g FROM unnest($3::text[], $4::bigint[], $5::text[], $6::text[],"
-        " $7::numeric[], $8::numeric[], $9::bigint[]) AS u(h, n, k, r, mf, mp, g)",
-        chain_id,
-        address,
-        [tx.tx_hash for tx, _, _ in slots],
-        [tx.nonce for tx, _, _ in slots],
-        [kind for _, _, kind in slots],
-        [tx.raw_hex for tx, _, _ in slots],
-        [tx.fees.max_fee_per_gas for tx, _, _ in slots],
-        [tx.fees.max_priority_fee_per_gas for tx, _, _ in slots],
-        [tx.gas_limit for tx, _, _ in slots],
-    )
+    await insert_slots(conn, chain_id, sender, [NewSlot(tx, kind, verdict_id) for tx, verdict_id, kind in slots])
     verdict_ids = [verdict_id for _, verdict_id, kind in slots if verdict_id is not None and kind == "verdict"]
     items = [(nonce, position, v) for nonce, ids in batch_items for position, v in enumerate(ids)]
     if items:
@@ -447,80 +374,7 @@ async def record_new_slots(
             " WHERE id = ANY($1::bigint[])",
             verdict_ids,
         )
-    await set_next_nonce(conn, chain_id, sender, next_nonce)
-
-
-async def record_version(
-    conn: asyncpg.Connection, chain_id: int, sender: str, tx: SignedTx, version: int, kind: str
-) -> None:
-    """Store a replacement (same nonce, higher fees; a filler when cancelling)."""
-    await conn.execute(
-        "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
-        " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        tx.tx_hash,
-        chain_id,
-        sender.lower(),
-        tx.nonce,
-        version,
-        kind,
-        tx.raw_hex,
-        tx.fees.max_fee_per_gas,
-        tx.fees.max_priority_fee_per_gas,
-        tx.gas_limit,
-    )
-
-
-async def convert_to_filler(conn: asyncpg.Connection, chain_id: int, sender: str, nonce: int) -> None:
-    """The slot now cancels its verdict: a filler replaces the verdict transaction."""
-    await conn.execute(
-        "UPDATE settlement_transactions SET kind = 'filler', updated_at = now()"
-        " WHERE chain_id = $1 AND sender = $2 AND nonce = $3",
-        chain_id,
-        sender.lower(),
-        nonce,
-    )
-
-
-async def mark_broadcast(conn: asyncpg.Connection, tx_hashes: Sequence[str]) -> None:
-    """Note the first broadcast time of versions (informational)."""
-    await conn.execute(
-        "UPDATE settlement_tx_versions SET broadcast_at = now()"
-        " WHERE tx_hash = ANY($1::text[]) AND broadcast_at IS NULL",
-        list(tx_hashes),
-    )
-
-
-@dataclass(frozen=True)
-class MinedUpdate:
-    """A slot's transaction found in a block (or, with state 'pending', found missing)."""
-
-    nonce: int
-    state: str
-    mined_hash: str | None
-    block_number: int | None
-    block_hash: str | None
-    receipt_status: int | None
-
-
-async def update_slots(conn: asyncpg.Connection, chain_id: int, sender: str, updates: Sequence[MinedUpdate]) -> None:
-    """Write slot states after receipts were checked."""
-    if not updates:
-        return
-    await conn.execute(
-        "UPDATE settlement_transactions t SET state = u.st, mined_hash = u.h, block_number = u.bn,"
-        " block_hash = u.bh, receipt_status = u.rs, updated_at = now()"
-        " FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::smallint[])"
-        " AS u(n, st, h, bn, bh, rs)"
-        " WHERE t.chain_id = $1 AND t.sender = $2 AND t.nonce = u.n",
-        chain_id,
-        sender.lower(),
-        [u.nonce for u in updates],
-        [u.state for u in updates],
-        [u.mined_hash for u in updates],
-        [u.block_number for u in updates],
-        [u.block_hash for u in updates],
-        [u.receipt_status for u in updates],
-    )
+    await set_next_nonce(conn, chain_id, sender, counter)
 
 
 async def confirm_verdicts(
@@ -633,26 +487,3 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
             )
         )
     return list(slots.values())
-
-
-async def pending_count(conn: asyncpg.Connection, chain_id: int, sender: str | None) -> int:
-    """Our transactions not yet mined on a chain."""
-    if sender is None:
-        value = await conn.fetchval(
-            "SELECT count(*) FROM settlement_transactions WHERE chain_id = $1 AND state = 'pending'", chain_id
-        )
-    else:
-        value = await conn.fetchval(
-            "SELECT count(*) FROM settlement_transactions WHERE chain_id = $1 AND sender = $2 AND state = 'pending'",
-            chain_id,
-            sender.lower(),
-        )
-    return int(value or 0)
-
-
-def advisory_lock_key(chain_id: int, address: str) -> int:
-    """A 63-bit advisory lock id for one (chain, sender): one sending process per key and chain."""
-    import hashlib
-
-    digest = hashlib.blake2b(f"relayer:{chain_id}:{address.lower()}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF

@@ -60,9 +60,12 @@ async def http_api(run: Pipeline) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def verifier_process(api_url: str, devnet: Devnet, verifier: Actor, model_url: str, log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+async def verifier_process(
+    api_url: str, devnet: Devnet, verifier: Actor, model_url: str, log: Path, database_url: str
+) -> AsyncIterator[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
+        "ESCROWD_VERIFIER_DATABASE_URL": database_url,
         "ESCROWD_VERIFIER_API_URL": api_url,
         "ESCROWD_VERIFIER_RPC_URL": devnet.rpc_url,
         "ESCROWD_VERIFIER_CHAIN_ID": str(devnet.chain_id),
@@ -139,7 +142,9 @@ async def test_private_task_judged_by_the_verifier_agent_process(run: Pipeline, 
     stub = StubModel(slow_seconds=3.0)
     runner, model_url = await start_stub(stub)
     try:
-        async with http_api(run) as api_url, verifier_process(api_url, d, verifier, model_url, tmp_path / "verifier.log") as proc:
+        async with http_api(run) as api_url, verifier_process(
+            api_url, d, verifier, model_url, tmp_path / "verifier.log", run.database_url
+        ) as proc:
             # The agent registers as a worker; the verifier agent registers itself and shows up as qualifying.
             assert (await run.api.call("PUT", "/v1/executors/me", entry(run.who(agent), roles=("worker",)), as_=run.who(agent))).status_code == 201
 

@@ -125,7 +125,9 @@ async def test_the_verifier_agent_refuses_what_the_chain_does_not_back(run: Pipe
             proxy = TamperingApi(api_url)
             proxy_runner, proxy_url = await serve(proxy)
             try:
-                async with verifier_process(proxy_url, d, verifier, model_url, tmp_path / "verifier.log") as proc:
+                async with verifier_process(
+                    proxy_url, d, verifier, model_url, tmp_path / "verifier.log", run.database_url
+                ) as proc:
 
                     async def verifier_key() -> str | None:
                         found = (await run.api.call("GET", f"/v1/executors?role=verifier&chain={d.chain_id}")).json()["executors"]
@@ -238,6 +240,7 @@ def test_a_plain_http_api_url_is_refused_unless_loopback(url: str, accepted: boo
         "PATH": "/usr/bin:/bin", "ESCROWD_VERIFIER_API_URL": url, "ESCROWD_VERIFIER_RPC_URL": "http://127.0.0.1:1",
         "ESCROWD_VERIFIER_CHAIN_ID": "31337", "ESCROWD_VERIFIER_ESCROW_ADDRESS": "0x" + "11" * 20,
         "ESCROWD_VERIFIER_WALLET_KEY": "0x" + "22" * 32, "ESCROWD_MODEL_URL": "http://127.0.0.1:1/v1",
+        "ESCROWD_DATABASE_URL": "postgresql://escrowd@127.0.0.1:1/escrowd",
     }  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "escrowd.cli", "verifier-agent"], env=env, capture_output=True, text=True, timeout=120

@@ -45,6 +45,7 @@ AGENT = f"""
 verifier_agent:
   api_url: http://127.0.0.1:1/
   rpc_url: http://127.0.0.1:1
+  database_url: postgresql://escrowd@127.0.0.1:1/escrowd
   chain_id: 31337
   escrow_address: "{ESCROW}"
   wallet_key: ${{AGENT_WALLET_KEY}}
@@ -286,7 +287,7 @@ def test_the_shipped_examples_pass_config_check(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "rulings: ok" in proc.stdout and "panels: ok" in proc.stdout
     verifier = _check(ROOT / "deploy" / "verifier.example.yaml",
-                      {"VERIFIER_WALLET_KEY": SECRET, "VERIFIER_BOT_KEY": SECRET}, tmp_path,
+                      {**BASE_ENV, "VERIFIER_WALLET_KEY": SECRET, "VERIFIER_BOT_KEY": SECRET}, tmp_path,
                       "verifier_agent", "verifier_bot")  # fmt: skip
     assert verifier.returncode == 0, verifier.stderr
     assert "verifier_agent: ok" in verifier.stdout and "verifier_bot: ok" in verifier.stdout

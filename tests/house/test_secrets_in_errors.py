@@ -129,7 +129,8 @@ CASES = {
         ["verifier-agent"], None,
         {"ESCROWD_VERIFIER_API_URL": "http://127.0.0.1:1", "ESCROWD_VERIFIER_RPC_URL": "http://127.0.0.1:1",
          "ESCROWD_VERIFIER_CHAIN_ID": "31337", "ESCROWD_VERIFIER_ESCROW_ADDRESS": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-         "ESCROWD_VERIFIER_WALLET_KEY": f"{KEY:#066x}", "ESCROWD_MODEL_URL": f"ftp://judge:{DB_PASSWORD}@model.example/v1"},
+         "ESCROWD_VERIFIER_WALLET_KEY": f"{KEY:#066x}", "ESCROWD_DATABASE_URL": "postgresql://escrowd@127.0.0.1:1/escrowd",
+         "ESCROWD_MODEL_URL": f"ftp://judge:{DB_PASSWORD}@model.example/v1"},
         "url",
     ),
 }  # fmt: skip

@@ -78,6 +78,13 @@ async def test_verdicts_are_relayed_and_confirmed(
         else:
             assert rows[0]["n"] == rows[0]["d"] == len(items)
         async with httpx.AsyncClient() as client:
+            # The report is the monitor's latest check (one per poll interval): one taken while
+            # the last transactions were still pending may be served for a moment after.
+            async def nothing_pending() -> bool:
+                report = (await client.get(f"http://127.0.0.1:{run.port}/health/bridge")).json()
+                return bool(report["chains"][0]["relayer"]["pendingTransactions"] == 0)
+
+            await wait_until(nothing_pending, timeout=60, what="the bridge report shows nothing pending")
             health = (await client.get(f"http://127.0.0.1:{run.port}/health/bridge")).json()
             metrics = (await client.get(f"http://127.0.0.1:{run.port}/metrics")).text
         chain = health["chains"][0]

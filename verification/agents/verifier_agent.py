@@ -15,8 +15,11 @@ Every poll it:
 4. asks the model (brief and result each cut to 12,000 characters with their original
    lengths and a cut flag, plus the terms' `acceptance` note, as data; fail when in doubt)
    for pass/fail and up to 10 reasons;
-5. signs `completeVerification(task, attempt, evidenceHash, passed, score)` from its own
-   wallet and pays the gas (score 100 on pass, 0 on fail), waits for the receipt;
+5. sends `completeVerification(task, attempt, evidenceHash, passed, score)` from its own
+   wallet and pays the gas (score 100 on pass, 0 on fail) through the chain toolkit's
+   transaction sender (`chain.sender.CallSender`: its own nonce row in PostgreSQL, EIP-1559
+   fees, a stuck transaction replaced with a fee bump, receipts, confirmations, reorgs), and
+   waits until it is confirmed;
 6. reports the verdict with its reasons (`POST …/verifier-report`); the service records
    it only once it matches the indexed on-chain verdict.
 
@@ -40,17 +43,19 @@ from typing import Annotated, Any
 import httpx
 import structlog
 import typer
-from eth_account import Account
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
-from web3 import Web3
 
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, RpcError
+from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
+from chain.gate import SendGate
+from chain.keys import SecretKey
+from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.aio import wait_event
 from runtime.logging import register_secret
-from runtime.settings import ServiceSettings
+from runtime.settings import PostgresUrl, ServiceSettings
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from verification.agents import briefs
@@ -68,6 +73,7 @@ from verification.agents.model import ModelClient, ModelError, ModelSettings
 log = structlog.get_logger(__name__)
 
 MAX_FAILED_TRIES = 5
+SENDER_METRICS = SenderMetrics.create("escrowd_verifier_agent", "the hosted verifier agent")
 QUEUE_PAGE = 20
 MAX_QUEUE_BYTES = QUEUE_PAGE * 2 * 1024 * 1024
 """Largest queue reply read: a page of items, each a result (≤ 512 KiB) and its terms."""
@@ -84,7 +90,7 @@ class VerifierAgentSettings(ServiceSettings):
     """The hosted verifier's settings (`ESCROWD_VERIFIER_*` over the file's `verifier_agent:` section;
     the model's are `ESCROWD_MODEL_*` over its `verifier_agent.model:` mapping)."""
 
-    model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ESCROWD_VERIFIER_", extra="ignore", populate_by_name=True)
 
     api_url: str = Field(description="Base URL of the escrowd API: https://, or http:// to a loopback address only")
     rpc_url: str = Field(description="JSON-RPC URL of the chain it settles on")
@@ -104,8 +110,23 @@ class VerifierAgentSettings(ServiceSettings):
     )
     poll_seconds: float = Field(default=2.0, gt=0, description="Seconds between queue reads")
     capabilities: list[str] = Field(default_factory=lambda: ["text"], description="Capabilities it registers")
-    gas_limit: int = Field(default=300_000, gt=21_000, description="Gas limit of completeVerification")
-    receipt_timeout_seconds: float = Field(default=120.0, gt=0, description="Longest wait for a receipt")
+    database_url: PostgresUrl = Field(
+        validation_alias=AliasChoices("ESCROWD_VERIFIER_DATABASE_URL", "ESCROWD_DATABASE_URL"),
+        description="PostgreSQL URL (or ESCROWD_DATABASE_URL): the wallet's nonce row and every transaction it signed",
+    )
+    gas_limit: int = Field(default=300_000, gt=21_000, le=30_000_000, description="Gas limit of completeVerification")
+    receipt_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="Longest wait for a verdict's confirmation in one poll (it is followed on after)"
+    )
+    confirmations: int = Field(default=1, ge=1, le=1_000, description="Blocks deep before a verdict counts as sent")
+    fee_cap_wei: int = Field(default=500 * GWEI, gt=0, description="max_fee_per_gas never above this")
+    max_priority_fee_wei: int = Field(default=50 * GWEI, ge=1, description="Highest tip")
+    fee_bump_bps: int = Field(
+        default=1_250, ge=NODE_MIN_BUMP_BPS, le=10_000, description="Tip and max fee raise of a replacement (1000 = 10%)"
+    )
+    replace_after_seconds: float = Field(
+        default=30.0, gt=0, le=86_400, description="An unmined transaction broadcast this long ago is replaced"
+    )
     request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
 
     @model_validator(mode="after")
@@ -164,32 +185,71 @@ class VerifierAgent:
         wallet = settings.wallet()
         register_secret(wallet)
         self._wallet = wallet
-        self.account = Account.from_key(wallet)
+        self.account = SecretKey.from_hex(wallet)
         enc = settings.encryption_key.get_secret_value().strip() if settings.encryption_key else None
         self._enc_key = bytes.fromhex(enc.removeprefix("0x")) if enc else derived_encryption_key(wallet)
         register_secret(self._enc_key.hex())
         self.model = model
         self.http = http or httpx.AsyncClient(base_url=settings.api_url, timeout=30.0)
-        self.w3 = Web3(Web3.HTTPProvider(settings.rpc_url, request_kwargs={"timeout": 30}))
         self.rpc = EthRpc([settings.rpc_url], chain_id=settings.chain_id, timeout=30.0)
+        self.sender: CallSender | None = None
+        self._sender_task: asyncio.Task[None] | None = None
+        self._pool: Any = None
         self.registered = False
         self.chain_checked = False
 
     @property
     def address(self) -> str:
         """Its wallet address (the verifier named on chain)."""
-        return str(self.account.address)
+        return self.account.address
 
     @property
     def encryption_public_key(self) -> str:
         """The key it registers for private briefs."""
         return briefs.encryption_public_key(self._enc_key)
 
+    async def start_sender(self) -> CallSender:
+        """Start the wallet's transaction sender (its nonce row, its slots) and wait until it has
+        reconciled with the chain."""
+        if self.sender is not None:
+            return self.sender
+        from runtime.db import create_pool, migrate_url
+
+        s = self.settings
+        await migrate_url(s.database_url)
+        self._pool = await create_pool(s.database_url, max_size=4)
+        policy = FeePolicy(fee_cap=s.fee_cap_wei, max_priority_fee=s.max_priority_fee_wei, bump_bps=s.fee_bump_bps)
+        sender = CallSender(
+            chain_id=s.chain_id, key=self.account, rpc=self.rpc, pool=self._pool,
+            # Nothing to fail closed on: the escrow takes a named verifier's verdict from its
+            # wallet, whoever runs it; the gate stays open.
+            gate=SendGate(open_=True),
+            options=SenderOptions(policy=policy, gas_limit=s.gas_limit, replace_after=s.replace_after_seconds,
+                                  recheck_interval=2.0, watch_blocks=64),
+            metrics=SENDER_METRICS, confirmations=s.confirmations, poll_interval=0.2,
+        )  # fmt: skip
+        self.sender = sender
+        self._sender_task = asyncio.create_task(sender.run())
+        started = asyncio.create_task(sender.started.wait())
+        done, _ = await asyncio.wait({started, self._sender_task}, return_when=asyncio.FIRST_COMPLETED)
+        if self._sender_task in done:
+            started.cancel()
+            self.sender = None
+            self._sender_task.result()  # raises what stopped it
+            raise RuntimeError("the transaction sender stopped before it started")
+        return sender
+
     async def close(self) -> None:
-        """Release HTTP sessions."""
+        """Stop the sender, release HTTP sessions and the database pool."""
+        if self._sender_task is not None:
+            self._sender_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender_task
         await self.model.close()
         await self.http.aclose()
         await self.rpc.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     # ------------------------------------------------------------------ the API
 
@@ -327,38 +387,33 @@ class VerifierAgent:
             await self._report(item, {"outcome": "error", "error": f"model: {exc.reason}"[:500]})
             return
         score = 100 if answer.passed else 0
-        await asyncio.to_thread(self._complete_on_chain, item, answer.passed, score)
+        await self.complete_on_chain(item, answer.passed, score)
         await self._report(item, {"outcome": "verdict", "passed": answer.passed, "score": score, "reasons": list(answer.reasons)})
         stats.judged += 1
         log.info("verifier_judged", task_id=task_id, attempt=item["attempt"], passed=answer.passed)
 
     # ------------------------------------------------------------------ the chain
 
-    def _complete_on_chain(self, item: dict[str, Any], passed: bool, score: int) -> None:
-        """completeVerification from its wallet (skipped when the attempt is judged on chain already)."""
-        escrow = Web3.to_checksum_address(item["escrow"])
+    async def complete_on_chain(self, item: dict[str, Any], passed: bool, score: int) -> str | None:
+        """completeVerification from its wallet, waited for until confirmed: the hash of its
+        transaction, or None when the attempt is judged on chain already.
+
+        After a crash (or a poll that gave up waiting), the call sent before is still the
+        sender's to follow: it is waited for again, never sent a second time.
+        """
+        sender = await self.start_sender()
+        escrow = item["escrow"].lower()
         task_id, attempt = int(item["taskId"]), int(item["attempt"])
-        judged = self.w3.eth.call({"to": escrow, "data": is_judged_data(task_id, attempt)})
-        if int.from_bytes(bytes(judged)[-32:] or b"\x00", "big"):
-            return  # a crash after sending: the verdict is on chain already, only the report is left
-        base_fee = int(self.w3.eth.get_block("latest")["baseFeePerGas"])
-        tx = {
-            "chainId": self.settings.chain_id,
-            "nonce": self.w3.eth.get_transaction_count(self.account.address, "pending"),
-            "to": escrow,
-            "data": "0x" + complete_verification_data(task_id, attempt, item["evidenceHash"], passed, score).hex(),
-            "gas": self.settings.gas_limit,
-            "maxFeePerGas": 2 * base_fee + 10**9,
-            "maxPriorityFeePerGas": 10**9,
-            "type": 2,
-        }
-        signed = self.account.sign_transaction(tx)
-        tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-        receipt = self.w3.eth.wait_for_transaction_receipt(
-            tx_hash, timeout=self.settings.receipt_timeout_seconds, poll_latency=0.05
-        )
-        if receipt["status"] != 1:
-            raise RuntimeError(f"completeVerification reverted for task {task_id} attempt {attempt}")
+        judged = await self.rpc.eth_call(escrow, is_judged_data(task_id, attempt))
+        data = complete_verification_data(task_id, attempt, item["evidenceHash"], passed, score)
+        held = sender.held_call(escrow, data[:68])  # selector, task id, attempt: this attempt's call
+        if held is None and int.from_bytes(judged[-32:] or b"\x00", "big"):
+            return None  # judged already (a crash after sending: only the report is left)
+        nonce = held if held is not None else await sender.send(escrow, data, self.settings.gas_limit)
+        try:
+            return await asyncio.wait_for(sender.confirmed(nonce), self.settings.receipt_timeout_seconds)
+        except CallFailed as exc:
+            raise RuntimeError(f"completeVerification for task {task_id} attempt {attempt}: {exc}") from None
 
     # ------------------------------------------------------------------ the loop
 
@@ -436,7 +491,7 @@ class LocalHostedVerifier:
 
     @classmethod
     async def start(
-        cls, *, api_url: str, rpc_url: str, chain_id: int, escrow_address: str, wallet_key: str
+        cls, *, api_url: str, rpc_url: str, chain_id: int, escrow_address: str, wallet_key: str, database_url: str
     ) -> LocalHostedVerifier:
         """Start the local model server and the verifier's poll loop."""
         from verification.agents.stub_model import StubModel, start_stub
@@ -444,7 +499,7 @@ class LocalHostedVerifier:
         runner, model_url = await start_stub(StubModel())
         settings = VerifierAgentSettings(
             api_url=api_url, rpc_url=rpc_url, chain_id=chain_id, escrow_address=escrow_address,
-            wallet_key=SecretStr(wallet_key), poll_seconds=0.5,
+            wallet_key=SecretStr(wallet_key), poll_seconds=0.5, database_url=database_url,
         )
         agent = VerifierAgent(settings, ModelClient(ModelSettings(url=model_url, name="local-deterministic")))
         stop = asyncio.Event()

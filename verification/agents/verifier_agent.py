@@ -114,7 +114,7 @@ class VerifierAgentSettings(ServiceSettings):
         validation_alias=AliasChoices("ESCROWD_VERIFIER_DATABASE_URL", "ESCROWD_DATABASE_URL"),
         description="PostgreSQL URL (or ESCROWD_DATABASE_URL): the wallet's nonce row and every transaction it signed",
     )
-    gas_limit: int = Field(default=300_000, gt=21_000, le=30_000_000, description="Gas limit of completeVerification")
+    gas_limit: int = Field(default=400_000, gt=21_000, le=30_000_000, description="Gas limit of completeVerification (as the relayer's: two pushed payouts under the escrow's per-transfer stipend fit)")
     receipt_timeout_seconds: float = Field(
         default=120.0, gt=0, description="Longest wait for a verdict's confirmation in one poll (it is followed on after)"
     )

@@ -393,7 +393,11 @@ def test_output_flood_on_every_descriptor_fails(workdir: Path) -> None:
     )
     out = verify(workdir, ADD, code)
     assert out["passed"] is False, out
-    assert out["detail"]["stage"] in ("PUBLIC TESTS", "RESOURCE LIMITS"), out
+    # Which case the flood breaks first depends on when its lines reach the runner (the public
+    # case's answer is the flood's own spoofed value, 3, so it may stand; two runs broken at
+    # different cases disagree): a FAIL at a stage that judges the code, never "could not
+    # answer" (checked by `verify`) and never a PASS.
+    assert out["detail"]["stage"] in ("PUBLIC TESTS", "HIDDEN TESTS", "RESOURCE LIMITS", "DETERMINISM"), out
 
 
 def test_deeply_nested_lines_for_the_runner_fail(workdir: Path) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import asyncpg
 import structlog
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from chain import taken, txstore
 from chain.eth_rpc import (
@@ -173,24 +173,25 @@ class SenderMetrics:
     head_block: Gauge
 
     @classmethod
-    def create(cls, prefix: str, who: str) -> SenderMetrics:
-        """Register the set under `prefix` (`escrowd_relayer`: the names dashboards use)."""
+    def create(cls, prefix: str, who: str, registry: CollectorRegistry = REGISTRY) -> SenderMetrics:
+        """Register the set under `prefix` (`escrowd_relayer`: the names dashboards use) in
+        `registry` (the process's, which `/metrics` serves, by default)."""
         return cls(
             tx_sent=Counter(f"{prefix}_tx_sent_total", f"Transactions {who} broadcast for the first time",
-                            ["chain_id", "kind"]),
-            tx_replaced=Counter(f"{prefix}_tx_replaced_total", "Fee-bumped replacements broadcast", ["chain_id"]),
+                            ["chain_id", "kind"], registry=registry),
+            tx_replaced=Counter(f"{prefix}_tx_replaced_total", "Fee-bumped replacements broadcast", ["chain_id"], registry=registry),
             tx_resent=Counter(f"{prefix}_tx_resent_total",
-                              "Unchanged transactions broadcast again (restart, reorg, dropped)", ["chain_id", "reason"]),
+                              "Unchanged transactions broadcast again (restart, reorg, dropped)", ["chain_id", "reason"], registry=registry),
             reorgs=Counter(f"{prefix}_reorgs_detected_total", f"Reorgs that removed one of {who}'s mined transactions",
-                           ["chain_id"]),
+                           ["chain_id"], registry=registry),
             reconciliations=Counter(f"{prefix}_nonce_reconciliations_total",
-                                    "Nonce reconciliations with the chain, by trigger", ["chain_id", "trigger"]),
-            gaps_filled=Counter(f"{prefix}_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"]),
+                                    "Nonce reconciliations with the chain, by trigger", ["chain_id", "trigger"], registry=registry),
+            gaps_filled=Counter(f"{prefix}_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"], registry=registry),
             fee_cap_reached=Counter(f"{prefix}_fee_cap_reached_total",
-                                    "Replacements skipped because the fee cap left no valid bump", ["chain_id"]),
-            pending=Gauge(f"{prefix}_pending_transactions", f"{who}'s transactions not yet mined", ["chain_id"]),
-            next_nonce=Gauge(f"{prefix}_nonce", f"The next nonce {who} will use", ["chain_id"]),
-            head_block=Gauge(f"{prefix}_head_block", f"Latest block {who} saw", ["chain_id"]),
+                                    "Replacements skipped because the fee cap left no valid bump", ["chain_id"], registry=registry),
+            pending=Gauge(f"{prefix}_pending_transactions", f"{who}'s transactions not yet mined", ["chain_id"], registry=registry),
+            next_nonce=Gauge(f"{prefix}_nonce", f"The next nonce {who} will use", ["chain_id"], registry=registry),
+            head_block=Gauge(f"{prefix}_head_block", f"Latest block {who} saw", ["chain_id"], registry=registry),
         )
 
 

@@ -256,15 +256,26 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
     }
     if not slots:
         return []
-    for v in await conn.fetch(
+    for nonce, version in await signed_versions(conn, chain_id, sender, list(slots)):
+        slots[nonce].versions.append(version)
+    return list(slots.values())
+
+
+async def signed_versions(
+    conn: asyncpg.Connection, chain_id: int, sender: str, nonces: list[int]
+) -> list[tuple[int, TxVersion]]:
+    """(nonce, version) of every transaction signed for `nonces`, in nonce and version order."""
+    rows = await conn.fetch(
         "SELECT nonce, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas, gas_limit, version, kind"
         " FROM settlement_tx_versions WHERE chain_id = $1 AND sender = $2 AND nonce = ANY($3::bigint[])"
         " ORDER BY nonce, version",
         chain_id,
         sender.lower(),
-        list(slots),
-    ):
-        slots[v["nonce"]].versions.append(
+        nonces,
+    )
+    return [
+        (
+            v["nonce"],
             TxVersion(
                 tx_hash=v["tx_hash"],
                 raw_hex=v["raw_tx"],
@@ -272,9 +283,10 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
                 gas_limit=v["gas_limit"],
                 version=v["version"],
                 kind=v["kind"],
-            )
+            ),
         )
-    return list(slots.values())
+        for v in rows
+    ]
 
 
 async def pending_count(conn: asyncpg.Connection, chain_id: int, sender: str | None) -> int:

@@ -15,9 +15,8 @@ from typing import Any
 import asyncpg
 
 from chain import indexed
-from chain.fees import Fees
 from chain.txs import SignedTx
-from chain.txstore import NewSlot, TxVersion, insert_slots, set_next_nonce
+from chain.txstore import NewSlot, TxVersion, insert_slots, set_next_nonce, signed_versions
 from chain.view import ChainEvent, fold_task
 from schemas import jsoncodec
 
@@ -456,14 +455,6 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
     }
     if not slots:
         return []
-    versions = await conn.fetch(
-        "SELECT nonce, tx_hash, raw_tx, max_fee_per_gas, max_priority_fee_per_gas, gas_limit, version, kind"
-        " FROM settlement_tx_versions WHERE chain_id = $1 AND sender = $2 AND nonce = ANY($3::bigint[])"
-        " ORDER BY nonce, version",
-        chain_id,
-        sender.lower(),
-        list(slots),
-    )
     batch_nonces = [n for n, slot in slots.items() if slot.kind == "batch"]
     if batch_nonces:
         for r in await conn.fetch(
@@ -475,15 +466,6 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
             batch_nonces,
         ):
             slots[r["nonce"]].items.append(_verdict_row(r))
-    for v in versions:
-        slots[v["nonce"]].versions.append(
-            TxVersion(
-                tx_hash=v["tx_hash"],
-                raw_hex=v["raw_tx"],
-                fees=Fees(int(v["max_fee_per_gas"]), int(v["max_priority_fee_per_gas"])),
-                gas_limit=v["gas_limit"],
-                version=v["version"],
-                kind=v["kind"],
-            )
-        )
+    for nonce, version in await signed_versions(conn, chain_id, sender, list(slots)):
+        slots[nonce].versions.append(version)
     return list(slots.values())

@@ -108,6 +108,7 @@ def settings_models(modules: Sequence[str] | None = None) -> list[type[BaseSetti
                 and value is not BaseSettings
                 and value.__module__ == name
                 and value.model_fields  # a base with no field of its own (runtime.settings) is no service's
+                and not value.__module__.startswith("runtime.")  # the shared bases: documented in their services
             ):
                 line = _first_line(value)
                 models.append((name, line, value))
@@ -316,15 +317,30 @@ def render(roots: Sequence[type[BaseSettings]] | None = None) -> str:
         "`deploy/config.example.yaml`), the defaults. The file has the same layout for every",
         "service: top-level keys are shared by every service that has a setting of that name,",
         "and a section named after the service (`indexer`, `relayer`, `api`, `verification`,",
-        "`consumers`, `rulings`, `panels`, `verifier_agent` with its model under",
+        "`lifecycle`, `reputation`, `rulings`, `panels`, `verifier_agent` with its model under",
         "`verifier_agent.model`, `verifier_bot`) holds its own keys and wins over the shared",
         "ones. `${VAR}` and `${VAR:-default}` in a value are read from the environment. Keep",
-        "secrets and per-environment endpoints (the database URL, keys) in the environment. In",
-        "the `rulings`, `panels`, `verifier_agent` and `verifier_bot` sections an unknown key is",
-        "refused and a secret may only be written as `${VAR}` or given as a file. Nested models",
-        "that sit in a list (such as `chains`) are written in the file, or as one JSON value",
-        "in the parent's variable. `escrowd config check --config FILE` validates a file",
-        "against every model below (`--section NAME` for some of them).",
+        "secrets and per-environment endpoints (the database URL, keys) in the environment; every",
+        "password can also be given as a file (its `*_file` setting, `ESCROWD_*_FILE`). In every",
+        "section a key its service does not read is refused, and so is a top-level key no",
+        "service reads. In the `rulings`, `panels`, `verifier_agent` and `verifier_bot` sections",
+        "a secret may only be written as `${VAR}` or given as a file. Nested models that sit in",
+        "a list (such as `chains`) are written in the file, or as one JSON value in the parent's",
+        "variable. Each process has its own section, so processes sharing a host can be given",
+        "their own `metrics_port` (the example file does).",
+        "",
+        "`escrowd config check --config FILE` validates a file against every model below",
+        "(`--section NAME` for some of them) and loads each service's secrets as at start-up:",
+        "keystores are decrypted with their passwords and key files read, so a wrong password",
+        "fails the check. `--no-secrets` lints a file where no secret is at hand (CI): a missing",
+        "key, keystore or password, or an unset `${VAR}` in a secret setting, is accepted; the",
+        "database URL and the broker still come from the environment (a placeholder serves).",
+        "",
+        "Renamed settings (a file that still has them is refused with this note):",
+        "",
+        "| was | now |",
+        "| --- | --- |",
+        "| `consumers:` section (lifecycle and reputation) | `lifecycle:` and `reputation:`, one section per process |",
         "",
         "Models: "
         + ", ".join(f"[`{r.model.__name__}`](#{r.model.__name__.lower()})" for r in models)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from pydantic import Field
 
 from escrowd.verification_cli import app as verification_app
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import ConsumerSettings
 from runtime.shell import startup_failure
-from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS, REPUTATION, TASKS, TIMERS
+from schemas.topics import REPUTATION, TASKS, TIMERS
 
 if TYPE_CHECKING:
     from runtime.consumer import IdempotentConsumer
@@ -22,19 +22,19 @@ app = typer.Typer(help="Kafka consumers: verification, lifecycle, reputation, pa
 app.add_typer(verification_app, name="verification")
 
 
-class ConsumerSettings(ServiceSettings):
-    """What the lifecycle and reputation consumers need (`ESCROWD_*` environment variables)."""
+class LifecycleSettings(ConsumerSettings):
+    """What `escrowd consume lifecycle` needs (`ESCROWD_*` over the file's `lifecycle:` section)."""
 
-    database_url: PostgresUrl = Field(description="PostgreSQL URL")
-    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
-    events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
     tasks_topic: str = Field(default=TASKS, description="Compacted task states")
     timers_topic: str = Field(default=TIMERS, description="Timer events")
+
+
+class ReputationSettings(ConsumerSettings):
+    """What `escrowd consume reputation` needs (`ESCROWD_*` over the file's `reputation:` section)."""
+
     reputation_topic: str = Field(default=REPUTATION, description="Compacted agent reputations")
-    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
     reputation_pass_increase: int = Field(default=1, ge=0, le=100, description="Points a passed round adds")
     reputation_start_score: int = Field(default=100, ge=0, le=100, description="Score of a new agent")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
 
 async def _consume(
@@ -78,11 +78,14 @@ def _serve(name: str, consumer: IdempotentConsumer, database_url: str, bootstrap
     run_service(name, lambda stop: _consume(consumer, database_url, bootstrap, metrics_port, stop), configure=False)
 
 
-def _settings(config: Path | None) -> ConsumerSettings:
+S = TypeVar("S", bound=ConsumerSettings)
+
+
+def _settings(cls: type[S], section: str, config: Path | None) -> S:
     from runtime.config_file import load
 
     try:
-        return load(ConsumerSettings, "consumers", config)
+        return load(cls, section, config)
     except Exception as exc:
         startup_failure("invalid configuration", exc)
 
@@ -96,7 +99,7 @@ def lifecycle(
     from lifecycle.consumer import build_consumer
     from runtime.logging import configure_logging
 
-    settings = _settings(config)
+    settings = _settings(LifecycleSettings, "lifecycle", config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,
@@ -119,7 +122,7 @@ def reputation(
     from lifecycle.reputation.rules import ReputationRules
     from runtime.logging import configure_logging
 
-    settings = _settings(config)
+    settings = _settings(ReputationSettings, "reputation", config)
     configure_logging(json=log_json)
     consumer = build_consumer(
         bootstrap=settings.kafka_bootstrap,

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import SettingsConfigDict
 
 from runtime.config_file import load as config_file_load
-from runtime.settings import PostgresUrl, ServiceSettings
-from schemas.topics import ESCROW_EVENTS
+from runtime.settings import EventServiceSettings
 
 
 class ChainConfig(BaseModel):
@@ -73,17 +72,13 @@ class ChainConfig(BaseModel):
         return self
 
 
-class IndexerSettings(ServiceSettings):
+class IndexerSettings(EventServiceSettings):
     """Everything `escrowd index` needs."""
 
     model_config = SettingsConfigDict(extra="forbid", env_nested_delimiter="__")
 
-    database_url: PostgresUrl = Field(description="PostgreSQL URL")
-    kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
-    events_topic: str = Field(default=ESCROW_EVENTS, description="Topic for escrow events")
     topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
     chains: list[ChainConfig] = Field(min_length=1, description="Chains to follow")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
     log_json: bool = Field(default=True, description="JSON log lines (false: console)")
     run_publisher: bool = Field(default=True, description="Run the outbox publisher in this process")
 

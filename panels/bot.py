@@ -46,7 +46,7 @@ from pydantic import Field, SecretStr, model_validator
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
 from runtime.aio import wait_event
-from runtime.settings import ServiceSettings
+from runtime.settings import ServiceSettings, one_key_source
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
@@ -136,8 +136,7 @@ class BotSettings(ServiceSettings):
     def _one_of_each(self) -> BotSettings:
         require_https(self.api_url, "api_url")
         require_https(self.rpc_url, "rpc_url")
-        if (self.verifier_key is None) == (self.verifier_key_file is None):
-            raise ValueError("set exactly one of verifier_key and verifier_key_file")
+        one_key_source(("verifier_key", self.verifier_key), ("verifier_key_file", self.verifier_key_file))
         if self.scorer_api_key is not None and self.scorer_api_key_file is not None:
             raise ValueError("set at most one of scorer_api_key and scorer_api_key_file")
         return self

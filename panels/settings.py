@@ -17,10 +17,9 @@ from pydantic import (
 )
 
 from panels import rules
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import ConsumerSettings, one_key_source
 from schemas import jsonbounds
 from schemas.panels import Address, OperatorId
-from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 4096
@@ -42,13 +41,9 @@ class AllowlistEntry(BaseModel):
 _ENTRIES = TypeAdapter(Annotated[list[AllowlistEntry], Field(max_length=MAX_ALLOWLIST_ENTRIES)])
 
 
-class PanelSettings(ServiceSettings):
+class PanelSettings(ConsumerSettings):
     """What `escrowd consume panels` needs. The secret and the key are never logged."""
 
-    database_url: PostgresUrl = Field(description="PostgreSQL URL")
-    kafka_bootstrap: str = Field(description="Kafka bootstrap servers")
-    events_topic: str = Field(default=ESCROW_EVENTS, description="Indexed escrow events")
-    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
     panel_secret_file: Path = Field(description="File holding the draw and sampling secret (at least 16 bytes)")
     panel_secret_version: str = Field(
         default="1", max_length=64, description="Recorded with every round, so audits know which secret drew it"
@@ -80,12 +75,10 @@ class PanelSettings(ServiceSettings):
         default=None, description='JSON [{"address", "operator"}]: admitted verifiers and parties\' operators'
     )
     panel_idle_interval: float = Field(default=1.0, gt=0, le=60, description="Seconds between deadline sweeps")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
     @model_validator(mode="after")
     def _one_key(self) -> PanelSettings:
-        if (self.panel_signing_key is None) == (self.panel_signing_key_file is None):
-            raise ValueError("set exactly one of panel_signing_key and panel_signing_key_file")
+        one_key_source(("panel_signing_key", self.panel_signing_key), ("panel_signing_key_file", self.panel_signing_key_file))
         if rules.to_ppm(self.panel_operator_cap) < 1:
             raise ValueError("panel_operator_cap must be at least 0.000001")
         if self.panel_admission == "allowlist" and self.panel_allowlist_file is None:

@@ -2,15 +2,16 @@
 
 Layout (the same for every service): top-level keys are shared by every service that has a
 setting of that name (`database_url`, `kafka_bootstrap`, `chains`, `log_json`, ...); a section
-named after the service (`indexer:`, `relayer:`, `api:`, `verification:`, `consumers:`, `rulings:`,
-`panels:`, `verifier_agent:`, `verifier_bot:`)
+named after the service (`indexer:`, `relayer:`, `api:`, `verification:`, `lifecycle:`,
+`reputation:`, `rulings:`, `panels:`, `verifier_agent:`, `verifier_bot:`)
 holds its own keys and wins over the shared ones. Keys starting with `x-` are YAML anchors.
 A dotted name (`verifier_agent.model`) is a mapping inside a section; it shares no top-level key.
 
-Strict sections (`rulings`, `panels`, `verifier_agent`, `verifier_bot`): a key the service
-does not know is refused, and a secret (a `SecretStr` setting) may be written only as
-`${VAR}` (or as the path of its `*_file` setting), never as a literal in the file. Both
-errors name the key, never its value.
+In every section a key the service does not know is refused (with a note where the key or
+section was renamed or moved: `MOVED`). Strict sections (`rulings`, `panels`,
+`verifier_agent`, `verifier_bot`) also refuse a secret (a `SecretStr` setting) written as a
+literal: it may be only `${VAR}` (or the path of its `*_file` setting). Both errors name the
+key, never its value.
 
 Precedence, highest first: explicit keyword arguments, `ESCROWD_*` environment variables, the
 section, the shared top-level keys, the defaults. `${VAR}` and `${VAR:-default}` in string
@@ -28,9 +29,15 @@ from typing import Any, TypeVar
 
 from runtime.errors import StartupError
 
-SECTIONS = ("indexer", "relayer", "api", "verification", "consumers", "rulings", "panels", "verifier_agent", "verifier_bot")
+SECTIONS = ("indexer", "relayer", "api", "verification", "lifecycle", "reputation", "rulings", "panels",
+            "verifier_agent", "verifier_bot")  # fmt: skip
 STRICT_SECTIONS = ("rulings", "panels", "verifier_agent", "verifier_bot")
-"""Sections whose unknown keys and literal secrets are refused."""
+"""Sections whose literal secrets are refused (unknown keys are refused in every section)."""
+MOVED: dict[str, str] = {
+    "consumers": "the `consumers:` section is split into `lifecycle:` and `reputation:`, one per process"
+    " (each its own metrics_port)",
+}
+"""Sections and `section.key` names that changed, with what replaces them (docs/configuration.md)."""
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 S = TypeVar("S")
@@ -123,8 +130,15 @@ def _is_secret(annotation: Any) -> bool:
     return any(_is_secret(arg) for arg in get_args(annotation))
 
 
-def check_strict(raw: dict[str, Any], name: str, cls: type, nested: frozenset[str] = frozenset()) -> None:
-    """Refuse unknown keys in section `name` and literal secrets (`raw`: the file before `${VAR}`)."""
+def check_moved(raw: dict[str, Any]) -> None:
+    """Refuse a section that was renamed or split, saying what replaces it."""
+    for key in raw:
+        if isinstance(key, str) and key in MOVED:
+            raise StartupError(f"configuration section {key}: {MOVED[key]}")
+
+
+def check_known(raw: dict[str, Any], name: str, cls: type, nested: frozenset[str] = frozenset()) -> None:
+    """Refuse keys of section `name` that `cls` does not read (`raw`: the file before `${VAR}`)."""
     fields: dict[str, Any] = cls.model_fields  # type: ignore[attr-defined]
     own = own_section(raw, name)
     unknown = sorted(
@@ -132,7 +146,14 @@ def check_strict(raw: dict[str, Any], name: str, cls: type, nested: frozenset[st
     )
     if unknown:
         shown = ", ".join(dict.fromkeys(unknown))
-        raise StartupError(f"configuration section {name}: unknown key {shown}")
+        notes = [MOVED[f"{name}.{k}"] for k in unknown if f"{name}.{k}" in MOVED]
+        raise StartupError(f"configuration section {name}: unknown key {shown}" + "".join(f" ({n})" for n in notes))
+
+
+def check_strict(raw: dict[str, Any], name: str, cls: type, nested: frozenset[str] = frozenset()) -> None:
+    """Refuse unknown keys in section `name` and literal secrets (`raw`: the file before `${VAR}`)."""
+    fields: dict[str, Any] = cls.model_fields  # type: ignore[attr-defined]
+    check_known(raw, name, cls, nested)
     for key, value in section(raw, name, set(fields)).items():
         literal = not (isinstance(value, str) and _ONLY_VARIABLE.fullmatch(value.strip()))
         if key in fields and _is_secret(fields[key].annotation) and value is not None and literal:
@@ -172,17 +193,32 @@ def load(
         fields = set(cls.model_fields)  # type: ignore[attr-defined]
         prefix = str(cls.model_config.get("env_prefix", "ESCROWD_"))  # type: ignore[attr-defined]
         raw = read_raw(path)
+        check_moved(raw)
         if name.split(".")[0] in STRICT_SECTIONS:
             check_strict(raw, name, cls, nested)
+        else:
+            check_known(raw, name, cls, nested)
         own = own_section(raw, name)
         # Only what this service reads is expanded: a `${VAR}` of another section need not be
         # set for this one to start (one of its own must, even where the environment wins).
-        expanded = {
-            k: expand(v, where=f"{name}.{k}" if k in own else str(k)) for k, v in section(raw, name, fields).items()
-        }
+        expanded = _expand_section(section(raw, name, fields), own, name, cls.model_fields)  # type: ignore[attr-defined]
         values = {k: v for k, v in expanded.items() if k not in nested and not set_in_environment(prefix, k)}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return cls(**values)
+
+
+def _expand_section(values: dict[str, Any], own: dict[str, Any], name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """`${VAR}` expanded in `values`; without secrets at hand a secret whose variable is unset is left out."""
+    from runtime.settings import secrets_required
+
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            out[key] = expand(value, where=f"{name}.{key}" if key in own else str(key))
+        except StartupError:
+            if secrets_required() or key not in fields or not _is_secret(fields[key].annotation):
+                raise
+    return out
 
 
 MAX_SECRET_FILE_BYTES = 4096

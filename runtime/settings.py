@@ -3,14 +3,23 @@
 Each service reads `ESCROWD_*` environment variables over its section of the configuration
 file (`runtime.config_file.load`); a subclass adds its fields and may narrow the model
 configuration (`extra="forbid"`, another prefix for a nested section).
+
+`escrowd config check --no-secrets` lints a file where no secret is at hand: inside
+`without_secrets()` a settings class does not demand a key source (`one_key_source`), and
+the loader drops a secret whose `${VAR}` is unset instead of failing.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
 
 
 def postgres_url(url: str) -> str:
@@ -23,8 +32,53 @@ def postgres_url(url: str) -> str:
 PostgresUrl = Annotated[str, AfterValidator(postgres_url)]
 """A `postgresql://` (or `postgres://`) URL."""
 
+_SECRETS_REQUIRED: ContextVar[bool] = ContextVar("escrowd_secrets_required", default=True)
+
+
+def secrets_required() -> bool:
+    """False inside `without_secrets()`: settings are validated without their secrets."""
+    return _SECRETS_REQUIRED.get()
+
+
+@contextlib.contextmanager
+def without_secrets() -> Iterator[None]:
+    """Validate settings with their secrets absent (a missing key source is no error)."""
+    token = _SECRETS_REQUIRED.set(False)
+    try:
+        yield
+    finally:
+        _SECRETS_REQUIRED.reset(token)
+
+
+def one_key_source(first: tuple[str, object], second: tuple[str, object]) -> None:
+    """Exactly one of two settings (name, value) is set, else ValueError naming both.
+
+    Without secrets at hand (`without_secrets()`) neither set is accepted.
+    """
+    (first_name, first_value), (second_name, second_value) = first, second
+    given = (first_value is not None) + (second_value is not None)
+    if given == 2 or (given == 0 and secrets_required()):
+        raise ValueError(f"set exactly one of {first_name} and {second_name}")
+
 
 class ServiceSettings(BaseSettings):
-    """`ESCROWD_*` environment variables over the file's section; keys no field names are ignored."""
+    """`ESCROWD_*` environment variables over the file's section (unknown keys are refused by the loader)."""
 
     model_config = SettingsConfigDict(env_prefix="ESCROWD_", extra="ignore")
+
+
+class EventServiceSettings(ServiceSettings):
+    """What every process on the escrow events has: the database, the broker, the events topic, probes."""
+
+    database_url: PostgresUrl = Field(description="PostgreSQL URL")
+    kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    events_topic: str = Field(default=ESCROW_EVENTS, description="Topic of the indexed escrow events")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
+    )
+
+
+class ConsumerSettings(EventServiceSettings):
+    """What every consumer of the escrow events has: the above and where poison messages go."""
+
+    dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")

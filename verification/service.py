@@ -28,7 +28,7 @@ from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import register_secret
 from runtime.outbox import OutboxPublisher, enqueue
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import ConsumerSettings
 from schemas import topics
 from schemas.task_terms import RetryDue
 from verification import results_store as store
@@ -46,18 +46,14 @@ from verification.verifiers import default_registry
 log = structlog.get_logger(__name__)
 
 
-class VerificationSettings(ServiceSettings):
+class VerificationSettings(ConsumerSettings):
     """Everything the verification consumer needs (`ESCROWD_*` environment variables)."""
 
-    database_url: PostgresUrl = Field(description="PostgreSQL URL")
-    kafka_bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
     verification_group: str = Field(default=CONSUMER_NAME, description="Consumer group id")
-    events_topic: str = Field(default=topics.ESCROW_EVENTS, description="Indexed escrow events")
     verification_requests_topic: str = Field(
         default=topics.VERIFICATION_REQUESTS, description="Finalize / review / verifier-report requests"
     )
     verdicts_topic: str = Field(default=topics.VERDICTS, description="Signed verdicts for the settlement relayer")
-    dead_letter_topic: str = Field(default=topics.DEAD_LETTERS, description="Poison messages, with the reason")
     topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
     verification_signing_key: SecretStr | None = Field(
         default=None, description="Raw 0x key the verification service signs verdicts with (devnet)"
@@ -90,7 +86,6 @@ class VerificationSettings(ServiceSettings):
     retry_poll_seconds: float = Field(default=1.0, gt=0, description="How often due retries are looked for")
     max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
 
     @field_validator("trusted_api_signers")
     @classmethod

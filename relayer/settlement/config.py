@@ -19,7 +19,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from runtime.config_file import load as config_file_load
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import PostgresUrl, ServiceSettings, secrets_required
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
 
@@ -159,7 +159,7 @@ class RelayerSettings(ServiceSettings):
     def _one_key_source(self) -> RelayerSettings:
         if self.relayer_key is not None and self.relayer_keystore is not None:
             raise ValueError("set relayer_keystore or relayer_key, not both")
-        if self.relayer_key is None and self.relayer_keystore is None:
+        if self.relayer_key is None and self.relayer_keystore is None and secrets_required():
             raise ValueError("no relayer key: set relayer_keystore (+ password) or relayer_key")
         if self.relayer_min_priority_fee_wei > self.relayer_max_priority_fee_wei:
             raise ValueError("relayer_min_priority_fee_wei exceeds relayer_max_priority_fee_wei")

@@ -67,7 +67,7 @@ from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
 from runtime.aio import wait_event
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import PostgresUrl, ServiceSettings, one_key_source
 from schemas import panels as msg
 from schemas.topics import DEAD_LETTERS, PANEL_RULINGS
 from schemas.verdict import InvalidSignature
@@ -676,8 +676,7 @@ class RulingRelaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check(self) -> RulingRelaySettings:
-        if (self.ruling_arbiter_key is None) == (self.ruling_arbiter_keystore is None):
-            raise ValueError("set exactly one of ruling_arbiter_keystore (+ password) and ruling_arbiter_key")
+        one_key_source(("ruling_arbiter_keystore", self.ruling_arbiter_keystore), ("ruling_arbiter_key", self.ruling_arbiter_key))
         if self.ruling_finality_depth < self.ruling_confirmations:
             raise ValueError("ruling_finality_depth must be at least ruling_confirmations")
         return self

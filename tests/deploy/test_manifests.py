@@ -730,7 +730,9 @@ def test_compose_services_pass_config_check(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
     env.update({k: _interpolate(str(v)) for k, v in services["relayer"]["environment"].items()})
     env["ESCROWD_CONFIG"] = str(DEPLOY / "config.example.yaml")
-    proc = subprocess.run([*escrowd_command(), "config", "check"], capture_output=True, text=True, env=env, timeout=120)
+    # The secrets are mounted files in the containers, absent here: lint without them.
+    proc = subprocess.run([*escrowd_command(), "config", "check", "--no-secrets"], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
 
 

@@ -56,7 +56,7 @@ from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.aio import wait_event
 from runtime.logging import register_secret
-from runtime.settings import PostgresUrl, ServiceSettings
+from runtime.settings import PostgresUrl, ServiceSettings, one_key_source
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
 from verification.agents import briefs
@@ -134,8 +134,7 @@ class VerifierAgentSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _one_wallet_key(self) -> VerifierAgentSettings:
-        if (self.wallet_key is None) == (self.wallet_key_file is None):
-            raise ValueError("set exactly one of wallet_key and wallet_key_file")
+        one_key_source(("wallet_key", self.wallet_key), ("wallet_key_file", self.wallet_key_file))
         return self
 
     def wallet(self) -> str:

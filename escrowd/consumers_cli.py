@@ -72,79 +72,58 @@ async def _consume(
         await producer.stop()
 
 
-def _serve(name: str, consumer: IdempotentConsumer, database_url: str, bootstrap: str, metrics_port: int | None) -> None:
+def _serve(name: str, consumer: IdempotentConsumer, settings: ConsumerSettings) -> None:
     from runtime.shell import run_service
 
-    run_service(name, lambda stop: _consume(consumer, database_url, bootstrap, metrics_port, stop), configure=False)
+    run_service(name, lambda stop: _consume(consumer, settings.database_url, settings.kafka_bootstrap,
+                                            settings.metrics_port, stop), configure=False)  # fmt: skip
 
 
 S = TypeVar("S", bound=ConsumerSettings)
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its own section)")
+]
+LogJsonOption = Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")]
 
 
-def _settings(cls: type[S], section: str, config: Path | None) -> S:
+def _settings(cls: type[S], section: str, config: Path | None, log_json: bool) -> S:
+    """The command's settings from its section (a bad one: one line, exit 2), then logging set up."""
     from runtime.config_file import load
-
-    try:
-        return load(cls, section, config)
-    except Exception as exc:
-        startup_failure("invalid configuration", exc)
-
-
-@app.command()
-def lifecycle(
-    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
-) -> None:
-    """The lifecycle consumer: task state, timers, what can whom do now."""
-    from lifecycle.consumer import build_consumer
     from runtime.logging import configure_logging
 
-    settings = _settings(LifecycleSettings, "lifecycle", config)
+    try:
+        settings = load(cls, section, config)
+    except Exception as exc:
+        startup_failure("invalid configuration", exc)
     configure_logging(json=log_json)
-    consumer = build_consumer(
-        bootstrap=settings.kafka_bootstrap,
-        database_url=settings.database_url,
-        events_topic=settings.events_topic,
-        tasks_topic=settings.tasks_topic,
-        timers_topic=settings.timers_topic,
-        dlq_topic=settings.dead_letter_topic,
-    )
-    _serve("lifecycle", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)
+    return settings
 
 
 @app.command()
-def reputation(
-    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
-) -> None:
+def lifecycle(config: ConfigOption = None, log_json: LogJsonOption = True) -> None:
+    """The lifecycle consumer: task state, timers, what can whom do now."""
+    from lifecycle.consumer import build_consumer
+
+    settings = _settings(LifecycleSettings, "lifecycle", config, log_json)
+    consumer = build_consumer(**settings.consumer_args(), tasks_topic=settings.tasks_topic,
+                              timers_topic=settings.timers_topic)  # fmt: skip
+    _serve("lifecycle", consumer, settings)
+
+
+@app.command()
+def reputation(config: ConfigOption = None, log_json: LogJsonOption = True) -> None:
     """The reputation consumer: per-agent score, dispute count, matching score."""
     from lifecycle.reputation.consumer import build_consumer
     from lifecycle.reputation.rules import ReputationRules
-    from runtime.logging import configure_logging
 
-    settings = _settings(ReputationSettings, "reputation", config)
-    configure_logging(json=log_json)
-    consumer = build_consumer(
-        bootstrap=settings.kafka_bootstrap,
-        database_url=settings.database_url,
-        events_topic=settings.events_topic,
-        rules=ReputationRules(
-            start_score=settings.reputation_start_score, pass_increase=settings.reputation_pass_increase
-        ),
-        reputation_topic=settings.reputation_topic,
-        dlq_topic=settings.dead_letter_topic,
-    )
-    _serve("reputation", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)
+    settings = _settings(ReputationSettings, "reputation", config, log_json)
+    rules = ReputationRules(start_score=settings.reputation_start_score, pass_increase=settings.reputation_pass_increase)
+    consumer = build_consumer(**settings.consumer_args(), rules=rules, reputation_topic=settings.reputation_topic)
+    _serve("reputation", consumer, settings)
 
 
 @app.command()
-def panels(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `panels:` section)"),
-    ] = None,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
-) -> None:
+def panels(config: ConfigOption = None, log_json: LogJsonOption = True) -> None:
     """The panel service: draws a panel for every dispute, closes rounds, signs rulings."""
     from panels.rules import to_ppm
     from panels.service import PanelConfig, build_consumer
@@ -172,18 +151,11 @@ def panels(
         admission=settings.panel_admission,
         allowlist=allowlist,
     )
-    consumer = build_consumer(
-        bootstrap=settings.kafka_bootstrap,
-        database_url=settings.database_url,
-        config=panel_config,
-        events_topic=settings.events_topic,
-        dlq_topic=settings.dead_letter_topic,
-        idle_interval=settings.panel_idle_interval,
-    )
+    consumer = build_consumer(**settings.consumer_args(), config=panel_config, idle_interval=settings.panel_idle_interval)
     from panels.rules import Outcome
     from panels.service import ROUNDS
     from runtime.metrics import at_zero
 
     events = ("opened", "pool_too_small", "superseded", "retracted", "ruled", "sample_calibrated")
     at_zero(ROUNDS, (*events, *(outcome.value for outcome in Outcome)))
-    _serve("panels", consumer, settings.database_url, settings.kafka_bootstrap, settings.metrics_port)
+    _serve("panels", consumer, settings)

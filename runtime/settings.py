@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -82,3 +82,17 @@ class ConsumerSettings(EventServiceSettings):
     """What every consumer of the escrow events has: the above and where poison messages go."""
 
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+
+    def consumer_args(self) -> ConsumerArgs:
+        """What every consumer builder takes from these settings (`build_consumer(**args, ...)`)."""
+        return ConsumerArgs(bootstrap=self.kafka_bootstrap, database_url=self.database_url,
+                            events_topic=self.events_topic, dlq_topic=self.dead_letter_topic)  # fmt: skip
+
+
+class ConsumerArgs(TypedDict):
+    """The keyword arguments of a consumer group member's builder that come from `ConsumerSettings`."""
+
+    bootstrap: str
+    database_url: str
+    events_topic: str
+    dlq_topic: str

@@ -28,12 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.settings import ApiSettings
 from runtime.outbox import enqueue
 from runtime.web.auth import Caller, Signed, authenticate, has_auth
-from runtime.web.errors import ApiProblem
+from runtime.web.errors import ApiProblem, error_responses
+from runtime.web.params import AddressPath, ChainPath, EscrowPath, TaskPath
 from schemas.task_state import MAX_SUBMISSIONS
 from schemas.task_terms import (
     MAX_RESULT_BYTES,
     SUPPORTED_MODES,
-    ApiError,
     CanonicalJsonError,
     Execution,
     ExecutionsPage,
@@ -75,24 +75,18 @@ from verification.routing import (
 
 router = APIRouter(prefix="/v1", tags=["verification"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ApiError, "description": text}
-    for status, text in (
-        (400, "Refused: the request breaks a rule (see `error.code`)"),
-        (401, "Missing, invalid or expired signature"),
-        (403, "The signer may not do this"),
-        (404, "Unknown task or terms"),
-        (409, "Conflicts with the task's state (see `error.code`)"),
-        (413, "The result is too large"),
-        (422, "The body does not fit the schema"),
-        (503, "The API is configured with no deployment to serve (`NO_DEPLOYMENT`)"),
-    )
-}
+_ERRORS = error_responses(
+    (400, "Refused: the request breaks a rule (see `error.code`)"),
+    (401, "Missing, invalid or expired signature"),
+    (403, "The signer may not do this"),
+    (404, "Unknown task or terms"),
+    (409, "Conflicts with the task's state (see `error.code`)"),
+    (413, "The result is too large"),
+    (422, "The body does not fit the schema"),
+    (503, "The API is configured with no deployment to serve (`NO_DEPLOYMENT`)"),
+)
 _POLL_SECONDS = 0.2
 
-EscrowPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$", description="Escrow address")]
-ChainPath = Annotated[int, Path(gt=0, le=2**63 - 1)]
-TaskPath = Annotated[int, Path(ge=1, le=2**256 - 1)]
 
 
 @dataclass(frozen=True)
@@ -754,7 +748,7 @@ async def task_proof(
     summary="An agent's finalized attempts with their verdicts (full for the agent itself)",
 )
 async def executions(
-    address: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
+    address: AddressPath,
     request: Request,
     _signed: Signed,
     limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -61,19 +62,10 @@ def run(
         # "" rather than None: `escrowd run` reads ESCROWD_* only, not the test harness's
         # DATABASE_URL / KAFKA_BOOTSTRAP fallback of the service launchers.
         stack = start_stack(database_url=database_url or "", kafka_bootstrap=kafka_bootstrap or "")
-        code = asyncio.run(
-            _main(
-                stack,
-                console=console,
-                tasks=tasks,
-                exit_when_done=exit_when_done,
-                seed=seed,
-                batch=batch,
-                api_port=api_port or free_port(),
-                metrics_port=metrics_port or free_port(),
-                progress=progress,
-            )
-        )
+        options = RunOptions(console=console, tasks=tasks, exit_when_done=exit_when_done, seed=seed, batch=batch,
+                             api_port=api_port or free_port(), metrics_port=metrics_port or free_port(),
+                             progress=progress)  # fmt: skip
+        code = asyncio.run(_main(stack, options))
     except Interrupted as stop:
         code = 128 + stop.signum
     finally:
@@ -100,18 +92,21 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
-async def _main(
-    stack: Any,
-    *,
-    console: Console,
-    tasks: int,
-    exit_when_done: bool,
-    seed: int,
-    batch: int,
-    api_port: int,
-    metrics_port: int,
-    progress: bool,
-) -> int:
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line asked of the run."""
+
+    console: Console
+    tasks: int
+    exit_when_done: bool
+    seed: int
+    batch: int
+    api_port: int
+    metrics_port: int
+    progress: bool
+
+
+async def _main(stack: Any, options: RunOptions) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -125,10 +120,7 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        return await _pipeline_main(
-            stack, console=console, tasks=tasks, exit_when_done=exit_when_done, seed=seed,
-            batch=batch, api_port=api_port, metrics_port=metrics_port, progress=progress,
-        )  # fmt: skip
+        return await _pipeline_main(stack, options)
     except asyncio.CancelledError:
         if not received:
             raise
@@ -139,20 +131,11 @@ async def _main(
             signal.signal(sig, _interrupt)
 
 
-async def _pipeline_main(
-    stack: Any,
-    *,
-    console: Console,
-    tasks: int,
-    exit_when_done: bool,
-    seed: int,
-    batch: int,
-    api_port: int,
-    metrics_port: int,
-    progress: bool,
-) -> int:
+async def _pipeline_main(stack: Any, options: RunOptions) -> int:
     from escrowd.pipeline import Pipeline, PipelineConfig
     from escrowd.traffic import TrafficGenerator
+
+    console, tasks, api_port, metrics_port = options.console, options.tasks, options.api_port, options.metrics_port
 
     dn = stack.devnet
     pipeline = Pipeline(
@@ -189,21 +172,21 @@ async def _pipeline_main(
             database_url=pipeline.config.database_url,
         )  # fmt: skip
         console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
-        generator = TrafficGenerator(dn, offchain=offchain, seed=seed, hosted_verifier=hosted_actor)
+        generator = TrafficGenerator(dn, offchain=offchain, seed=options.seed, hosted_verifier=hosted_actor)
         started = time.monotonic()
         planned: list[PlannedTask] = []
-        display = asyncio.create_task(_display(pipeline, generator, console, progress))
+        display = asyncio.create_task(_display(pipeline, generator, console, options.progress))
         console.print("[bold]escrowd run[/]: ready")
         if tasks > 0:
             planned = await generator.run(generator.plan(tasks))
-        if exit_when_done:
+        if options.exit_when_done:
             report, summary = await _settle_and_check(pipeline, dn, planned, generator, started)
             display.cancel()
             print(json.dumps(summary, indent=2))
             return 0 if report.ok else 1
         while True:
             if tasks == 0:
-                planned += await generator.run(generator.plan(batch))
+                planned += await generator.run(generator.plan(options.batch))
             else:
                 await asyncio.sleep(3600)
             if pipeline.failed():

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from lifecycle import clock, roles
 from lifecycle.machine import allowed_actions_view
 from lifecycle.reputation.rules import initial
 from runtime.web.errors import ApiProblem
+from runtime.web.params import AddressPath, ChainPath, EscrowPath, TaskPath
 from schemas.task_state import AllowedActions, Reputation, TaskState
 from schemas.task_terms import ApiError
 
@@ -40,9 +41,9 @@ class TaskStateView(BaseModel):
 )
 async def task_state(
     # Bounded like the columns they are compared with (bigint, numeric(78)): no 500 on 2**64.
-    chain_id: Annotated[int, Path(gt=0, le=2**63 - 1)],
-    escrow: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")],
-    task_id: Annotated[int, Path(ge=1, le=2**256 - 1)],
+    chain_id: ChainPath,
+    escrow: EscrowPath,
+    task_id: TaskPath,
     request: Request,
     at: Annotated[
         int | None,
@@ -73,7 +74,7 @@ async def task_state(
     summary="An agent's 0–100 reputation, dispute count and matching score",
 )
 async def agent_reputation(
-    address: Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")], request: Request
+    address: AddressPath, request: Request
 ) -> Reputation:
     async with request.app.state.pool.acquire() as conn:
         row = await conn.fetchrow(

@@ -22,6 +22,7 @@ from panels.rules import OPERATOR_COOLDOWN_SECONDS
 from panels.service import escrow_spellings, output_schema
 from runtime.web.auth import authenticate
 from runtime.web.errors import ApiProblem
+from runtime.web.params import AddressPath
 from schemas import jsonbounds
 from schemas import panels as msg
 from schemas.task_terms import result_hash
@@ -35,7 +36,6 @@ ATTESTATION_SECONDS = Histogram(
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
 )
 
-AddressPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")]
 RoundPath = Annotated[str, Path(max_length=200, pattern=r"^[0-9]+:0x[0-9a-f]{40}:[0-9]+:[a-z_]+:[12]$")]
 
 

@@ -12,7 +12,6 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runtime.errors import StartupError
@@ -97,13 +96,3 @@ def start_kafka(bootstrap: str | None = None) -> KafkaService:
     port = free_port()
     process, log_path = _spawn(port)
     return KafkaService(bootstrap=f"127.0.0.1:{port}", _process=process, _port=port, _log_path=log_path)
-
-
-@contextlib.contextmanager
-def kafka(bootstrap: str | None = None) -> Iterator[KafkaService]:
-    """Context manager around `start_kafka`."""
-    service = start_kafka(bootstrap)
-    try:
-        yield service
-    finally:
-        service.stop()

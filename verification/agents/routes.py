@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from runtime.web.auth import authenticate, has_auth
 from runtime.web.errors import ApiProblem
+from runtime.web.params import ChainPath, EscrowPath, HashPath, TaskPath
 from verification import results_store as vstore
 from verification.agents import briefs, directory, rubrics, store
 from verification.agents.listing import BriefState, listing_check
@@ -225,10 +226,6 @@ async def list_executors(
 # ---------------------------------------------------------------------------- listing
 
 
-EscrowPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{40}$")]
-ChainPath = Annotated[int, Path(gt=0, le=2**63 - 1)]
-TaskPath = Annotated[int, Path(ge=1, le=2**256 - 1)]
-HashPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{64}$")]
 
 
 class ListingView(BaseModel):

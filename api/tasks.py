@@ -192,18 +192,26 @@ def finalize_check(
     return FinalizeOk(attempt)
 
 
-def review_check(
-    chain: ChainTask, mode: str | None, terms_issue: str | None, signer: str, attempt: int, evidence_hash: str
-) -> FinalizeOk | Refusal:
-    """May `signer` review now, and is the attempt it names (with its evidence) the current one?"""
+def _terms_refusal(chain: ChainTask, mode: str | None, terms_issue: str | None, wanted: str, by: str) -> Refusal | None:
+    """Why a request for a `wanted`-mode task cannot be taken now: no task, no terms, or others."""
     if chain.task_hash is None:
         return Refusal(404, "TASK_NOT_FOUND", "the task is not indexed (yet)")
     if mode is None:
         return Refusal(409, "TERMS_NOT_REGISTERED", "no terms are registered for the task's taskHash")
     if terms_issue is not None:
         return Refusal(409, "TERMS_MISMATCH", f"the registered terms do not govern this task: {terms_issue}")
-    if mode != "manual":
-        return Refusal(409, "NOT_MANUAL_TASK", f"this task is verified in {mode} mode, not by the poster")
+    if mode != wanted:
+        return Refusal(409, f"NOT_{wanted.upper()}_TASK", f"this task is verified in {mode} mode, not by {by}")
+    return None
+
+
+def review_check(
+    chain: ChainTask, mode: str | None, terms_issue: str | None, signer: str, attempt: int, evidence_hash: str
+) -> FinalizeOk | Refusal:
+    """May `signer` review now, and is the attempt it names (with its evidence) the current one?"""
+    refused = _terms_refusal(chain, mode, terms_issue, "manual", "the poster")
+    if refused is not None:
+        return refused
     if not _same(signer, chain.poster):
         return Refusal(403, "NOT_POSTER", "only the poster reviews the task")
     if not chain.submitted or chain.current_attempt in chain.verdicts:
@@ -219,14 +227,9 @@ def report_check(
     chain: ChainTask, mode: str | None, terms_issue: str | None, signer: str, attempt: int, evidence_hash: str
 ) -> FinalizeOk | Refusal:
     """May `signer` report on `attempt` of the task as its verifier?"""
-    if chain.task_hash is None:
-        return Refusal(404, "TASK_NOT_FOUND", "the task is not indexed (yet)")
-    if mode is None:
-        return Refusal(409, "TERMS_NOT_REGISTERED", "no terms are registered for the task's taskHash")
-    if terms_issue is not None:
-        return Refusal(409, "TERMS_MISMATCH", f"the registered terms do not govern this task: {terms_issue}")
-    if mode != "agent":
-        return Refusal(409, "NOT_AGENT_TASK", f"this task is verified in {mode} mode, not by a verifier agent")
+    refused = _terms_refusal(chain, mode, terms_issue, "agent", "a verifier agent")
+    if refused is not None:
+        return refused
     if _same(signer, chain.agent):
         return Refusal(409, "SELF_VERIFICATION", "an agent never judges its own work")
     if not _same(signer, chain.verifier):

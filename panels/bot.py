@@ -143,12 +143,9 @@ class BotSettings(ServiceSettings):
 
     def signing_key(self) -> str:
         """The verifier's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
-        if self.verifier_key is not None:
-            return self.verifier_key.get_secret_value()
-        assert self.verifier_key_file is not None
-        from runtime.config_file import read_key_file
+        from runtime.config_file import key_or_file
 
-        return read_key_file(self.verifier_key_file, "verifier_key_file")
+        return key_or_file(self.verifier_key, self.verifier_key_file, "verifier_key_file")
 
     def scorer_key(self) -> str | None:
         """The chat scorer's bearer key, if any (from the file, whitespace removed)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,13 +16,13 @@ from pydantic import (
 )
 
 from panels import rules
+from runtime.config_file import key_or_file
 from runtime.settings import ConsumerSettings, one_key_source
 from schemas import jsonbounds
 from schemas.panels import Address, OperatorId
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 4096
-MAX_KEY_FILE_BYTES = 256
 MAX_ALLOWLIST_BYTES = 8 * 1024 * 1024
 MAX_ALLOWLIST_ENTRIES = 100_000
 
@@ -105,15 +104,7 @@ class PanelSettings(ConsumerSettings):
 
     def signing_key(self) -> str:
         """The ruling key's 0x hex (from the file, whitespace removed); ValueError without echoing it."""
-        if self.panel_signing_key is not None:
-            return self.panel_signing_key.get_secret_value()
-        assert self.panel_signing_key_file is not None
-        with self.panel_signing_key_file.open("rb") as handle:
-            raw = handle.read(MAX_KEY_FILE_BYTES + 1).strip()
-        if not re.fullmatch(rb"(0x)?[0-9a-fA-F]{64}", raw):
-            raise ValueError("panel_signing_key_file must hold one 32-byte hex key")
-        text = raw.decode()
-        return text if text.startswith("0x") else "0x" + text
+        return key_or_file(self.panel_signing_key, self.panel_signing_key_file, "panel_signing_key_file")
 
     def read_secret(self) -> bytes:
         """The secret's bytes (surrounding whitespace removed); ValueError without echoing it."""

@@ -244,3 +244,12 @@ def read_key_file(path: Path, what: str) -> str:
     if not re.fullmatch(r"(0x)?[0-9a-fA-F]{64}", text):
         raise ValueError(f"{what} must hold one 32-byte hex key")
     return text if text.startswith("0x") else "0x" + text
+
+
+def key_or_file(value: Any, path: Path | None, what: str) -> str:
+    """A 0x hex key given as a secret setting (`value`, a SecretStr) or, in `what`, as a file."""
+    if value is not None:
+        return str(value.get_secret_value()).strip()
+    if path is None:
+        raise ValueError(f"no key: set {what.removesuffix('_file')} or {what}")
+    return read_key_file(path, what)

@@ -123,7 +123,17 @@ class SubjectKind(StrEnum):
     POSTER = "poster"
 
 
-class VerifierRegistration(BaseModel):
+class ChainListed(BaseModel):
+    """A registration naming the chains it serves: `chains` holds JSON integers (no `"1"`, no
+    `true`; `1.0` is JSON's integer 1)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        return integral_fields(data, (), ("chains",))
+
+
+class VerifierRegistration(ChainListed):
     """A verifier joining the pool (signed by its own key through the API)."""
 
     model_config = _FROZEN
@@ -131,11 +141,6 @@ class VerifierRegistration(BaseModel):
     address: Address
     operator: OperatorId
     chains: list[ChainId] = Field(min_length=1, max_length=64)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _json_integers(cls, data: Any) -> Any:
-        return integral_fields(data, (), ("chains",))
 
     @field_validator("address")
     @classmethod

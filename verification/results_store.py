@@ -198,24 +198,14 @@ async def apply_effect(conn: asyncpg.Connection, key: TaskKey, effect: Any) -> N
             effect.request_id, effect.retry_count, effect.error, effect.delay_seconds,
         )  # fmt: skip
     elif isinstance(effect, AttachReport):
-        await conn.execute(
-            "UPDATE verification_results SET result = $5, reported = true, source = 'agent', request_id = $6,"
-            " updated_at = now() WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
-            *task, effect.attempt, dict(effect.verification_result), effect.request_id,
-        )  # fmt: skip
+        await _update_result(conn, key, effect.attempt, "result = $5, reported = true, source = 'agent', request_id = $6",
+                             dict(effect.verification_result), effect.request_id)  # fmt: skip
     elif isinstance(effect, RetractResult | RestoreResult):
         status = "retracted" if isinstance(effect, RetractResult) else "final"
-        await conn.execute(
-            "UPDATE verification_results SET status = $5, updated_at = now()"
-            " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
-            *task, effect.attempt, status,
-        )  # fmt: skip
+        await _update_result(conn, key, effect.attempt, "status = $5", status)
     elif isinstance(effect, MarkSettled):
-        await conn.execute(
-            "UPDATE verification_results SET settled_tx = $5, settled_block = $6, updated_at = now()"
-            " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
-            *task, effect.attempt, effect.tx_hash, effect.block_number,
-        )  # fmt: skip
+        await _update_result(conn, key, effect.attempt, "settled_tx = $5, settled_block = $6",
+                             effect.tx_hash, effect.block_number)  # fmt: skip
     elif isinstance(effect, RecordFailure):
         await conn.execute(
             "INSERT INTO verifier_failures (chain_id, escrow_address, task_id, attempt, verifier, failures,"
@@ -226,6 +216,15 @@ async def apply_effect(conn: asyncpg.Connection, key: TaskKey, effect: Any) -> N
         )  # fmt: skip
     else:
         raise TypeError(f"apply_effect cannot apply {type(effect).__name__}")
+
+
+async def _update_result(conn: asyncpg.Connection, key: TaskKey, attempt: int, assignments: str, *values: Any) -> None:
+    """Set `assignments` (a constant SET list over $5, $6, ...) on one attempt's verdict row."""
+    await conn.execute(
+        f"UPDATE verification_results SET {assignments}, updated_at = now()"
+        " WHERE chain_id = $1 AND escrow_address = $2 AND task_id = $3 AND attempt = $4",
+        key.chain_id, key.escrow, key.task_id, attempt, *values,
+    )  # fmt: skip
 
 
 async def save_request(conn: asyncpg.Connection, key: TaskKey, request: RequestRecord) -> bool:

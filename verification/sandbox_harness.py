@@ -162,25 +162,18 @@ def _worker(limits: dict[str, Any], job_fd: int, value_fd: int) -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     job = json.loads(jobs.readline())
-    try:
-        code = compile(job["source"], "solution.py", "exec")
-    except MemoryError:
-        out.write(oom)
-        return
-    except BaseException as exc:
-        error = (type(exc).__name__ + ": " + str(exc))[:300]
-        out.write(json.dumps({"event": "compile_error", "error": error}) + "\n")
-        return
-    del job["source"]
     namespace: dict[str, Any] = {"__name__": "solution"}
+    failed_as = "compile_error"  # then "load_error" once the code compiled
     try:
+        code = compile(job.pop("source"), "solution.py", "exec")
+        failed_as = "load_error"
         exec(code, namespace)
     except MemoryError:
         out.write(oom)
         return
     except BaseException as exc:
         error = (type(exc).__name__ + ": " + str(exc))[:300]
-        out.write(json.dumps({"event": "load_error", "error": error}) + "\n")
+        out.write(json.dumps({"event": failed_as, "error": error}) + "\n")
         return
     fn = namespace.get(job["entrypoint"])
     if not callable(fn):

@@ -19,22 +19,20 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from coincurve import PublicKey
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
     field_validator,
-    model_validator,
 )
 
-from schemas.panels import integral_fields
+from schemas.panels import ChainListed
 
 Role = Literal["worker", "verifier"]
 DEFAULT_STALE_SECONDS = 300
 Capability = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,63}$")]
 
 
-class ExecutorRegistration(BaseModel):
+class ExecutorRegistration(ChainListed):
     """What an executor says about itself (signed by its own key)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -49,12 +47,7 @@ class ExecutorRegistration(BaseModel):
         alias="encryptionPublicKey", pattern=r"^0x(02|03)[0-9a-fA-F]{64}$", description="Compressed secp256k1 key"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _json_integers(cls, data: Any) -> Any:
-        # Strict types (no `0` for false, no `"1"` for a chain); `1.0` is JSON's integer 1.
-        return integral_fields(data, (), ("chains",))
-
+    # Strict types: no `0` for false (strict=True above), no `"1"` for a chain (ChainListed).
     @field_validator("encryption_public_key")
     @classmethod
     def _lower(cls, value: str) -> str:

@@ -228,13 +228,18 @@ async def list_executors(
 
 
 
-class ListingView(BaseModel):
-    """A listed task."""
+class TaskRefView(BaseModel):
+    """Which task: its chain, escrow, id and terms hash."""
 
     chain_id: int = Field(serialization_alias="chainId")
     escrow: str
     task_id: int = Field(serialization_alias="taskId")
     task_hash: str = Field(serialization_alias="taskHash")
+
+
+class ListingView(TaskRefView):
+    """A listed task."""
+
     poster: str
     private: bool
     verification_mode: str = Field(serialization_alias="verificationMode")
@@ -414,13 +419,9 @@ async def get_brief(task_hash: HashPath, request: Request) -> BriefView:
 # ---------------------------------------------------------------------------- the verifier's queue
 
 
-class QueueItem(BaseModel):
+class QueueItem(TaskRefView):
     """An attempt waiting for the signer's verdict, with what it needs to judge it."""
 
-    chain_id: int = Field(serialization_alias="chainId")
-    escrow: str
-    task_id: int = Field(serialization_alias="taskId")
-    task_hash: str = Field(serialization_alias="taskHash")
     attempt: int
     evidence_hash: str = Field(serialization_alias="evidenceHash")
     result: Any = None

@@ -139,12 +139,9 @@ class VerifierAgentSettings(ServiceSettings):
 
     def wallet(self) -> str:
         """The wallet's 0x hex key (from the file, whitespace removed); ValueError without echoing it."""
-        if self.wallet_key is not None:
-            return self.wallet_key.get_secret_value().strip()
-        assert self.wallet_key_file is not None
-        from runtime.config_file import read_key_file
+        from runtime.config_file import key_or_file
 
-        return read_key_file(self.wallet_key_file, "wallet_key_file")
+        return key_or_file(self.wallet_key, self.wallet_key_file, "wallet_key_file")
 
     @field_validator("api_url", "rpc_url")
     @classmethod

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from runtime.options import ConfigOption, LogJsonOption
 
 app = typer.Typer(help="The HTTP API: task terms, finalize, review, results.", no_args_is_help=True)
 
@@ -14,8 +15,8 @@ app = typer.Typer(help="The HTTP API: task terms, finalize, review, results.", n
 def serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: ESCROWD_API_HOST or 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: ESCROWD_API_PORT or 8080)")] = None,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
-    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+    log_json: LogJsonOption = True,
+    config: ConfigOption = None,
 ) -> None:
     """Serve the API until Ctrl-C; OpenAPI at /openapi.json."""
     import structlog

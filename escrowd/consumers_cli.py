@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 from pydantic import Field
 
 from escrowd.verification_cli import app as verification_app
+from runtime.options import ConfigOption, LogJsonOption
 from runtime.settings import ConsumerSettings
 from runtime.shell import startup_failure
 from schemas.topics import REPUTATION, TASKS, TIMERS
@@ -80,10 +81,6 @@ def _serve(name: str, consumer: IdempotentConsumer, settings: ConsumerSettings) 
 
 
 S = TypeVar("S", bound=ConsumerSettings)
-ConfigOption = Annotated[
-    Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its own section)")
-]
-LogJsonOption = Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")]
 
 
 def _settings(cls: type[S], section: str, config: Path | None, log_json: bool) -> S:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
 from runtime.config_file import load
+from runtime.options import ConfigOption, LogJsonOption
 from runtime.shell import startup_failure
 
 app = typer.Typer(help="The verification consumer: judges finalized results, records verdicts.", no_args_is_help=True)
@@ -15,8 +13,8 @@ app = typer.Typer(help="The verification consumer: judges finalized results, rec
 
 @app.command()
 def run(
-    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console", help="JSON log lines")] = True,
+    config: ConfigOption = None,
+    log_json: LogJsonOption = True,
 ) -> None:
     """Run the verification consumer, the retry scheduler and an outbox publisher until Ctrl-C."""
     from runtime.logging import configure_logging
@@ -40,7 +38,7 @@ def run(
 
 @app.command()
 def check(
-    config: Annotated[Path | None, typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file")] = None,
+    config: ConfigOption = None,
 ) -> None:
     """Validate the configuration and the signing key, print the signer address, and exit."""
     from eth_account import Account

@@ -46,6 +46,7 @@ from pydantic import Field, SecretStr, model_validator
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
 from runtime.aio import wait_event
+from runtime.options import ConfigOption
 from runtime.settings import ServiceSettings, one_key_source
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
@@ -391,10 +392,7 @@ class VerifierBot:
 
 def verifier_bot(
     once: Annotated[bool, typer.Option("--once", help="Register, attest what is assigned, exit")] = False,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_bot:` section)"),
-    ] = None,
+    config: ConfigOption = None,
 ) -> None:
     """Reference panel verifier: register, poll assignments, score, attest."""
     from runtime.logging import configure_logging

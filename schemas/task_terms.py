@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
@@ -43,6 +43,7 @@ from pydantic import (
 )
 
 from schemas.criteria import VerificationCriteria
+from schemas.panels import integral_fields
 from schemas.request_auth import RequesterProof, ServiceProof
 from schemas.task_state import Address, Hash32
 from schemas.verification import VerificationResult
@@ -275,29 +276,31 @@ class ApiError(BaseModel):
     error: ApiErrorDetail
 
 
-def _integral(data: Any, *names: str) -> Any:
-    """JSON has one number type: `24.0` in these fields is the integer 24 (strings, bools stay refused).
+class _JsonBody(BaseModel):
+    """A request body: strict types, unknown keys refused, and `INTEGERS` read as JSON reads them:
+    `24.0` is the integer 24 (strings and bools stay refused), the one conversion JSON implies."""
 
-    Request bodies are strict (no `"31337"` for a number, no `"yes"` for true); this is the
-    one conversion JSON itself implies.
-    """
-    if not isinstance(data, dict):
-        return data
-    fixed = {n: int(v) for n in names if isinstance(v := data.get(n), float) and v.is_integer()}
-    return {**data, **fixed} if fixed else data
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
+    INTEGERS: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_integers(cls, data: Any) -> Any:
+        return integral_fields(data, cls.INTEGERS)
+
 
 MAX_CHAIN_ID = 2**53 - 1
 """Largest chain id a request may name (what wallets and JavaScript clients can hold exactly)."""
 
 
-class RegisterTermsRequest(BaseModel):
+class RegisterTermsRequest(_JsonBody):
     """Body of `POST /v1/terms`: the terms as the poster writes them.
 
     `verificationMode` is free text here so that an unsupported mode (`oracle`) gets its own
     refusal code instead of a generic validation error.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
+    INTEGERS = ("chainId", "chain_id")
 
     chain_id: int = Field(alias="chainId", gt=0, le=MAX_CHAIN_ID)
     escrow: Address
@@ -312,16 +315,23 @@ class RegisterTermsRequest(BaseModel):
     private: bool = False
     salt: Annotated[str, StringConstraints(max_length=66)] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers(cls, data: Any) -> Any:
-        return _integral(data, "chainId", "chain_id")
 
-
-class RegisterTermsResponse(BaseModel):
-    """The canonical hash to put on chain, the canonical text it hashes, and warnings."""
+class _Reply(BaseModel):
+    """A reply of the API: camelCase on the wire, field names in Python."""
 
     model_config = ConfigDict(populate_by_name=True)
+
+
+class _TaskReply(_Reply):
+    """A reply about one task: its chain, escrow and id (camelCase on the wire)."""
+
+    chain_id: int = Field(alias="chainId")
+    escrow: Address
+    task_id: int = Field(alias="taskId")
+
+
+class RegisterTermsResponse(_Reply):
+    """The canonical hash to put on chain, the canonical text it hashes, and warnings."""
 
     task_hash: Hash32 = Field(alias="taskHash")
     canonical: str
@@ -336,10 +346,8 @@ class PublicVerifierRef(BaseModel):
     ref: str
 
 
-class PublicTerms(BaseModel):
+class PublicTerms(_Reply):
     """`GET /v1/terms/{taskHash}`: the public part of the terms."""
-
-    model_config = ConfigDict(populate_by_name=True)
 
     task_hash: Hash32 = Field(alias="taskHash")
     chain_id: int = Field(alias="chainId")
@@ -370,13 +378,11 @@ AttemptStatus = Literal[
 ]
 
 
-class ResultView(BaseModel):
+class ResultView(_Reply):
     """One judged (or pending) attempt as a reader may see it.
 
     A reader who is not a party of a private task sees `attempt`, `passed` and `score` only.
     """
-
-    model_config = ConfigDict(populate_by_name=True)
 
     attempt: int
     passed: bool | None = None
@@ -388,21 +394,16 @@ class ResultView(BaseModel):
     settled_tx: str | None = Field(default=None, alias="settledTx")
 
 
-class FinalizeResponse(BaseModel):
+class FinalizeResponse(_TaskReply):
     """What the agent gets back: the full result once judged (auto mode), else the status."""
 
-    model_config = ConfigDict(populate_by_name=True)
-
-    chain_id: int = Field(alias="chainId")
-    escrow: Address
-    task_id: int = Field(alias="taskId")
     attempt: int
     evidence_hash: Hash32 = Field(alias="evidenceHash")
     status: AttemptStatus
     verification_result: VerificationResult | None = Field(default=None, alias="verificationResult")
 
 
-class ReviewRequest(BaseModel):
+class ReviewRequest(_JsonBody):
     """Body of `POST .../review`: the poster's decision on the attempt it names.
 
     `attempt` and `evidenceHash` name what the poster judged: a review is refused unless they
@@ -410,7 +411,7 @@ class ReviewRequest(BaseModel):
     applied to an attempt its poster did not see.
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
+    INTEGERS = ("attempt",)
 
     attempt: int = Field(ge=1, le=3)
     evidence_hash: Hash32 = Field(alias="evidenceHash")
@@ -419,20 +420,15 @@ class ReviewRequest(BaseModel):
         default_factory=list, max_length=MAX_REVIEW_REASONS
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _integral_fields(cls, data: Any) -> Any:
-        return _integral(data, "attempt")
 
-
-class VerifierReportRequest(BaseModel):
+class VerifierReportRequest(_JsonBody):
     """Body of `POST .../verifier-report`: a verifier agent reports its verdict or a failure.
 
     A verdict is recorded only once it matches the verifier's own `completeVerification` on
     chain; an `error` report counts one failed try (after 5 the attempt is never judged).
     """
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", strict=True)
+    INTEGERS = ("attempt", "score")
 
     attempt: int = Field(ge=1, le=3)
     evidence_hash: Hash32 = Field(alias="evidenceHash")
@@ -444,16 +440,9 @@ class VerifierReportRequest(BaseModel):
     )
     error: Annotated[str, StringConstraints(max_length=500)] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers(cls, data: Any) -> Any:
-        return _integral(data, "attempt", "score")
 
-
-class RequestAccepted(BaseModel):
+class RequestAccepted(_Reply):
     """Reply to a review or a verifier report: accepted, to be applied by the consumer."""
-
-    model_config = ConfigDict(populate_by_name=True)
 
     request_id: str = Field(alias="requestId")
     attempt: int
@@ -461,28 +450,18 @@ class RequestAccepted(BaseModel):
     status: Literal["accepted", "duplicate"]
 
 
-class TaskResults(BaseModel):
+class TaskResults(_TaskReply):
     """`GET .../results`: every attempt's verdict as this reader may see it."""
 
-    model_config = ConfigDict(populate_by_name=True)
-
-    chain_id: int = Field(alias="chainId")
-    escrow: Address
-    task_id: int = Field(alias="taskId")
     verification_mode: VerificationMode | None = Field(default=None, alias="verificationMode")
     private: bool
     visibility: Literal["full", "summary"]
     results: list[ResultView]
 
 
-class Execution(BaseModel):
+class Execution(_TaskReply):
     """One attempt in an agent's executions list."""
 
-    model_config = ConfigDict(populate_by_name=True)
-
-    chain_id: int = Field(alias="chainId")
-    escrow: Address
-    task_id: int = Field(alias="taskId")
     private: bool
     visibility: Literal["full", "summary"]
     result: ResultView

@@ -38,11 +38,10 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import structlog
-import typer
 from prometheus_client import CollectorRegistry
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -56,6 +55,7 @@ from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.aio import wait_event
 from runtime.logging import register_secret
+from runtime.options import ConfigOption
 from runtime.settings import PostgresUrl, ServiceSettings, one_key_source
 from runtime.web.auth import Deployment, sign_request
 from schemas import jsonbounds
@@ -456,10 +456,7 @@ def load_agent_settings(config_file: Path | None = None) -> tuple[VerifierAgentS
 
 
 def verifier_agent(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", envvar="ESCROWD_CONFIG", help="YAML/JSON settings file (its `verifier_agent:` section)"),
-    ] = None,
+    config: ConfigOption = None,
     log_json: bool = True,
 ) -> None:
     """The hosted verifier: polls its queue, asks its model, signs completeVerification, reports."""

@@ -412,6 +412,8 @@ class RpcClient:
 
     relayer_metrics = False
     """Also count failures into `escrowd_relayer_rpc_errors_total` (the senders' dashboards)."""
+    default_attempts = 6
+    default_connections = 16
 
     def __init__(
         self,
@@ -419,11 +421,13 @@ class RpcClient:
         *,
         chain_id: int | None = None,
         timeout: float = 10.0,
-        attempts: int = 6,
+        attempts: int | None = None,
         max_backoff: float = 2.0,
-        connections: int = 16,
+        connections: int | None = None,
         max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
+        attempts = self.default_attempts if attempts is None else attempts
+        connections = self.default_connections if connections is None else connections
         if not urls:
             raise ValueError("at least one RPC URL is required")
         if attempts < 1:
@@ -743,27 +747,8 @@ class EthRpc(RpcClient):
     (fewer attempts, a larger pool) and their error counter as well."""
 
     relayer_metrics = True
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        *,
-        chain_id: int,
-        timeout: float = 10.0,
-        attempts: int = 5,
-        max_backoff: float = 2.0,
-        connections: int = 64,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ) -> None:
-        super().__init__(
-            urls,
-            chain_id=chain_id,
-            timeout=timeout,
-            attempts=attempts,
-            max_backoff=max_backoff,
-            connections=connections,
-            max_reply_bytes=max_reply_bytes,
-        )
+    default_attempts = 5
+    default_connections = 64
 
 
 async def new_heads(ws_url: str, *, heartbeat: float = 10.0) -> AsyncIterator[Head]:

@@ -225,6 +225,15 @@ class Struct:
         """The member list of this struct as a typed-data document's `types` holds it."""
         return [{"name": name, "type": kind} for name, kind in self.fields]
 
+    def message_of(self, source: Any, **attributes: str) -> dict[str, Any]:
+        """The message of `source`: member `evidenceHash` from its attribute `evidence_hash`
+        (camelCase to snake_case), or from the attribute `attributes` names for it."""
+        return {name: getattr(source, attributes.get(name) or _snake(name)) for name, _ in self.fields}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
 
 @dataclass(frozen=True)
 class Domain:

@@ -299,28 +299,12 @@ panel_domain = functools.partial(eip712.domain, PANEL_DOMAIN_NAME, PANEL_DOMAIN_
 
 def attestation_message(a: Attestation) -> dict[str, Any]:
     """The signed fields of an attestation, as the typed data's `message`."""
-    return {
-        "chainId": a.chain_id,
-        "escrow": a.escrow,
-        "taskId": a.task_id,
-        "round": a.round,
-        "attempt": a.attempt,
-        "evidenceHash": a.evidence_hash,
-        "verifier": a.verifier,
-        "quality": a.quality_ppm,
-        "confidence": a.confidence_ppm,
-    }
+    return ATTESTATION_STRUCT.message_of(a, quality="quality_ppm", confidence="confidence_ppm")
 
 
 def ruling_message(r: Ruling) -> dict[str, Any]:
     """The signed fields of a ruling, as the typed data's `message`."""
-    return {
-        "chainId": r.chain_id,
-        "escrow": r.escrow,
-        "taskId": r.task_id,
-        "round": r.round,
-        "agentShareBps": r.agent_share_bps,
-    }
+    return RULING_STRUCT.message_of(r)
 
 
 def attestation_digest(a: Attestation) -> bytes:

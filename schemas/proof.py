@@ -98,20 +98,7 @@ proof_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
 
 def proof_message(proof: Proof) -> dict[str, Any]:
     """The signed fields, as the typed data's `message`."""
-    return {
-        "taskId": proof.task_id,
-        "attempt": proof.attempt,
-        "agent": proof.agent,
-        "evidenceHash": proof.evidence_hash,
-        "criteriaHash": proof.criteria_hash,
-        "passed": proof.passed,
-        "score": proof.score,
-        "publicTests": proof.public_tests,
-        "hiddenTests": proof.hidden_tests,
-        "resourceLimits": proof.resource_limits,
-        "verifierId": proof.verifier_id,
-        "verifierVersion": proof.verifier_version,
-    }
+    return PROOF_STRUCT.message_of(proof)
 
 
 def proof_digest(proof: Proof) -> bytes:

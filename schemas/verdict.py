@@ -28,9 +28,9 @@ from __future__ import annotations
 import functools
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from schemas import eip712
 from schemas.eip712 import InvalidSignature as InvalidSignature
@@ -47,8 +47,23 @@ VERDICT_STRUCT = eip712.Struct.parse(
     "bytes32 evidenceHash,bool passed,uint8 score)"
 )
 
-_BYTES32 = re.compile(r"^0x[0-9a-fA-F]{64}$")
-_SIGNATURE = re.compile(r"^0x[0-9a-fA-F]{130}$")
+
+
+def _lower_hex(pattern: str, what: str) -> AfterValidator:
+    """A validator: the value matches `pattern` (else "must be 0x followed by `what`"), lowercased."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(f"must be 0x followed by {what}")
+        return value.lower()
+
+    return AfterValidator(check)
+
+
+Bytes32Hex = Annotated[str, _lower_hex(r"^0x[0-9a-fA-F]{64}$", "64 hex digits")]
+SignatureHex = Annotated[str, _lower_hex(r"^0x[0-9a-fA-F]{130}$", "130 hex digits (65 bytes)")]
+ChecksumAddress = Annotated[str, AfterValidator(checksum_address)]
 
 Mode = Literal["auto", "manual", "agent"]
 
@@ -59,10 +74,10 @@ class Verdict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     chain_id: int = Field(gt=0, le=UINT256_MAX, description="EIP-155 chain id of the escrow")
-    escrow: str = Field(description="Escrow contract address (checksummed)")
+    escrow: ChecksumAddress = Field(description="Escrow contract address (checksummed)")
     task_id: int = Field(ge=1, le=UINT256_MAX, description="Task id on the escrow")
     attempt: int = Field(ge=1, le=255, description="Attempt judged (1, 2 or 3 on the escrow)")
-    evidence_hash: str = Field(description="The attempt's on-chain evidence hash, 0x + 64 hex")
+    evidence_hash: Bytes32Hex = Field(description="The attempt's on-chain evidence hash, 0x + 64 hex")
     passed: bool
     score: int = Field(ge=0, le=MAX_SCORE, description="0–100, as sent on chain")
     reasons: list[str] = Field(default_factory=list, max_length=64, description="Why (unsigned)")
@@ -71,18 +86,6 @@ class Verdict(BaseModel):
     )
     mode: Mode = Field(default="auto", description="Verification mode of the task (unsigned)")
     issued_at: datetime = Field(description="When the verification service issued it (unsigned)")
-
-    @field_validator("escrow")
-    @classmethod
-    def _escrow_address(cls, value: str) -> str:
-        return checksum_address(value)
-
-    @field_validator("evidence_hash")
-    @classmethod
-    def _evidence_bytes32(cls, value: str) -> str:
-        if not isinstance(value, str) or not _BYTES32.match(value):
-            raise ValueError("must be 0x followed by 64 hex digits")
-        return value.lower()
 
     @field_validator("issued_at")
     @classmethod
@@ -98,20 +101,8 @@ class SignedVerdict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     verdict: Verdict
-    signature: str = Field(description="65 bytes r || s || v (v = 27 or 28), 0x hex")
-    signer: str = Field(description="Address the issuer claims signed it (checked on recovery)")
-
-    @field_validator("signature")
-    @classmethod
-    def _signature_shape(cls, value: str) -> str:
-        if not isinstance(value, str) or not _SIGNATURE.match(value):
-            raise ValueError("must be 0x followed by 130 hex digits (65 bytes)")
-        return value.lower()
-
-    @field_validator("signer")
-    @classmethod
-    def _signer_address(cls, value: str) -> str:
-        return checksum_address(value)
+    signature: SignatureHex = Field(description="65 bytes r || s || v (v = 27 or 28), 0x hex")
+    signer: ChecksumAddress = Field(description="Address the issuer claims signed it (checked on recovery)")
 
 
 verdict_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
@@ -120,15 +111,7 @@ verdict_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
 
 def verdict_message(verdict: Verdict) -> dict[str, Any]:
     """The seven signed fields, as the typed data's `message`."""
-    return {
-        "chainId": verdict.chain_id,
-        "escrow": verdict.escrow,
-        "taskId": verdict.task_id,
-        "attempt": verdict.attempt,
-        "evidenceHash": verdict.evidence_hash,
-        "passed": verdict.passed,
-        "score": verdict.score,
-    }
+    return VERDICT_STRUCT.message_of(verdict)
 
 
 def verdict_digest(verdict: Verdict) -> bytes:

@@ -610,29 +610,25 @@ class Devnet:
         """Sum of every credited payout still held by the escrow."""
         return int(self.call(self.escrow_address, "totalOwed")[0])
 
-    def set_marketplace_verifier(
-        self, new_verifier: Actor | str, *, sender: Actor | str | None = None
-    ) -> TxReceipt:
-        """`setMarketplaceVerifier(addr)`, from the owner by default."""
-        return self.escrow_tx(sender or self.owner, "setMarketplaceVerifier", _addr(new_verifier))
+    def owner_set(self, function: str, address: Actor | str, *, sender: Actor | str | None = None) -> TxReceipt:
+        """One of the owner's one-address calls (`setArbiter(addr)`, ...), from the owner by default."""
+        return self.escrow_tx(sender or self.owner, function, _addr(address))
 
-    def set_arbiter(
-        self, new_arbiter: Actor | str, *, sender: Actor | str | None = None
-    ) -> TxReceipt:
-        """`setArbiter(addr)`, from the owner by default."""
-        return self.escrow_tx(sender or self.owner, "setArbiter", _addr(new_arbiter))
+    def set_marketplace_verifier(self, new_verifier: Actor | str, *, sender: Actor | str | None = None) -> TxReceipt:
+        """`setMarketplaceVerifier(addr)`."""
+        return self.owner_set("setMarketplaceVerifier", new_verifier, sender=sender)
 
-    def set_fee_recipient(
-        self, new_recipient: Actor | str, *, sender: Actor | str | None = None
-    ) -> TxReceipt:
-        """`setFeeRecipient(addr)`, from the owner by default."""
-        return self.escrow_tx(sender or self.owner, "setFeeRecipient", _addr(new_recipient))
+    def set_arbiter(self, new_arbiter: Actor | str, *, sender: Actor | str | None = None) -> TxReceipt:
+        """`setArbiter(addr)`."""
+        return self.owner_set("setArbiter", new_arbiter, sender=sender)
 
-    def transfer_ownership(
-        self, new_owner: Actor | str, *, sender: Actor | str | None = None
-    ) -> TxReceipt:
-        """`transferOwnership(addr)`, from the owner by default."""
-        return self.escrow_tx(sender or self.owner, "transferOwnership", _addr(new_owner))
+    def set_fee_recipient(self, new_recipient: Actor | str, *, sender: Actor | str | None = None) -> TxReceipt:
+        """`setFeeRecipient(addr)`."""
+        return self.owner_set("setFeeRecipient", new_recipient, sender=sender)
+
+    def transfer_ownership(self, new_owner: Actor | str, *, sender: Actor | str | None = None) -> TxReceipt:
+        """`transferOwnership(addr)`."""
+        return self.owner_set("transferOwnership", new_owner, sender=sender)
 
     # ------------------------------------------------------------------ token
 

@@ -31,12 +31,18 @@ def pass_first_time(dn: Devnet, n: int = 0) -> int:
     return task
 
 
-def fail_then_pass(dn: Devnet, n: int = 0) -> int:
-    """A failed verdict, a resubmission, then a pass."""
+def _failed_once(dn: Devnet, n: int, label: str, score: int) -> tuple[int, Actor]:
+    """A task delivered by its agent and failed by the marketplace verifier: (task, agent)."""
     poster, agent = _parties(dn, n)
     task = dn.post_task(poster)
-    first = _deliver(dn, task, agent, "first")
-    dn.complete_verification(task, 1, first, False, 20, sender=dn.marketplace_verifier)
+    evidence = _deliver(dn, task, agent, label)
+    dn.complete_verification(task, 1, evidence, False, score, sender=dn.marketplace_verifier)
+    return task, agent
+
+
+def fail_then_pass(dn: Devnet, n: int = 0) -> int:
+    """A failed verdict, a resubmission, then a pass."""
+    task, agent = _failed_once(dn, n, "first", 20)
     second = text_hash(f"second {task}")
     dn.submit_evidence(task, second, sender=agent)
     dn.complete_verification(task, 2, second, True, 80, sender=dn.marketplace_verifier)
@@ -55,10 +61,7 @@ def agent_review(dn: Devnet, n: int = 0) -> int:
 
 def dispute_and_ruling(dn: Devnet, n: int = 0) -> int:
     """A failed verdict disputed by the agent and split by the arbiter."""
-    poster, agent = _parties(dn, n)
-    task = dn.post_task(poster)
-    evidence = _deliver(dn, task, agent, "disputed")
-    dn.complete_verification(task, 1, evidence, False, 10, sender=dn.marketplace_verifier)
+    task, agent = _failed_once(dn, n, "disputed", 10)
     dn.raise_dispute(task, sender=agent)
     dn.resolve_dispute(task, 5_000)
     return task

@@ -11,8 +11,9 @@ ancestor and appends a retraction row for each one that may have been sent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -22,6 +23,18 @@ from runtime.kafka import cloudevent_headers, iso_time
 from runtime.outbox import NOTIFY_CHANNEL, OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_type, incarnation_id, message_key, retraction_id
+
+T = TypeVar("T")
+
+
+async def _copy_at_positions(
+    conn: asyncpg.Connection, table: str, columns: Sequence[str], items: Sequence[T], last: int,
+    record: Callable[[T, int], tuple[Any, ...]],
+) -> None:
+    """COPY `items` into `table`, each at its event-log position: the cursor row handed out the
+    positions up to `last`, one per item, in order."""
+    first = last - len(items) + 1
+    await conn.copy_records_to_table(table, columns=columns, records=[record(x, first + i) for i, x in enumerate(items)])
 
 
 class CursorMoved(Exception):
@@ -181,29 +194,10 @@ class IndexerStore:
                     " another indexer is writing this chain"
                 )
             if events:
-                first = last - len(events) + 1
-                await conn.copy_records_to_table(
-                    "escrow_events",
-                    columns=EVENT_COLUMNS,
-                    records=[
-                        (
-                            e.id,
-                            e.chain_id,
-                            e.escrow_address,
-                            e.block_number,
-                            e.block_hash,
-                            e.block_timestamp,
-                            e.tx_hash,
-                            e.tx_index,
-                            e.log_index,
-                            e.event,
-                            e.task_id,
-                            _args_json(e.args),
-                            first + i,
-                        )
-                        for i, e in enumerate(events)
-                    ],
-                )
+                await _copy_at_positions(conn, "escrow_events", EVENT_COLUMNS, events, last, lambda e, position: (
+                    e.id, e.chain_id, e.escrow_address, e.block_number, e.block_hash, e.block_timestamp, e.tx_hash,
+                    e.tx_index, e.log_index, e.event, e.task_id, _args_json(e.args), position,
+                ))  # fmt: skip
             if blocks:
                 await conn.copy_records_to_table(
                     "chain_blocks",
@@ -293,30 +287,13 @@ class IndexerStore:
                 len(maybe_sent),
             )
             if maybe_sent:
-                first = last - len(maybe_sent) + 1
-                await conn.copy_records_to_table(
-                    "escrow_event_retractions",
-                    columns=_RETRACTION_COLUMNS,
-                    records=[
-                        (
-                            self.chain_id,
-                            first + i,
-                            incarnation_id(row["event_id"], incarnations.get(row["event_id"], 0)),
-                            row["event_id"],
-                            row["escrow_address"],
-                            row["block_number"],
-                            row["block_hash"],
-                            row["block_timestamp"],
-                            row["tx_hash"],
-                            row["tx_index"],
-                            row["log_index"],
-                            row["event_name"],
-                            row["task_id"],
-                            row["args"],
-                        )
-                        for i, row in enumerate(maybe_sent)
-                    ],
-                )
+                names = ("escrow_address", "block_number", "block_hash", "block_timestamp", "tx_hash", "tx_index",
+                         "log_index", "event_name", "task_id", "args")  # fmt: skip
+                await _copy_at_positions(conn, "escrow_event_retractions", _RETRACTION_COLUMNS, maybe_sent, last,
+                                         lambda row, position: (
+                    self.chain_id, position, incarnation_id(row["event_id"], incarnations.get(row["event_id"], 0)),
+                    row["event_id"], *(row[name] for name in names),
+                ))  # fmt: skip
             await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
         return len(rows), len(maybe_sent)
 

@@ -34,7 +34,7 @@ import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from coincurve import PrivateKey, PublicKey
 from eth_utils.address import to_checksum_address
@@ -294,6 +294,46 @@ def typed_data(domain: Domain, struct: Struct, message: Mapping[str, Any]) -> di
         "domain": domain.as_json(),
         "message": {name: _json_value(message[name]) for name, _ in struct.fields},
     }
+
+
+class Bound(Protocol):
+    """A model signed under a domain bound to its chain and escrow."""
+
+    @property
+    def chain_id(self) -> int: ...
+
+    @property
+    def escrow(self) -> str: ...
+
+
+M = TypeVar("M", bound=Bound)
+
+
+@dataclass(frozen=True)
+class Signing(Generic[M]):
+    """One kind of signed model: its domain's name and version, its struct, and where the
+    struct's members are read on the model (`Struct.message_of`; `attributes` renames)."""
+
+    domain_name: str
+    domain_version: str
+    struct: Struct
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+    def domain(self, chain_id: int, escrow: str) -> Domain:
+        """The domain of messages of `chain_id`'s `escrow` (cached)."""
+        return domain(self.domain_name, self.domain_version, chain_id, escrow)
+
+    def message(self, model: M) -> dict[str, Any]:
+        """The signed members of `model`, as the typed data's `message`."""
+        return self.struct.message_of(model, **self.attributes)
+
+    def digest(self, model: M) -> bytes:
+        """The 32-byte EIP-712 digest of `model` that is signed."""
+        return digest(self.domain(model.chain_id, model.escrow), self.struct, self.message(model))
+
+    def typed_data(self, model: M) -> dict[str, Any]:
+        """The full EIP-712 document of `model` (for wallets, other languages and cross-checks)."""
+        return typed_data(self.domain(model.chain_id, model.escrow), self.struct, self.message(model))
 
 
 # ---------------------------------------------------------------------------- keys and signatures

@@ -19,7 +19,6 @@ checked by the settlement relayer before it sends `resolveDispute` from the arbi
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -293,38 +292,16 @@ class FeeLedgerEntry(BaseModel):
 # ---------------------------------------------------------------------------- EIP-712
 
 
-panel_domain = functools.partial(eip712.domain, PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION)
-"""The domain of panel signatures: `panel_domain(chain_id, escrow)` (cached)."""
-
-
-def attestation_message(a: Attestation) -> dict[str, Any]:
-    """The signed fields of an attestation, as the typed data's `message`."""
-    return ATTESTATION_STRUCT.message_of(a, quality="quality_ppm", confidence="confidence_ppm")
-
-
-def ruling_message(r: Ruling) -> dict[str, Any]:
-    """The signed fields of a ruling, as the typed data's `message`."""
-    return RULING_STRUCT.message_of(r)
-
-
-def attestation_digest(a: Attestation) -> bytes:
-    """keccak(0x1901 || domain || hashStruct(Attestation))."""
-    return eip712.digest(panel_domain(a.chain_id, a.escrow), ATTESTATION_STRUCT, attestation_message(a))
-
-
-def ruling_digest(r: Ruling) -> bytes:
-    """keccak(0x1901 || domain || hashStruct(Ruling))."""
-    return eip712.digest(panel_domain(r.chain_id, r.escrow), RULING_STRUCT, ruling_message(r))
-
-
-def attestation_typed_data(a: Attestation) -> dict[str, Any]:
-    """The full EIP-712 message a verifier's wallet signs."""
-    return eip712.typed_data(panel_domain(a.chain_id, a.escrow), ATTESTATION_STRUCT, attestation_message(a))
-
-
-def ruling_typed_data(r: Ruling) -> dict[str, Any]:
-    """The full EIP-712 message of a ruling."""
-    return eip712.typed_data(panel_domain(r.chain_id, r.escrow), RULING_STRUCT, ruling_message(r))
+ATTESTATIONS: eip712.Signing[Attestation] = eip712.Signing(
+    PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION, ATTESTATION_STRUCT, {"quality": "quality_ppm", "confidence": "confidence_ppm"}
+)
+"""How a verifier's wallet signs an attestation (the members `quality`, `confidence` are its ppm fields)."""
+RULINGS: eip712.Signing[Ruling] = eip712.Signing(PANEL_DOMAIN_NAME, PANEL_DOMAIN_VERSION, RULING_STRUCT)
+"""How the panel service signs a ruling for the relayer."""
+panel_domain = RULINGS.domain
+attestation_message, attestation_digest = ATTESTATIONS.message, ATTESTATIONS.digest
+ruling_message, ruling_digest = RULINGS.message, RULINGS.digest
+attestation_typed_data, ruling_typed_data = ATTESTATIONS.typed_data, RULINGS.typed_data
 
 
 def sign_attestation(a: Attestation, private_key: bytes | str) -> SignedAttestation:

@@ -22,7 +22,6 @@ request-signature domain of the API and from the settlement `Verdict` (`schemas.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -92,23 +91,9 @@ class SignedProof(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-proof_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
-"""The domain of proofs: `proof_domain(chain_id, escrow)` (cached)."""
-
-
-def proof_message(proof: Proof) -> dict[str, Any]:
-    """The signed fields, as the typed data's `message`."""
-    return PROOF_STRUCT.message_of(proof)
-
-
-def proof_digest(proof: Proof) -> bytes:
-    """The 32-byte EIP-712 digest that is signed."""
-    return eip712.digest(proof_domain(proof.chain_id, proof.escrow), PROOF_STRUCT, proof_message(proof))
-
-
-def typed_data(proof: Proof) -> dict[str, Any]:
-    """The full EIP-712 message (domain bound to the chain and escrow)."""
-    return eip712.typed_data(proof_domain(proof.chain_id, proof.escrow), PROOF_STRUCT, proof_message(proof))
+PROOFS: eip712.Signing[Proof] = eip712.Signing(DOMAIN_NAME, DOMAIN_VERSION, PROOF_STRUCT)
+"""How proofs are signed: the domain of (chain id, escrow), the signed fields, the digest."""
+proof_domain, proof_message, proof_digest, typed_data = PROOFS.domain, PROOFS.message, PROOFS.digest, PROOFS.typed_data
 
 
 def sign_proof(proof: Proof, private_key: str) -> SignedProof:

@@ -25,10 +25,9 @@ re-issued verdict for the same attempt deduplicates), key = `<chain id>:<task id
 
 from __future__ import annotations
 
-import functools
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -105,23 +104,10 @@ class SignedVerdict(BaseModel):
     signer: ChecksumAddress = Field(description="Address the issuer claims signed it (checked on recovery)")
 
 
-verdict_domain = functools.partial(eip712.domain, DOMAIN_NAME, DOMAIN_VERSION)
-"""The EIP-712 domain of verdicts: `verdict_domain(chain_id, escrow)` (cached)."""
-
-
-def verdict_message(verdict: Verdict) -> dict[str, Any]:
-    """The seven signed fields, as the typed data's `message`."""
-    return VERDICT_STRUCT.message_of(verdict)
-
-
-def verdict_digest(verdict: Verdict) -> bytes:
-    """The 32-byte EIP-712 digest that is signed."""
-    return eip712.digest(verdict_domain(verdict.chain_id, verdict.escrow), VERDICT_STRUCT, verdict_message(verdict))
-
-
-def verdict_typed_data(verdict: Verdict) -> dict[str, Any]:
-    """The full EIP-712 message (for wallets, other languages and cross-checks)."""
-    return eip712.typed_data(verdict_domain(verdict.chain_id, verdict.escrow), VERDICT_STRUCT, verdict_message(verdict))
+VERDICTS: eip712.Signing[Verdict] = eip712.Signing(DOMAIN_NAME, DOMAIN_VERSION, VERDICT_STRUCT)
+"""How verdicts are signed: the domain of (chain id, escrow), the seven signed fields, the digest."""
+verdict_domain, verdict_message = VERDICTS.domain, VERDICTS.message
+verdict_digest, verdict_typed_data = VERDICTS.digest, VERDICTS.typed_data
 
 
 def sign_verdict(verdict: Verdict, private_key: bytes | str) -> SignedVerdict:

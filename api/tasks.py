@@ -328,18 +328,7 @@ async def register_terms(
     async with ctx.pool.acquire() as conn, conn.transaction():
         if terms.verifier_address is not None:
             await check_named_verifier(conn, terms.verifier_address)  # 409 VERIFIER_NOT_OPTED_IN
-        new = await store.insert_terms(
-            conn,
-            task_hash=digest,
-            chain_id=terms.chain_id,
-            escrow=terms.escrow,
-            poster=terms.poster,
-            mode=terms.verification_mode,
-            verifier_address=terms.verifier_address,
-            private=terms.private,
-            terms=terms.canonical_dict(),
-            canonical=terms.canonical(),
-        )
+        new = await store.insert_terms(conn, digest, terms)
     if not new:
         response.status_code = 200
     return RegisterTermsResponse(task_hash=digest, canonical=terms.canonical(), terms=terms, warnings=warnings)

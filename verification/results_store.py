@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from chain import indexed
+from schemas.task_terms import TaskTerms
 from verification.routing import (
     AttachReport,
     ChainEvent,
@@ -46,34 +47,15 @@ def _int(value: int | Decimal) -> int:
 # ---------------------------------------------------------------------------- terms
 
 
-async def insert_terms(
-    conn: asyncpg.Connection,
-    *,
-    task_hash: str,
-    chain_id: int,
-    escrow: str,
-    poster: str,
-    mode: str,
-    verifier_address: str | None,
-    private: bool,
-    terms: dict[str, Any],
-    canonical: str,
-) -> bool:
-    """Store registered terms; False when these exact terms were registered before."""
+async def insert_terms(conn: asyncpg.Connection, task_hash: str, terms: TaskTerms) -> bool:
+    """Store registered terms under their `task_hash`; False when these exact terms were registered before."""
     inserted = await conn.fetchval(
         "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode,"
         " verifier_address, private, terms, canonical) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
         " ON CONFLICT (task_hash) DO NOTHING RETURNING 1",
-        task_hash,
-        chain_id,
-        escrow,
-        poster,
-        mode,
-        verifier_address,
-        private,
-        terms,
-        canonical,
-    )
+        task_hash, terms.chain_id, terms.escrow, terms.poster, terms.verification_mode, terms.verifier_address,
+        terms.private, terms.canonical_dict(), terms.canonical(),
+    )  # fmt: skip
     return inserted is not None
 
 

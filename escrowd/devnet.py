@@ -500,31 +500,20 @@ class Devnet:
     # ------------------------------------------------------------------ escrow transactions
 
     def create_task(
-        self,
-        *,
-        sender: Actor | str,
-        reward: int,
-        deadline: int,
-        task_hash: bytes | None = None,
+        self, *, sender: Actor | str, reward: int, deadline: int, task_hash: bytes | None = None,
+        verifier: Actor | str | None = None,
     ) -> TxReceipt:
-        """`createTask` (marketplace-verified)."""
+        """`createTask` (marketplace-verified), or `createTaskWithVerifier` judged by `verifier`."""
         h = task_hash if task_hash is not None else self._fresh_hash("task")
-        return self.escrow_tx(sender, "createTask", h, reward, deadline)
+        if verifier is None:
+            return self.escrow_tx(sender, "createTask", h, reward, deadline)
+        return self.escrow_tx(sender, "createTaskWithVerifier", h, reward, deadline, _addr(verifier))
 
     def create_task_with_verifier(
-        self,
-        *,
-        sender: Actor | str,
-        verifier: Actor | str,
-        reward: int,
-        deadline: int,
-        task_hash: bytes | None = None,
+        self, *, sender: Actor | str, verifier: Actor | str, reward: int, deadline: int, task_hash: bytes | None = None
     ) -> TxReceipt:
         """`createTaskWithVerifier` (judged by `verifier`)."""
-        h = task_hash if task_hash is not None else self._fresh_hash("task")
-        return self.escrow_tx(
-            sender, "createTaskWithVerifier", h, reward, deadline, _addr(verifier)
-        )
+        return self.create_task(sender=sender, reward=reward, deadline=deadline, task_hash=task_hash, verifier=verifier)
 
     def post_task(
         self,

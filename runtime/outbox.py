@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,28 +263,7 @@ class OutboxPublisher:
         return out
 
     async def _send(self, items: list[_Item]) -> asyncio.Future[Any]:
-        """Queue messages as one record batch per partition (in the given order within each)."""
-        producer = self._producer
-        partitions: dict[str, list[int]] = {}
-        by_partition: dict[tuple[str, int], list[_Item]] = {}
-        for item in items:
-            topic = item[0]
-            known = partitions.get(topic)
-            if known is None:
-                known = partitions[topic] = sorted(await producer.partitions_for(topic))
-            partition = self._partitioner(item[1], known, known)
-            by_partition.setdefault((topic, partition), []).append(item)
-        futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), part in by_partition.items():
-            batch = producer.create_batch()
-            for _, key, payload, headers in part:
-                if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = producer.create_batch()
-                    if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
-                        raise ValueError(f"a message of {len(payload)} bytes is larger than the producer's batch size")
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-        return asyncio.gather(*futures)
+        return await send_batches(self._producer, items, self._partitioner)
 
     # -- the indexer's event logs -------------------------------------------------------
 
@@ -427,6 +407,33 @@ class OutboxPublisher:
         if row is not None and logs is not None:
             OUTBOX_PENDING.set(row["pending"] + logs["pending"])
             OUTBOX_OLDEST_AGE.set(max(float(row["age"] or 0.0), float(logs["age"] or 0.0)))
+
+
+async def send_batches(
+    producer: AIOKafkaProducer, items: Sequence[_Item], partitioner: DefaultPartitioner
+) -> asyncio.Future[Any]:
+    """Queue messages as one record batch per partition (in the given order within each);
+    the returned future completes when every batch is acknowledged."""
+    partitions: dict[str, list[int]] = {}
+    by_partition: dict[tuple[str, int], list[_Item]] = {}
+    for item in items:
+        topic = item[0]
+        known = partitions.get(topic)
+        if known is None:
+            known = partitions[topic] = sorted(await producer.partitions_for(topic))
+        partition = partitioner(item[1], known, known)
+        by_partition.setdefault((topic, partition), []).append(item)
+    futures: list[asyncio.Future[Any]] = []
+    for (topic, partition), part in by_partition.items():
+        batch = producer.create_batch()
+        for _, key, payload, headers in part:
+            if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
+                    raise ValueError(f"a message of {len(payload)} bytes is larger than the producer's batch size")
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return asyncio.gather(*futures)
 
 
 def _outbox_item(publisher: OutboxPublisher, row: asyncpg.Record) -> _Item:

@@ -45,7 +45,6 @@ import aiohttp
 import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
 
 from escrowd.devnet import Devnet, deploy_devnet
 from escrowd.harness import (
@@ -62,7 +61,7 @@ from indexer.store import EVENT_COLUMNS
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer, start_producer
 from runtime.logging import configure_logging
-from runtime.outbox import send_batches, unpublished
+from runtime.outbox import KeyPartitioner, send_batches, unpublished
 from runtime.services.anvil import AnvilProcess, anvil_binary
 from runtime.services.kafka import KafkaService, start_kafka
 from runtime.services.postgres import PostgresService, start_postgres
@@ -249,7 +248,7 @@ async def measure_raw_pipeline(
 
             async def produce() -> None:
                 nonlocal value_bytes
-                partitioner = DefaultPartitioner()
+                partitioner = KeyPartitioner()
                 previous: asyncio.Future[Any] | None = None
                 while (pairs := await committed.get()) is not None:
                     for i in range(0, len(pairs), batch_size):

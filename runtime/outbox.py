@@ -26,7 +26,7 @@ import asyncpg
 import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.aio import wait_event
@@ -160,9 +160,7 @@ class OutboxPublisher:
         self._batches_per_cycle = batches_per_cycle
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        # The producers of this project use the default partitioner: keyed rows land where a
-        # plain `send` would put them, so a key's order holds across every writer.
-        self._partitioner = DefaultPartitioner()
+        self._partitioner = KeyPartitioner()
         self._header_values: dict[str, bytes] = {}
         self._builder = MessageBuilder()
 
@@ -409,8 +407,35 @@ class OutboxPublisher:
             OUTBOX_OLDEST_AGE.set(max(float(row["age"] or 0.0), float(logs["age"] or 0.0)))
 
 
+class KeyPartitioner:
+    """The default partitioner, with each key's murmur2 hash computed once.
+
+    The producers of this project use the default partitioner: keyed rows land where a plain
+    `send` would put them, so a key's order holds across every writer. A task's events share
+    a key and murmur2 runs in Python, so each key's hash is kept (the cache is cleared when it
+    grows); the partition is picked from it exactly as `DefaultPartitioner` does. Keyless
+    messages go where the default puts them (a random partition).
+    """
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self._default = DefaultPartitioner()
+        self._hashes: dict[bytes, int] = {}
+        self._limit = limit
+
+    def __call__(self, key: bytes | None, partitions: list[int], available: list[int]) -> int:
+        """The partition of `key` among `partitions` (as `DefaultPartitioner`)."""
+        if key is None:
+            return int(self._default(key, partitions, available))
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self._limit:
+                self._hashes.clear()
+            hashed = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return partitions[hashed % len(partitions)]
+
+
 async def send_batches(
-    producer: AIOKafkaProducer, items: Sequence[_Item], partitioner: DefaultPartitioner
+    producer: AIOKafkaProducer, items: Sequence[_Item], partitioner: KeyPartitioner
 ) -> asyncio.Future[Any]:
     """Queue messages as one record batch per partition (in the given order within each);
     the returned future completes when every batch is acknowledged."""

@@ -472,6 +472,130 @@ async def measure_indexer(
     }
 
 
+# ---------------------------------------------------------------------------- many chains
+
+
+async def measure_chains(
+    devnets: list[Devnet],
+    database_url: str,
+    bootstrap: str,
+    heads: list[int],
+    workdir: Path,
+    chain: dict[str, Any],
+    layout: str,
+) -> dict[str, Any]:
+    """Index `devnets` from an empty database until every event is on Kafka, either in one
+    `escrowd index run` following every chain (`layout` "one") or one process per chain
+    (`layout` "each", on the same database: one publisher holds the lock, the others wait
+    as standbys). The rate is every chain's events over the time from every chain having a
+    cursor (start-up done) to the last one published."""
+    topic = f"bench{secrets.token_hex(3)}.escrow.events.v1"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4)])
+    configs = [chain_config(d, **chain) for d in devnets]
+    groups = [configs] if layout == "one" else [[c] for c in configs]
+    processes = [
+        IndexerProcess(
+            write_config(
+                workdir / f"chains-{layout}-{n}.yaml",
+                database_url=database_url,
+                kafka_bootstrap=bootstrap,
+                topic=topic,
+                chains=group,
+                topic_partitions=4,
+            )
+        )
+        for n, group in enumerate(groups)
+    ]
+    wanted = {d.chain_id: head for d, head in zip(devnets, heads, strict=True)}
+    conn = await connect(database_url)
+    try:
+        for process in processes:
+            process.start()
+        t_started = t_db = t_all = None
+        launched = time.perf_counter()
+        while t_all is None:
+            for process in processes:
+                if not process.running:
+                    raise RuntimeError(f"indexer exited:\n{process.output()}")
+            rows = await conn.fetch("SELECT chain_id, block_number FROM chain_cursor")
+            now = time.perf_counter()
+            cursors = {r["chain_id"]: r["block_number"] for r in rows}
+            if t_started is None and cursors.keys() >= wanted.keys():
+                t_started = now
+            if t_db is None and all(cursors.get(c, -1) >= h for c, h in wanted.items()):
+                t_db = now
+            if t_db is not None and not await unpublished(conn):
+                t_all = time.perf_counter()
+            if now - launched > 1800:
+                raise RuntimeError("the indexers did not finish in 30 minutes")
+            await asyncio.sleep(0.05)
+        stored = await conn.fetchval("SELECT count(*) FROM escrow_events")
+    finally:
+        for process in processes:
+            process.terminate()
+            process.cleanup()
+        await conn.close()
+    assert t_started is not None and t_db is not None
+    records = await read_topic(bootstrap, topic, timeout=600)
+    distinct = len({r.id for r in records})
+    assert distinct == stored, (distinct, stored)
+    e2e = t_all - t_started
+    say(f"{len(devnets)} chain(s), {layout} process(es): {stored:,} events on Kafka after {e2e:.2f}s")
+    return {
+        "chains": len(devnets),
+        "processes": len(processes),
+        "events": stored,
+        "into_postgres_s": round(t_db - t_started, 3),
+        "end_to_end_s": round(e2e, 3),
+        "end_to_end_events_per_s": round(stored / e2e),
+    }
+
+
+async def many_chains(
+    args: argparse.Namespace, pg: PostgresService, kafka: KafkaService, workdir: Path
+) -> dict[str, Any]:
+    """1, 2 and 4 chains (`--chain-events` each), one process for all against one per chain,
+    alternating which goes first, `--chain-rounds` times."""
+    counts = [1, 2, 4]
+    with contextlib.ExitStack() as stack:
+        anvils = [
+            stack.enter_context(
+                AnvilProcess(chain_id=31337 + n, extra_args=("--gas-limit", "2000000000"))
+            )
+            for n in range(max(counts))
+        ]
+        devnets = [deploy_devnet(a.rpc_url, ws_url=a.ws_url) for a in anvils]
+        say(f"mining {args.chain_events:,} events on each of {len(devnets)} chains")
+        heads = await asyncio.gather(
+            *(
+                asyncio.to_thread(generate_task_events, d, args.chain_events, per_block=args.per_block)
+                for d in devnets
+            )
+        )
+        chain = {"finality_depth": args.finality_depth, "rpc_timeout": 60.0}
+        runs: list[dict[str, Any]] = []
+        for n in range(args.chain_rounds):
+            for count in counts:
+                layouts = ["one", "each"] if n % 2 == 0 else ["each", "one"]
+                for layout in layouts if count > 1 else ["one"]:
+                    runs.append(
+                        await measure_chains(
+                            devnets[:count],
+                            await fresh_database(pg),
+                            kafka.bootstrap,
+                            list(heads[:count]),
+                            workdir,
+                            chain,
+                            layout,
+                        )
+                    )
+    summary: dict[str, list[int]] = {}
+    for r in runs:
+        name = f"{r['chains']}_chains_" + ("one_process" if r["processes"] == 1 else "process_per_chain")
+        summary.setdefault(name, []).append(r["end_to_end_events_per_s"])
+    return {"events_per_chain": args.chain_events, "events_per_s": summary, "runs": runs}
+
+
 # ---------------------------------------------------------------------------- (c) ethereum-etl
 
 
@@ -890,6 +1014,10 @@ async def run(args: argparse.Namespace, pg: PostgresService, kafka: KafkaService
             result["machine"]["postgres"] = await pool.fetchval("SHOW server_version")
         result["machine"]["broker"] = "external" if os.environ.get("KAFKA_BOOTSTRAP") else "tansu"
         targets: dict[str, bool] = {}
+        if args.chains:
+            result["many_chains"] = await many_chains(args, pg, kafka, workdir)
+            result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            return result
         if not args.head_only:
             result.update(await backfill(args, pg, kafka, workdir))
             targets["backfill_half_of_raw"] = result["ratios"]["indexer_vs_raw"] >= 0.5
@@ -964,6 +1092,17 @@ def main(argv: list[str] | None = None) -> int:
         help="one more inline backfill under cProfile, stats written to this file",
     )
     parser.add_argument("--head-only", action="store_true", help="measure head latency only")
+    parser.add_argument(
+        "--chains",
+        action="store_true",
+        help="only the many-chains figures: 1, 2, 4 chains in one process vs one per chain",
+    )
+    parser.add_argument(
+        "--chain-events", type=int, default=20_000, help="events per chain with --chains (default 20000)"
+    )
+    parser.add_argument(
+        "--chain-rounds", type=int, default=2, help="rounds of the --chains figures (default 2)"
+    )
     parser.add_argument(
         "--etl-venv", type=Path, default=None, help="reuse this ethereum-etl virtualenv"
     )

@@ -1,5 +1,6 @@
 """Kafka producer clients against this broker: aiokafka (what the publisher uses) and
-confluent-kafka (librdkafka), when it is installed.
+confluent-kafka (librdkafka), when it is installed (it is not a dependency of the project:
+`pip install confluent-kafka` into the environment to compare).
 
 `python -m bench.bench_kafka_clients [--messages N] [--rounds R]` prints one JSON object.
 Each round produces N messages shaped like the indexer's (a ~700-byte JSON body, a

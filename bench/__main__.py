@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, eip712, cli, indexer, relayer, restart, rulings, sandbox (default: all that exist). Extra arguments after `--`
+Names: autocheck, eip712, cli, indexer, kafka-clients, relayer, restart, rulings, sandbox (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "eip712": "bench.bench_eip712",
     "cli": "bench.bench_cli",
     "indexer": "bench.bench_indexer",
+    "kafka-clients": "bench.bench_kafka_clients",
     "relayer": "bench.bench_relayer",
     "rulings": "bench.bench_rulings",
     "restart": "bench.bench_restart",

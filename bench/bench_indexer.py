@@ -6,26 +6,36 @@ to stderr). In one run it:
 1. mines N escrow events on a fresh anvil (`createTask`, `--per-block` per block);
 2. (a) fetches the same block range with plain `eth_getLogs` over aiohttp (several range
    sizes and concurrencies; the best is the baseline);
-3. (b) runs `escrowd index run` (a child process, the real CLI) from an empty database until
+3. the `raw_pipeline` ceiling, before each round of (b): the plumbing with no logic in one
+   interpreter, overlapping — (a)'s best shape of `eth_getLogs` → the rows binary-`COPY`ed
+   into a table of the event log's shape, one transaction per 10,000 → each committed row's
+   bytes produced with the publisher's batching and keys, acks awaited → read back and
+   counted (`measure_raw_pipeline`);
+4. (b) runs `escrowd index run` (a child process, the real CLI) from an empty database until
    every event is in PostgreSQL and published to Kafka: the end-to-end rate. With
    `--publisher inline` the indexer publishes itself (the default configuration); with
    `--publisher process` it runs with `run_publisher: false` next to an `escrowd index
    publish` child; `--publisher both` (the default) runs `--pairs` pairs of the two, back to
    back on the same chain, each on a fresh database and topic, and prints both;
-4. (c) exports the same transactions' receipts and logs with ethereum-etl in a Python 3.10
+5. (c) exports the same transactions' receipts and logs with ethereum-etl in a Python 3.10
    virtualenv, when it installs (otherwise the reason is recorded);
-5. head latency: on a second, fresh anvil, a steady load of blocks (`--head-tx-per-block`
+6. head latency: on a second, fresh anvil, a steady load of blocks (`--head-tx-per-block`
    transactions every `--head-interval` seconds) with `confirmations: 0`; for each block, the
    time from `evm_mine` returning to the block's last event being read from Kafka.
 
+`--chains` measures only 1, 2 and 4 chains (`--chain-events` each, on anvils of their own)
+in one `escrowd index run` against one process per chain on the same database.
+
 Services: `DATABASE_URL` / `KAFKA_BOOTSTRAP` when set, else the embedded PostgreSQL and a
-Tansu broker from `runtime.services`. Targets: (b) ≥ 0.5 × (a); head p50 ≤ 20 ms, p99 ≤ 100 ms.
+Tansu broker from `runtime.services`. Targets: (b) ≥ 0.5 × (a), ≥ 0.7 × `raw_pipeline` end
+to end and into PostgreSQL; head p50 ≤ 20 ms, p99 ≤ 100 ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import platform
@@ -56,13 +66,15 @@ from escrowd.harness import (
     rpc_batch,
     write_config,
 )
+from indexer.store import EVENT_COLUMNS
 from runtime.db import connect, migrate_url
-from runtime.kafka import TopicSpec, ensure_topics
+from runtime.kafka import TopicSpec, ensure_topics, make_producer, start_producer
 from runtime.logging import configure_logging
-from runtime.outbox import unpublished
+from runtime.outbox import KeyPartitioner, send_batches, unpublished
 from runtime.services.anvil import AnvilProcess, anvil_binary
 from runtime.services.kafka import KafkaService, start_kafka
 from runtime.services.postgres import PostgresService, start_postgres
+from schemas.events import message_key
 
 ETL_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python")
 
@@ -128,6 +140,185 @@ async def measure_raw(devnet: Devnet, start: int, end: int, events: int) -> dict
     return {"best_logs_per_s": top["logs_per_s"], "best_shape": top, "shapes": results}
 
 
+# ---------------------------------------------------------------------------- raw pipeline
+
+_RAW_HEADERS = (
+    ("ce_specversion", b"1.0"),
+    ("ce_source", b"bench/raw_pipeline"),
+    ("ce_type", b"raw.log"),
+    ("content-type", b"application/json"),
+)
+
+
+def raw_rows(logs: list[dict[str, Any]], chain_id: int, first_position: int) -> list[tuple[Any, ...]]:
+    """The log's own fields as rows of the event log's shape: no ABI decoding, only the
+    hex quantities as integers (the column types), `data` as the `args` JSON text."""
+    return [
+        (
+            f"{chain_id}:{log['blockHash']}:{log['logIndex']}",
+            chain_id,
+            log["address"],
+            int(log["blockNumber"], 16),
+            log["blockHash"],
+            int(log.get("blockTimestamp") or "0x0", 16),
+            log["transactionHash"],
+            int(log["transactionIndex"], 16),
+            int(log["logIndex"], 16),
+            log["topics"][0],
+            int(log["topics"][1], 16) if len(log["topics"]) > 1 else None,
+            '"' + log["data"] + '"',
+            first_position + i,
+        )
+        for i, log in enumerate(logs)
+    ]
+
+
+async def measure_raw_pipeline(
+    devnet: Devnet,
+    database_url: str,
+    bootstrap: str,
+    start: int,
+    end: int,
+    events: int,
+    *,
+    span: int,
+    in_flight: int,
+    commit_size: int = 10_000,
+    batch_size: int = 2_000,
+) -> dict[str, Any]:
+    """The plumbing with no logic, as one overlapping pipeline in this interpreter.
+
+    Raw `eth_getLogs` (the best shape of (a): `span` blocks per request, `in_flight` at a
+    time) → the rows binary-`COPY`ed into a table shaped like the event log (same columns,
+    same indexes), one transaction per `commit_size` rows → each committed row's bytes (the
+    log's JSON) produced to a fresh topic with the publisher's batching (`send_batches`,
+    `batch_size` per batch, one record batch per partition, the next batch sent while the
+    previous one's acks are awaited) and the indexer's keys (chain:task) → every record read
+    back and counted. Fetch, write and produce run concurrently, as in the indexer.
+    """
+    topic = f"raw{secrets.token_hex(3)}.pipeline.v1"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4)])
+    conn = await connect(database_url)
+    await conn.execute("CREATE TABLE raw_pipeline_log (LIKE escrow_events INCLUDING ALL)")
+    producer = make_producer(bootstrap, client_id="bench-raw-pipeline")
+    await start_producer(producer)
+    chain_id = devnet.chain_id
+    ranges = [(a, min(end, a + span - 1)) for a in range(start, end + 1, span)]
+    committed: asyncio.Queue[list[tuple[Any, ...]] | None] = asyncio.Queue()
+    value_bytes = 0
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=in_flight)) as session:
+
+            async def fetch(a: int, b: int) -> list[dict[str, Any]]:
+                body = orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "eth_getLogs",
+                        "params": [{"address": devnet.escrow_address, "fromBlock": hex(a), "toBlock": hex(b)}],
+                    }
+                )
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as reply:
+                    result: list[dict[str, Any]] = orjson.loads(await reply.read())["result"]
+                    return result
+
+            async def write() -> None:
+                # Fetches run `in_flight` ahead of the range being written, in block order.
+                ahead: collections.deque[asyncio.Task[list[dict[str, Any]]]] = collections.deque()
+                pending = iter(ranges)
+                position = 0
+                buffered: list[dict[str, Any]] = []
+
+                async def commit(logs: list[dict[str, Any]]) -> None:
+                    nonlocal position
+                    rows = raw_rows(logs, chain_id, position + 1)
+                    position += len(rows)
+                    async with conn.transaction():
+                        await conn.copy_records_to_table(
+                            "raw_pipeline_log", columns=EVENT_COLUMNS, records=rows
+                        )
+                    committed.put_nowait(list(zip(logs, rows, strict=True)))
+
+                while True:
+                    while len(ahead) < in_flight:
+                        r = next(pending, None)
+                        if r is None:
+                            break
+                        ahead.append(asyncio.create_task(fetch(*r)))
+                    if not ahead:
+                        break
+                    buffered.extend(await ahead.popleft())
+                    while len(buffered) >= commit_size:
+                        await commit(buffered[:commit_size])
+                        del buffered[:commit_size]
+                if buffered:
+                    await commit(buffered)
+                committed.put_nowait(None)
+
+            async def produce() -> None:
+                nonlocal value_bytes
+                partitioner = KeyPartitioner()
+                previous: asyncio.Future[Any] | None = None
+                while (pairs := await committed.get()) is not None:
+                    for i in range(0, len(pairs), batch_size):
+                        items = []
+                        for log, row in pairs[i : i + batch_size]:
+                            value = orjson.dumps(log)
+                            value_bytes += len(value)
+                            items.append(
+                                (
+                                    topic,
+                                    message_key(chain_id, row[10], row[2]),
+                                    value,
+                                    [*_RAW_HEADERS, ("ce_id", row[0].encode())],
+                                )
+                            )
+                        acks = await send_batches(producer, items, partitioner)
+                        if previous is not None:
+                            await previous
+                        previous = acks
+                if previous is not None:
+                    await previous
+
+            url = devnet.rpc_url
+            started, cpu = time.perf_counter(), time.process_time()
+            writer = asyncio.create_task(write())
+            producing = asyncio.create_task(produce())
+            await writer
+            into_db = time.perf_counter() - started
+            await producing
+            e2e = time.perf_counter() - started
+            cpu = time.process_time() - cpu
+        stored = await conn.fetchval("SELECT count(*) FROM raw_pipeline_log")
+    finally:
+        await producer.stop()
+        await conn.close()
+    assert stored == events, (stored, events)
+    records = await read_topic(bootstrap, topic, timeout=600)
+    distinct = len({r.id for r in records})
+    assert len(records) == distinct == events, (len(records), distinct, events)
+    say(
+        f"raw pipeline: {events:,} rows COPYed in {into_db:.2f}s, all on Kafka after {e2e:.2f}s"
+        f" ({events / e2e:,.0f} events/s)"
+    )
+    return {
+        "events": events,
+        "range_blocks": span,
+        "in_flight": in_flight,
+        "commit_rows": commit_size,
+        "batch_messages": batch_size,
+        "into_postgres_s": round(into_db, 3),
+        "end_to_end_s": round(e2e, 3),
+        "postgres_events_per_s": round(events / into_db),
+        "events_per_s": round(events / e2e),
+        "value_bytes_avg": round(value_bytes / events),
+        # CPU of this interpreter (every thread) per event: steadier than wall time on a
+        # loaded machine, and what the indexer's process is compared on.
+        "cpu_us_per_event": round(cpu / events * 1e6, 2),
+        "kafka_records": len(records),
+    }
+
+
 # ---------------------------------------------------------------------------- (b) indexer
 
 
@@ -152,6 +343,18 @@ class ProfiledIndexerProcess(IndexerProcess):
             )
         self.starts += 1
         return self
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux `/proc`), None when unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command name: state is field 3, utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def profile_summary(path: Path, top: int = 25) -> list[dict[str, Any]]:
@@ -230,6 +433,7 @@ async def measure_indexer(
         if publisher == "process":
             publisher_proc = start_publisher(config, publisher_log)
         t_cursor = t_db = t_all = t_first = None
+        cpu_at_cursor = cpu_at_end = None
         launched = time.perf_counter()
         while t_all is None:
             if not process.running:
@@ -243,6 +447,7 @@ async def measure_indexer(
             now = time.perf_counter()
             if row is not None and t_cursor is None:
                 t_cursor = now
+                cpu_at_cursor = process_cpu_seconds(process.pid)
             if t_first is None and await conn.fetchval("SELECT EXISTS (SELECT 1 FROM escrow_events)"):
                 t_first = now
             if row is not None and row["block_number"] >= head and t_db is None:
@@ -253,6 +458,7 @@ async def measure_indexer(
                 pending = await unpublished(conn)
                 if not pending:
                     t_all = time.perf_counter()
+                    cpu_at_end = process_cpu_seconds(process.pid)
             if now - launched > 1800:
                 raise RuntimeError("indexer did not finish in 30 minutes")
             await asyncio.sleep(0.05)
@@ -288,10 +494,141 @@ async def measure_indexer(
         "end_to_end_s": round(e2e, 3),
         "postgres_events_per_s": round(stored / into_db),
         "end_to_end_events_per_s": round(stored / e2e),
+        # The `escrowd index run` process's CPU from its first cursor to the last publish
+        # (the inline publisher's included; with `--publisher process` the publisher's not).
+        "indexer_cpu_us_per_event": (
+            round((cpu_at_end - cpu_at_cursor) / stored * 1e6, 2)
+            if cpu_at_end is not None and cpu_at_cursor is not None
+            else None
+        ),
         "kafka_records": len(records),
         "kafka_distinct_ids": distinct,
         "config": chain,
     }
+
+
+# ---------------------------------------------------------------------------- many chains
+
+
+async def measure_chains(
+    devnets: list[Devnet],
+    database_url: str,
+    bootstrap: str,
+    heads: list[int],
+    workdir: Path,
+    chain: dict[str, Any],
+    layout: str,
+) -> dict[str, Any]:
+    """Index `devnets` from an empty database until every event is on Kafka, either in one
+    `escrowd index run` following every chain (`layout` "one") or one process per chain
+    (`layout` "each", on the same database: one publisher holds the lock, the others wait
+    as standbys). The rate is every chain's events over the time from every chain having a
+    cursor (start-up done) to the last one published."""
+    topic = f"bench{secrets.token_hex(3)}.escrow.events.v1"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4)])
+    configs = [chain_config(d, **chain) for d in devnets]
+    groups = [configs] if layout == "one" else [[c] for c in configs]
+    processes = [
+        IndexerProcess(
+            write_config(
+                workdir / f"chains-{layout}-{n}.yaml",
+                database_url=database_url,
+                kafka_bootstrap=bootstrap,
+                topic=topic,
+                chains=group,
+                topic_partitions=4,
+            )
+        )
+        for n, group in enumerate(groups)
+    ]
+    wanted = {d.chain_id: head for d, head in zip(devnets, heads, strict=True)}
+    conn = await connect(database_url)
+    try:
+        for process in processes:
+            process.start()
+        t_started = t_db = t_all = None
+        launched = time.perf_counter()
+        while t_all is None:
+            for process in processes:
+                if not process.running:
+                    raise RuntimeError(f"indexer exited:\n{process.output()}")
+            rows = await conn.fetch("SELECT chain_id, block_number FROM chain_cursor")
+            now = time.perf_counter()
+            cursors = {r["chain_id"]: r["block_number"] for r in rows}
+            if t_started is None and cursors.keys() >= wanted.keys():
+                t_started = now
+            if t_db is None and all(cursors.get(c, -1) >= h for c, h in wanted.items()):
+                t_db = now
+            if t_db is not None and not await unpublished(conn):
+                t_all = time.perf_counter()
+            if now - launched > 1800:
+                raise RuntimeError("the indexers did not finish in 30 minutes")
+            await asyncio.sleep(0.05)
+        stored = await conn.fetchval("SELECT count(*) FROM escrow_events")
+    finally:
+        for process in processes:
+            process.terminate()
+            process.cleanup()
+        await conn.close()
+    assert t_started is not None and t_db is not None
+    records = await read_topic(bootstrap, topic, timeout=600)
+    distinct = len({r.id for r in records})
+    assert distinct == stored, (distinct, stored)
+    e2e = t_all - t_started
+    say(f"{len(devnets)} chain(s), {layout} process(es): {stored:,} events on Kafka after {e2e:.2f}s")
+    return {
+        "chains": len(devnets),
+        "processes": len(processes),
+        "events": stored,
+        "into_postgres_s": round(t_db - t_started, 3),
+        "end_to_end_s": round(e2e, 3),
+        "end_to_end_events_per_s": round(stored / e2e),
+    }
+
+
+async def many_chains(
+    args: argparse.Namespace, pg: PostgresService, kafka: KafkaService, workdir: Path
+) -> dict[str, Any]:
+    """1, 2 and 4 chains (`--chain-events` each), one process for all against one per chain,
+    alternating which goes first, `--chain-rounds` times."""
+    counts = [1, 2, 4]
+    with contextlib.ExitStack() as stack:
+        anvils = [
+            stack.enter_context(
+                AnvilProcess(chain_id=31337 + n, extra_args=("--gas-limit", "2000000000"))
+            )
+            for n in range(max(counts))
+        ]
+        devnets = [deploy_devnet(a.rpc_url, ws_url=a.ws_url) for a in anvils]
+        say(f"mining {args.chain_events:,} events on each of {len(devnets)} chains")
+        heads = await asyncio.gather(
+            *(
+                asyncio.to_thread(generate_task_events, d, args.chain_events, per_block=args.per_block)
+                for d in devnets
+            )
+        )
+        chain = {"finality_depth": args.finality_depth, "rpc_timeout": 60.0}
+        runs: list[dict[str, Any]] = []
+        for n in range(args.chain_rounds):
+            for count in counts:
+                layouts = ["one", "each"] if n % 2 == 0 else ["each", "one"]
+                for layout in layouts if count > 1 else ["one"]:
+                    runs.append(
+                        await measure_chains(
+                            devnets[:count],
+                            await fresh_database(pg),
+                            kafka.bootstrap,
+                            list(heads[:count]),
+                            workdir,
+                            chain,
+                            layout,
+                        )
+                    )
+    summary: dict[str, list[int]] = {}
+    for r in runs:
+        name = f"{r['chains']}_chains_" + ("one_process" if r["processes"] == 1 else "process_per_chain")
+        summary.setdefault(name, []).append(r["end_to_end_events_per_s"])
+    return {"events_per_chain": args.chain_events, "events_per_s": summary, "runs": runs}
 
 
 # ---------------------------------------------------------------------------- (c) ethereum-etl
@@ -620,7 +957,22 @@ async def backfill(
         modes = ["inline", "process"] if args.publisher == "both" else [args.publisher]
         rounds = args.pairs if args.publisher == "both" else 1
         runs: list[dict[str, Any]] = []
+        pipelines: list[dict[str, Any]] = []
+        shape = result["raw_eth_getLogs"]["best_shape"]
         for n in range(rounds):
+            # The ceiling next to each round of indexer runs, on the same chain and server.
+            pipelines.append(
+                await measure_raw_pipeline(
+                    devnet,
+                    await fresh_database(pg),
+                    kafka.bootstrap,
+                    first,
+                    head,
+                    args.events,
+                    span=shape["range_blocks"],
+                    in_flight=shape["in_flight"],
+                )
+            )
             # Alternate which mode goes first, so neither always runs on the warmer caches.
             for mode in modes if n % 2 == 0 else modes[::-1]:
                 database = await fresh_database(pg)
@@ -650,9 +1002,20 @@ async def backfill(
             )
     a = result["raw_eth_getLogs"]["best_logs_per_s"]
     etl = result["ethereum_etl"].get("escrow_events_per_s")
+    ceiling = max(pipelines, key=lambda p: p["events_per_s"])
+    result["raw_pipeline"] = {**ceiling, "runs": pipelines}
     for r in runs:
         r["end_to_end_vs_raw"] = round(r["end_to_end_events_per_s"] / a, 3)
         r["postgres_only_vs_raw"] = round(r["postgres_events_per_s"] / a, 3)
+        r["end_to_end_vs_raw_pipeline"] = round(r["end_to_end_events_per_s"] / ceiling["events_per_s"], 3)
+        r["postgres_only_vs_raw_pipeline"] = round(
+            r["postgres_events_per_s"] / ceiling["postgres_events_per_s"], 3
+        )
+        if r["indexer_cpu_us_per_event"] is not None:
+            # CPU per event, indexer process ÷ the raw pipeline's (best run): 1.0 is no logic.
+            r["cpu_per_event_vs_raw_pipeline"] = round(
+                r["indexer_cpu_us_per_event"] / min(p["cpu_us_per_event"] for p in pipelines), 2
+            )
     by_mode = {m: [r for r in runs if r["publisher"] == m] for m in modes}
     # The headline figure is the best end-to-end run of the first mode asked for (inline
     # when both): the configuration `escrowd index run` ships with.
@@ -666,6 +1029,11 @@ async def backfill(
             result["indexer_backfill"]["postgres_events_per_s"] / a, 3
         ),
         "indexer_vs_ethereum_etl": round(b / etl, 2) if etl else None,
+        "raw_pipeline_vs_raw": round(ceiling["events_per_s"] / a, 3),
+        "indexer_vs_raw_pipeline": round(b / ceiling["events_per_s"], 3),
+        "indexer_postgres_only_vs_raw_pipeline": round(
+            result["indexer_backfill"]["postgres_events_per_s"] / ceiling["postgres_events_per_s"], 3
+        ),
     }
     for m, rs in by_mode.items():
         result["ratios"][f"end_to_end_vs_raw_publisher_{m}"] = [r["end_to_end_vs_raw"] for r in rs]
@@ -686,9 +1054,17 @@ async def run(args: argparse.Namespace, pg: PostgresService, kafka: KafkaService
             result["machine"]["postgres"] = await pool.fetchval("SHOW server_version")
         result["machine"]["broker"] = "external" if os.environ.get("KAFKA_BOOTSTRAP") else "tansu"
         targets: dict[str, bool] = {}
+        if args.chains:
+            result["many_chains"] = await many_chains(args, pg, kafka, workdir)
+            result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            return result
         if not args.head_only:
             result.update(await backfill(args, pg, kafka, workdir))
             targets["backfill_half_of_raw"] = result["ratios"]["indexer_vs_raw"] >= 0.5
+            targets["backfill_0_7_of_raw_pipeline"] = result["ratios"]["indexer_vs_raw_pipeline"] >= 0.7
+            targets["postgres_0_7_of_raw_pipeline"] = (
+                result["ratios"]["indexer_postgres_only_vs_raw_pipeline"] >= 0.7
+            )
         head = await measure_head_latency(
             await fresh_database(pg),
             kafka.bootstrap,
@@ -756,6 +1132,17 @@ def main(argv: list[str] | None = None) -> int:
         help="one more inline backfill under cProfile, stats written to this file",
     )
     parser.add_argument("--head-only", action="store_true", help="measure head latency only")
+    parser.add_argument(
+        "--chains",
+        action="store_true",
+        help="only the many-chains figures: 1, 2, 4 chains in one process vs one per chain",
+    )
+    parser.add_argument(
+        "--chain-events", type=int, default=20_000, help="events per chain with --chains (default 20000)"
+    )
+    parser.add_argument(
+        "--chain-rounds", type=int, default=2, help="rounds of the --chains figures (default 2)"
+    )
     parser.add_argument(
         "--etl-venv", type=Path, default=None, help="reuse this ethereum-etl virtualenv"
     )

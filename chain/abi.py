@@ -121,6 +121,94 @@ def _word_decoder(solidity_type: str, hex_bytes: bool) -> Word | None:
     return None
 
 
+_UINT, _INT, _ADDRESS, _BOOL, _BYTES = range(5)
+_ZERO_WORD = bytes(32)
+
+WordLayout = tuple[int, int]
+"""How to read one 32-byte word of a fixed-layout event: (kind, bits or byte size)."""
+
+
+def _word_layout(solidity_type: str) -> WordLayout | None:
+    """The layout of a static one-word type (what `_word_decoder` decodes); else None."""
+    if solidity_type == "address":
+        return (_ADDRESS, 0)
+    if solidity_type == "bool":
+        return (_BOOL, 0)
+    if solidity_type.startswith("uint"):
+        return (_UINT, int(solidity_type[4:] or 256))
+    if solidity_type.startswith("int"):
+        return (_INT, int(solidity_type[3:] or 256))
+    if solidity_type.startswith("bytes") and solidity_type != "bytes":
+        return (_BYTES, int(solidity_type[5:]))
+    return None
+
+
+def _fixed_decoder(
+    name: str, layout: tuple[WordLayout, ...], names: tuple[str, ...], topics: int, order: tuple[str, ...], hex_bytes: bool
+) -> Callable[[Sequence[str], str], dict[str, Any]]:
+    """A straight-line decoder of one fixed-layout event (compiled once per ABI entry: a loop
+    over the words, or a call per word, costs twice as much per log).
+
+    The topics after topic0 and the data words are read as one `bytes.fromhex` (every digit
+    checked at once); padding and ranges are checked as strictly as `_word_decoder` does,
+    raising ValueError. Only the layout is interpolated into the source, never a value.
+    """
+    words = len(layout) - topics
+    lines = [
+        "def decode(topics, data):",
+        f"    if len(data) < {2 + 64 * words}:",
+        f"        raise AbiDecodeError({name!r} + ': data is %d bytes, expected {32 * words}' % (len(data) // 2 - 1))",
+    ]
+    parts = []
+    for k in range(1, topics + 1):
+        lines.append(f"    t{k} = topics[{k}]")
+        lines.append(f"    if len(t{k}) != 66: raise ValueError('a topic is not 32 bytes')")
+        parts.append(f"t{k}[2:]")
+    parts.append(f"data[2:{2 + 64 * words}]")
+    lines.append(f"    raw = fromhex({' + '.join(parts)})")
+    # `fromhex` skips whitespace: fewer bytes than digits/2 is not the event's shape.
+    lines.append(f"    if len(raw) != {32 * len(layout)}: raise ValueError('whitespace in the hex')")
+    for i, (kind, arg) in enumerate(layout):
+        o = 32 * i
+        word = f"raw[{o}:{o + 32}]"
+        if kind == _UINT:
+            lines.append(f"    v{i} = from_bytes({word})")
+            if arg < 256:
+                lines.append(f"    if v{i} >> {arg}: raise ValueError('value does not fit uint{arg}')")
+        elif kind == _INT:
+            lines.append(f"    v{i} = from_bytes({word}, signed=True)")
+            lines.append(
+                f"    if not {-(1 << (arg - 1))} <= v{i} < {1 << (arg - 1)}: raise ValueError('value does not fit int{arg}')"
+            )
+        elif kind == _ADDRESS:
+            lines.append(f"    if raw[{o}:{o + 12}] != ZERO12: raise ValueError('address word has non-zero padding')")
+            lines.append(f"    v{i} = checksum('0x' + raw[{o + 12}:{o + 32}].hex())")
+        elif kind == _BOOL:
+            lines.append(f"    v{i} = from_bytes({word})")
+            lines.append(f"    if v{i} > 1: raise ValueError('bool word is neither 0 nor 1')")
+            lines.append(f"    v{i} = v{i} == 1")
+        else:
+            if arg < 32:
+                lines.append(
+                    f"    if raw[{o + arg}:{o + 32}] != ZERO[{arg}:]: raise ValueError('bytes{arg} word has non-zero padding')"
+                )
+            value = f"'0x' + raw[{o}:{o + arg}].hex()" if hex_bytes else f"raw[{o}:{o + arg}]"
+            lines.append(f"    v{i} = {value}")
+    position = {n: i for i, n in enumerate(names)}
+    lines.append("    return {" + ", ".join(f"{n!r}: v{position[n]}" for n in order) + "}")
+    namespace: dict[str, Any] = {
+        "AbiDecodeError": AbiDecodeError,
+        "fromhex": bytes.fromhex,
+        "from_bytes": int.from_bytes,
+        "checksum": to_checksum_address,
+        "ZERO": _ZERO_WORD,
+        "ZERO12": _ZERO_WORD[:12],
+    }
+    exec("\n".join(lines), namespace)  # the source holds only the layout: names as reprs, numbers
+    decoder: Callable[[Sequence[str], str], dict[str, Any]] = namespace["decode"]
+    return decoder
+
+
 def _topic_decoder(solidity_type: str, hex_bytes: bool) -> Word:
     """An indexed parameter: a value type's word, or the keccak of a dynamic one (kept as is)."""
     word = _word_decoder(solidity_type, hex_bytes)
@@ -153,6 +241,9 @@ class EventCodec:
     order: tuple[str, ...]
     # One decoder per data word when every data field is a static one-word type; else None.
     words: tuple[tuple[str, Word], ...] | None
+    # Fixed-layout events (every topic and data field a static one-word type): a compiled
+    # straight-line decoder (`_fixed_decoder`); else None.
+    fixed: Callable[[Sequence[str], str], dict[str, Any]] | None = None
 
     @classmethod
     def of(cls, entry: Mapping[str, Any], hex_bytes: bool) -> EventCodec:
@@ -165,7 +256,20 @@ class EventCodec:
             if all(fn is not None for fn in word_decoders)
             else None
         )
+        indexed = [p for p in inputs if p["indexed"]]
+        layouts = [_word_layout(abi_type(p)) for p in (*indexed, *data_inputs)]
+        fixed = None
+        if None not in layouts:
+            fixed = _fixed_decoder(
+                str(entry["name"]),
+                tuple(w for w in layouts if w is not None),
+                tuple(p["name"] for p in (*indexed, *data_inputs)),
+                len(indexed),
+                tuple(p["name"] for p in inputs),
+                hex_bytes,
+            )
         return cls(
+            fixed=fixed,
             name=str(entry["name"]),
             topic=topic_of(entry),
             indexed=tuple((p["name"], _topic_decoder(abi_type(p), hex_bytes)) for p in inputs if p["indexed"]),
@@ -181,6 +285,13 @@ class EventCodec:
         (0x hex); AbiDecodeError when they do not fit."""
         if len(topics) != len(self.indexed) + 1:
             raise AbiDecodeError(f"{self.name}: expected {len(self.indexed)} indexed topics, got {len(topics) - 1}")
+        if self.fixed is not None:
+            try:
+                return self.fixed(topics, data)
+            except AbiDecodeError:
+                raise
+            except Exception as exc:  # bad hex digits, padding, ranges: all hostile input
+                raise AbiDecodeError(f"{self.name}: does not decode: {exc}") from None
         args: dict[str, Any] = {}
         try:
             for (name, convert), topic in zip(self.indexed, topics[1:], strict=True):

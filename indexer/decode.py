@@ -16,9 +16,10 @@ class DecodeError(ValueError):
     """A log claims to be an escrow event but its topics or data do not fit the ABI."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecodedLog:
-    """One escrow event with its chain coordinates."""
+    """One escrow event with its chain coordinates (not frozen: a frozen dataclass sets each
+    field through `object.__setattr__`, a third of the decoder's own time; nothing mutates it)."""
 
     id: str
     chain_id: int

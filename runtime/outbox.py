@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ import asyncpg
 import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.aio import wait_event
@@ -159,9 +160,7 @@ class OutboxPublisher:
         self._batches_per_cycle = batches_per_cycle
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        # The producers of this project use the default partitioner: keyed rows land where a
-        # plain `send` would put them, so a key's order holds across every writer.
-        self._partitioner = DefaultPartitioner()
+        self._partitioner = KeyPartitioner()
         self._header_values: dict[str, bytes] = {}
         self._builder = MessageBuilder()
 
@@ -262,28 +261,7 @@ class OutboxPublisher:
         return out
 
     async def _send(self, items: list[_Item]) -> asyncio.Future[Any]:
-        """Queue messages as one record batch per partition (in the given order within each)."""
-        producer = self._producer
-        partitions: dict[str, list[int]] = {}
-        by_partition: dict[tuple[str, int], list[_Item]] = {}
-        for item in items:
-            topic = item[0]
-            known = partitions.get(topic)
-            if known is None:
-                known = partitions[topic] = sorted(await producer.partitions_for(topic))
-            partition = self._partitioner(item[1], known, known)
-            by_partition.setdefault((topic, partition), []).append(item)
-        futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), part in by_partition.items():
-            batch = producer.create_batch()
-            for _, key, payload, headers in part:
-                if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = producer.create_batch()
-                    if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
-                        raise ValueError(f"a message of {len(payload)} bytes is larger than the producer's batch size")
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-        return asyncio.gather(*futures)
+        return await send_batches(self._producer, items, self._partitioner)
 
     # -- the indexer's event logs -------------------------------------------------------
 
@@ -427,6 +405,60 @@ class OutboxPublisher:
         if row is not None and logs is not None:
             OUTBOX_PENDING.set(row["pending"] + logs["pending"])
             OUTBOX_OLDEST_AGE.set(max(float(row["age"] or 0.0), float(logs["age"] or 0.0)))
+
+
+class KeyPartitioner:
+    """The default partitioner, with each key's murmur2 hash computed once.
+
+    The producers of this project use the default partitioner: keyed rows land where a plain
+    `send` would put them, so a key's order holds across every writer. A task's events share
+    a key and murmur2 runs in Python, so each key's hash is kept (the cache is cleared when it
+    grows); the partition is picked from it exactly as `DefaultPartitioner` does. Keyless
+    messages go where the default puts them (a random partition).
+    """
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self._default = DefaultPartitioner()
+        self._hashes: dict[bytes, int] = {}
+        self._limit = limit
+
+    def __call__(self, key: bytes | None, partitions: list[int], available: list[int]) -> int:
+        """The partition of `key` among `partitions` (as `DefaultPartitioner`)."""
+        if key is None:
+            return int(self._default(key, partitions, available))
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self._limit:
+                self._hashes.clear()
+            hashed = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return partitions[hashed % len(partitions)]
+
+
+async def send_batches(
+    producer: AIOKafkaProducer, items: Sequence[_Item], partitioner: KeyPartitioner
+) -> asyncio.Future[Any]:
+    """Queue messages as one record batch per partition (in the given order within each);
+    the returned future completes when every batch is acknowledged."""
+    partitions: dict[str, list[int]] = {}
+    by_partition: dict[tuple[str, int], list[_Item]] = {}
+    for item in items:
+        topic = item[0]
+        known = partitions.get(topic)
+        if known is None:
+            known = partitions[topic] = sorted(await producer.partitions_for(topic))
+        partition = partitioner(item[1], known, known)
+        by_partition.setdefault((topic, partition), []).append(item)
+    futures: list[asyncio.Future[Any]] = []
+    for (topic, partition), part in by_partition.items():
+        batch = producer.create_batch()
+        for _, key, payload, headers in part:
+            if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=payload, timestamp=None, headers=headers) is None:
+                    raise ValueError(f"a message of {len(payload)} bytes is larger than the producer's batch size")
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return asyncio.gather(*futures)
 
 
 def _outbox_item(publisher: OutboxPublisher, row: asyncpg.Record) -> _Item:

@@ -154,6 +154,62 @@ def test_foreign_and_malformed_logs() -> None:
         DECODER.decode(1, {**raw, "data": "0x1234"})
 
 
+def test_every_escrow_event_is_decoded_by_its_fixed_layout() -> None:
+    """The escrow's events are all static one-word fields: each decodes from one
+    `bytes.fromhex` per log (`EventCodec._decode_fixed`), never word by word."""
+    codec = DECODER._codec
+    assert all(event.fixed is not None for event in codec.events.values())
+
+
+_CREATED = {
+    "taskId": 9,
+    "poster": to_checksum_address("0x" + "11" * 20),
+    "verifier": to_checksum_address("0x" + "22" * 20),
+    "token": to_checksum_address("0x" + "33" * 20),
+    "reward": 10**18,
+    "deadline": 2**40,
+    "taskHash": b"\x42" * 32,
+    "status": 1,
+}
+
+
+def _word_edit(raw: dict[str, Any], where: str, word: int, at: int, text: str) -> dict[str, Any]:
+    """`raw` with `text` written at hex digit `at` of a 32-byte word (a topic, or of data)."""
+    if where == "topic":
+        topics = list(raw["topics"])
+        t = topics[word]
+        topics[word] = t[: 2 + at] + text + t[2 + at + len(text) :]
+        return {**raw, "topics": topics}
+    d = raw["data"]
+    start = 2 + 64 * word + at
+    return {**raw, "data": d[:start] + text + d[start + len(text) :]}
+
+
+@pytest.mark.parametrize(
+    ("where", "word", "at", "text"),
+    [
+        ("topic", 2, 0, "1"),  # poster: non-zero address padding
+        ("data", 0, 10, "f"),  # token: non-zero address padding
+        ("data", 2, 0, "1"),  # deadline beyond uint64
+        ("data", 4, 0, "1"),  # status beyond uint8
+        ("data", 1, 63, "g"),  # not a hex digit
+        ("topic", 1, 40, "x"),  # not a hex digit in a topic
+        ("data", 1, 10, " 0"),  # whitespace, which `bytes.fromhex` would skip
+        ("data", 1, 0, "0x"),  # a prefix inside a word (`int(word, 16)` would take it)
+    ],
+)
+def test_a_fixed_layout_word_that_is_not_canonical_is_refused(
+    where: str, word: int, at: int, text: str
+) -> None:
+    """Padding, ranges and digits are checked as strictly as the word-by-word decoder does:
+    a non-canonical word is a DecodeError, never a value."""
+    raw = _raw_log("TaskCreated", _CREATED)
+    decoded = DECODER.decode(1, raw)
+    assert decoded is not None and decoded.args["status"] == 1
+    with pytest.raises(DecodeError):
+        DECODER.decode(1, _word_edit(raw, where, word, at, text))
+
+
 # -- range sizing and planning --------------------------------------------------------
 
 sizers = st.builds(

@@ -31,6 +31,7 @@ from eth_account import Account
 from escrowd.harness import escrowd_command
 from indexer.decode import DecodedLog
 from indexer.store import event_message
+from runtime.db import connect
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics, make_producer
 from runtime.outbox import OutboxMessage
 from schemas import jsoncodec
@@ -151,7 +152,7 @@ class Feed:
             TopicSpec(self.verdicts, partitions), TopicSpec(self.dead_letters, 1),
         ])  # fmt: skip
         await self._producer.start()
-        self.conn = await asyncpg.connect(self.database_url)
+        self.conn = await connect(self.database_url)
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -218,7 +219,16 @@ class Feed:
             "failedAt": 0 if passed else int(time.time()), "status": 4 if passed else 3,
         })  # fmt: skip
 
-    async def verdicts(self) -> list[asyncpg.Record]:
+    async def consumed(self, count: int, timeout: float = 120.0) -> None:  # noqa: ASYNC109  (a deadline for the whole wait)
+        """Until the consumer's inbox holds `count` messages."""
+        assert self.conn is not None
+        deadline = time.monotonic() + timeout
+        while await self.conn.fetchval("SELECT count(*) FROM consumer_inbox WHERE consumer = $1", self.group) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the consumer handled fewer than {count} messages in {timeout:g} s")
+            await asyncio.sleep(0.05)
+
+    async def results(self) -> list[asyncpg.Record]:
         """Every recorded verdict of this feed's chain: task, attempt, passed, when."""
         assert self.conn is not None
         rows: list[asyncpg.Record] = await self.conn.fetch(

@@ -24,11 +24,10 @@ import time
 import uuid
 from typing import Any
 
+from bench.services import on_services
 from escrowd.verification_load import Feed, LatencyVerifier, VerificationProcess
 from runtime.db import migrate_url
 from runtime.logging import configure_logging
-from runtime.services.kafka import start_kafka
-from runtime.services.postgres import start_postgres
 
 
 def _peak(calls: list[tuple[float, float]]) -> int:
@@ -110,13 +109,7 @@ def cli() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is declared stuck")
     args = parser.parse_args()
     configure_logging(json=True, level="WARNING")
-    postgres = start_postgres(prefix="escrowd_bench")
-    kafka = start_kafka()
-    try:
-        result = asyncio.run(run(args.verifier_latency_ms, args.tasks, postgres.url, kafka.bootstrap, args.timeout))
-    finally:
-        kafka.stop()
-        postgres.stop()
+    result = on_services(lambda url, bootstrap: run(args.verifier_latency_ms, args.tasks, url, bootstrap, args.timeout))
     print(json.dumps(result), flush=True)
 
 

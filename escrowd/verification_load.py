@@ -13,22 +13,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
-import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 from eth_account import Account
 
-from escrowd.harness import escrowd_command
+from escrowd.harness import EscrowdProcess
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from runtime.db import connect
@@ -239,49 +233,8 @@ class Feed:
         return rows
 
 
-class VerificationProcess:
+class VerificationProcess(EscrowdProcess):
     """`escrowd consume verification run` as a child process, output to a log file."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = {**os.environ, **env}
-        self.log_path = Path(tempfile.mkstemp(prefix="escrowd-verification-", suffix=".log")[1])
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> VerificationProcess:
-        assert self._proc is None or self._proc.poll() is not None, "already running"
-        with self.log_path.open("ab") as out:
-            self._proc = subprocess.Popen(
-                [*escrowd_command(), "consume", "verification", "run"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-            )  # fmt: skip
-        return self
-
-    def kill9(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._proc.pid, signal.SIGKILL)
-            self._proc.wait(timeout=10)
-
-    def terminate(self, timeout: float = 30.0) -> int | None:
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        return proc.returncode
-
-    def output(self, tail: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-tail:]
-        except OSError:
-            return ""
-
-    def cleanup(self) -> None:
-        self.terminate(timeout=10)
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+        super().__init__(["consume", "verification", "run"], env=env, name="verification")

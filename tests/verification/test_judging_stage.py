@@ -9,6 +9,7 @@ outcome, never on wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -153,3 +154,58 @@ async def test_kill_9_during_a_judgement_judges_once_and_never_a_superseded_atte
     finally:
         first.cleanup()
         second.cleanup()
+
+
+async def test_sigterm_finishes_the_judgement_in_flight_and_a_cut_drain_hands_its_lease_back(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
+    """SIGTERM: no more claims, the judgement in flight commits, exit 0. A second signal cuts the
+    drain short: the lease is handed back (queued again, not left to expire), no verdict, exit
+    143; the next process judges it."""
+    verifier.hold("held")
+    await feed.task(1, verifier.url("held"))
+    await feed.task(2, verifier.url("held"))
+    process = VerificationProcess(feed.env()).start()
+    try:
+        await feed.submit(1, 1, passed=True)
+
+        async def started(count: int) -> bool:
+            return len(verifier.started) >= count
+
+        await until(lambda: started(1), "task 1's judgement in flight", process)
+        assert process._proc is not None
+        process._proc.send_signal(signal.SIGTERM)
+        await until(lambda: _logged(process, "service_stopping"), "the drain begun", process)
+        verifier.release("held")
+        assert await asyncio.to_thread(process._proc.wait, 60) == 0, process.output()
+        assert await _verdicts(feed) == {(1, 1): True}
+
+        verifier.hold("held")
+        process.start()
+        await feed.submit(2, 1, passed=True)
+        await until(lambda: started(2), "task 2's judgement in flight", process)
+        process._proc.send_signal(signal.SIGTERM)
+        await until(lambda: _logged(process, "service_stopping", 2), "the second drain begun", process)
+        process._proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process._proc.wait, 60) == 143, process.output()
+        assert feed.conn is not None
+        job = await feed.conn.fetchrow("SELECT state, claim_token, claims FROM verification_jobs WHERE task_id = 2")
+        assert job is not None and (job["state"], job["claim_token"], job["claims"]) == ("queued", None, 1)
+        assert await _verdicts(feed) == {(1, 1): True}
+
+        verifier.release("held")
+        process.start()
+
+        async def judged() -> bool:
+            return (2, 1) in await _verdicts(feed)
+
+        await until(judged, "task 2 judged by the next process", process)
+        expiries = await feed.conn.fetchval("SELECT expiries FROM verification_jobs WHERE task_id = 2")
+        assert expiries == 0  # claimed again because it was handed back, not because a lease ran out
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+
+
+async def _logged(process: VerificationProcess, event: str, times: int = 1) -> bool:
+    return process.output(tail=10**7).count(f'"{event}"') >= times

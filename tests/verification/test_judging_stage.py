@@ -16,7 +16,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
-from runtime.db import migrate_url
+from runtime.db import connect, migrate_url
+from schemas.task_terms import result_hash
+from verification.judging_stage import JudgingLimits, JudgingPool
+from verification.verifiers import default_registry
+
+from .conftest import VERDICTS, Api, IndexedChain, Who, drain, make_handler
 
 
 async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
@@ -209,3 +214,48 @@ async def test_sigterm_finishes_the_judgement_in_flight_and_a_cut_drain_hands_it
 
 async def _logged(process: VerificationProcess, event: str, times: int = 1) -> bool:
     return process.output(tail=10**7).count(f'"{event}"') >= times
+
+
+async def test_a_judge_whose_lease_was_taken_over_commits_nothing(
+    api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str
+) -> None:
+    """A judge stalls past its lease (`run_once` renews none); a second claims the job, judges
+    and commits. When the first one's judgement returns, its claim token no longer holds the
+    job: no second verdict, no second outbox row."""
+    from tests.verification.plugins import gate
+
+    gate.calls.clear()
+    gate.gate.clear()
+    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
+            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.gate:score"}}  # fmt: skip
+    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
+    await chain.created(5, who["poster"].address, task_hash)
+    await chain.accepted(5, who["agent"].address)
+    await chain.submitted(5, who["agent"].address, 1, result_hash("x"))
+    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/5/finalize"
+    assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
+    handler = make_handler(registry=default_registry(allowed_plugin_packages=["tests.verification.plugins"]))
+    await drain(database_url, handler, judge=False)  # queued, not judged
+    conn = await connect(database_url)
+    try:
+        stalled = asyncio.create_task(JudgingPool(database_url, handler, JudgingLimits(lease_seconds=0.2)).run_once())
+
+        async def lease_expired() -> bool:
+            return bool(gate.calls) and bool(
+                await conn.fetchval("SELECT count(*) FROM verification_jobs WHERE task_id = 5 AND lease_until < now()")
+            )
+
+        deadline = time.monotonic() + 60
+        while not await lease_expired():
+            assert time.monotonic() < deadline, "the first judge never stalled past its lease"
+            await asyncio.sleep(0.05)
+        assert await JudgingPool(database_url, handler).run_once() == 1  # took the job over, committed
+        gate.gate.set()
+        assert await asyncio.wait_for(stalled, 60) == 0  # its late outcome is dropped
+        assert len(gate.calls) == 2
+        assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 5") == 1
+        assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", VERDICTS) == 1
+        job = await conn.fetchrow("SELECT state, claims, expiries, outcome FROM verification_jobs WHERE task_id = 5")
+        assert job is not None and tuple(job) == ("done", 2, 1, "Judged")
+    finally:
+        await conn.close()

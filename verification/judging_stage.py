@@ -41,6 +41,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from runtime.db import connect, create_pool, is_connection_error
+from runtime.errors import safe_message
 from verification import results_store as store
 from verification.consumer import VerificationHandler
 from verification.routing import CouldNotJudge, Judge, Judged, TaskKey, judgement_wanted
@@ -115,7 +116,8 @@ class JudgingPool:
 
     async def run_once(self) -> int:
         """Judge every job claimable now, and those they make claimable, then return how many
-        outcomes were committed (jobs another process holds are left to it)."""
+        outcomes were committed (jobs another process holds are left to it). It renews no
+        lease: for judgements shorter than the lease (tests, one-off runs)."""
         before = self.concluded
         pool = await create_pool(self._database_url, min_size=1, max_size=max(2, min(16, self._limits.concurrency)))
         claims = await connect(self._database_url)
@@ -211,7 +213,7 @@ class JudgingPool:
             raise
         except Exception as exc:
             # The lease stays: when it expires the job is claimed and judged again.
-            bound.error("judging_job_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            bound.error("judging_job_failed", error_type=type(exc).__name__, error=safe_message(exc)[:300])
 
     async def _commit(
         self,

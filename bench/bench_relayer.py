@@ -54,6 +54,7 @@ import aiohttp
 import asyncpg
 
 from bench.agent_send import agent_send_figure
+from bench.services import on_services
 from chain.fees import Fees
 from chain.keys import SecretKey
 from chain.txs import (
@@ -66,9 +67,7 @@ from relayer.settlement.config import ChainSettings, RelayerSettings
 from relayer.settlement.service import Relayer
 from runtime.logging import configure_logging
 from runtime.services.anvil import AnvilProcess
-from runtime.services.kafka import start_kafka
 from runtime.services.ports import free_port
-from runtime.services.postgres import start_postgres
 from schemas.verdict import Verdict, sign_verdict, verdict_headers, verdict_key, verdict_payload
 
 POLL = 0.02  # both measurements poll for completion at the same rate
@@ -618,14 +617,7 @@ def cli() -> None:
         name, _, value = item.partition("=")
         OVERRIDES[name] = value
     configure_logging(json=True, level="WARNING")
-    # Both helpers run their own event loop: start them before ours.
-    postgres = start_postgres(prefix="escrowd_bench")
-    kafka = start_kafka()
-    try:
-        result = asyncio.run(main(args.verdicts, postgres.url, kafka.bootstrap, args.rounds))
-    finally:
-        kafka.stop()
-        postgres.stop()
+    result = on_services(lambda url, bootstrap: main(args.verdicts, url, bootstrap, args.rounds))
     print(json.dumps(result), flush=True)
     sys.exit(0)
 

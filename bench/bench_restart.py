@@ -27,14 +27,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.services import on_services
 from escrowd.devnet import anvil_key
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics, make_producer
 from runtime.logging import configure_logging
-from runtime.services.kafka import start_kafka
-from runtime.services.postgres import start_postgres
 from schemas.events import event_id
 
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
@@ -139,13 +138,7 @@ def cli() -> None:
     parser.add_argument("--service", choices=("lifecycle", "verification"), default="lifecycle")
     args = parser.parse_args()
     configure_logging(json=True, level="WARNING")
-    postgres = start_postgres(prefix="escrowd_bench")
-    kafka = start_kafka()
-    try:
-        result = asyncio.run(main(args.service, args.rounds, postgres.url, kafka.bootstrap))
-    finally:
-        kafka.stop()
-        postgres.stop()
+    result = on_services(lambda url, bootstrap: main(args.service, args.rounds, url, bootstrap))
     print(json.dumps(result), flush=True)
 
 

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import yaml
@@ -250,13 +250,14 @@ def escrowd_command() -> list[str]:
     return [sys.executable, "-c", "from escrowd.cli import main; main()"]
 
 
-class IndexerProcess:
-    """`escrowd index run --config FILE` as a child process, output to a log file."""
+class EscrowdProcess:
+    """`escrowd <args>` as a child process, output to a log file."""
 
-    def __init__(self, config: Path, *, env: dict[str, str] | None = None) -> None:
-        self.config = config
+    def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None, name: str = "escrowd") -> None:
+        self.args = list(args)
         self.env = {**os.environ, **(env or {})}
-        self.log_path = Path(tempfile.mkstemp(prefix="escrowd-indexer-", suffix=".log")[1])
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"escrowd-{name}-", suffix=".log")[1])
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.kills = 0
@@ -271,14 +272,14 @@ class IndexerProcess:
         """The child's pid."""
         return None if self._proc is None else self._proc.pid
 
-    def start(self) -> IndexerProcess:
+    def start(self) -> Self:
         """Start a new child (the previous one must be gone)."""
-        assert not self.running, "indexer already running"
+        assert not self.running, f"{self.name} already running"
         with self.log_path.open("ab") as out:
             out.write(f"--- start {self.starts}\n".encode())
             out.flush()
             self._proc = subprocess.Popen(
-                [*escrowd_command(), "index", "run", "--config", str(self.config)],
+                [*escrowd_command(), *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -322,3 +323,11 @@ class IndexerProcess:
         self.terminate(timeout=5)
         with contextlib.suppress(OSError):
             self.log_path.unlink()
+
+
+class IndexerProcess(EscrowdProcess):
+    """`escrowd index run --config FILE` as a child process, output to a log file."""
+
+    def __init__(self, config: Path, *, env: dict[str, str] | None = None) -> None:
+        super().__init__(["index", "run", "--config", str(config)], env=env, name="indexer")
+        self.config = config

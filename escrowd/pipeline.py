@@ -33,6 +33,7 @@ log = structlog.get_logger(__name__)
 STOP_ORDER = (
     "api",
     "verification-consumer",
+    "verification-judging",
     "verification-retries",
     "escrowd-lifecycle",
     "escrowd-reputation",

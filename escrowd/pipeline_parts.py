@@ -50,7 +50,12 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     from lifecycle.reputation.consumer import build_consumer as reputation_consumer
     from relayer.settlement.config import ChainSettings, RelayerSettings
     from relayer.settlement.service import Relayer, load_relayer_key
-    from verification.service import RetryScheduler, VerificationSettings
+    from verification.service import (
+        RetryScheduler,
+        VerificationSettings,
+        build_handler,
+        build_judging_pool,
+    )
     from verification.service import build_consumer as verification_consumer
 
     dn = config.devnet
@@ -66,8 +71,11 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
         retry_base_seconds=1.0,
         retry_max_seconds=10.0,
     )
-    vconsumer = verification_consumer(verification, signing_key=signing_key)
+    vhandler = build_handler(verification, signing_key=signing_key)
+    vconsumer = verification_consumer(verification, handler=vhandler)
     parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
+    judging = build_judging_pool(verification, vhandler)
+    parts.append(Component("verification-judging", judging.run, judging.stop))
     scheduler = RetryScheduler(config.database_url, verification.topics().requests, poll_seconds=1.0)
     parts.append(Component("verification-retries", scheduler.run))
 

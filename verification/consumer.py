@@ -10,13 +10,16 @@ For one message the handler:
    carry the requester's signed request or a trusted API service signature
    (`verification.request_auth`), else it is dead-lettered the same way;
 2. takes the task's advisory lock, loads the task's state (`results_store.load_state`);
-3. asks the pure `routing.decide` what to do, and applies each effect; a `Judge` effect runs
-   the auto-check and the terms' registry verifier, and its outcome goes back through
-   `routing.conclude`: a signed verdict (`schemas.verdict`) queued on the verdicts topic
-   through the outbox, or a retry later when a verifier could not answer.
+3. asks the pure `routing.decide` what to do, and applies each effect; a `Judge` effect is
+   not run here: it becomes a job (`verification_jobs`, queued) committed with the message.
+   The judging stage (`verification.judging_stage`) claims it, calls this handler's `judge`
+   (the auto-check and the terms' registry verifier) outside any transaction, and commits
+   the outcome through `conclude` (`routing.conclude`) under the task's lock: a signed
+   verdict (`schemas.verdict`) queued on the verdicts topic through the outbox, or a retry
+   later when a verifier could not answer.
 
 A retry is a message too: `RetryScheduler` (run by the service next to the consumer) moves
-due retries to the requests topic, so every judgement happens in this handler, on the
+due retries to the requests topic, so every judgement is decided in this handler, on the
 task's own partition, under the task's lock.
 """
 
@@ -115,6 +118,7 @@ VERDICTS = Counter(
 UNTRUSTED_REQUESTS = Counter(
     "escrowd_verification_untrusted_requests_total", "Request messages dead-lettered for want of a trusted signature"
 )
+JOBS_QUEUED = Counter("escrowd_verification_jobs_queued_total", "Judgements queued for the judging stage")
 VERIFIER_ERRORS = Counter(
     "escrowd_verification_verifier_errors_total", "Registry verifiers that could not answer", ["kind"]
 )
@@ -200,9 +204,10 @@ class VerificationHandler:
 
     async def _execute(self, conn: asyncpg.Connection, state: TaskState, effect: Any) -> TaskState:
         if isinstance(effect, Judge):
-            outcome = await self.judge(state, effect)
-            for follow_up in conclude(state, effect, outcome, self.retry_policy):
-                state = await self._execute(conn, state, follow_up)
+            # Judging is slow (a sandbox, an endpoint, a model): it never runs in this
+            # transaction. The job commits with the message; the judging stage does the rest.
+            if await store.queue_job(conn, state.key, effect, judge_verifier(state)):
+                JOBS_QUEUED.inc()
             return state
         if isinstance(effect, RecordResult):
             await self._record(conn, state, effect)
@@ -216,6 +221,14 @@ class VerificationHandler:
             attempt=getattr(effect, "attempt", None),
         )
         return apply(state, effect)
+
+    async def conclude(
+        self, conn: asyncpg.Connection, state: TaskState, effect: Judge, outcome: Judged | CouldNotJudge
+    ) -> TaskState:
+        """Apply a judgement's outcome (a signed verdict, or a retry later) and what follows from it."""
+        for follow_up in conclude(state, effect, outcome, self.retry_policy):
+            state = await self._execute(conn, state, follow_up)
+        return state
 
     async def _record(self, conn: asyncpg.Connection, state: TaskState, effect: RecordResult) -> None:
         key = state.key
@@ -313,6 +326,18 @@ class VerificationHandler:
         result = combine(auto, name, outcome.reward, ref.pass_reward, outcome.reasons)
         kind = name if auto is None else f"auto-check+{name}"
         return Judged(result, kind, proof_fields(outcome.detail))
+
+
+def judge_verifier(state: TaskState) -> str:
+    """The verifier a task's judgement waits on (`describe` of its terms' verifier): the key of
+    the judging stage's per-verifier concurrency limit."""
+    ref_data = state.terms.verifier if state.terms is not None else None
+    if not ref_data:
+        return "auto-check"
+    try:
+        return describe(VerifierRef.model_validate(ref_data))
+    except ValidationError:
+        return "unknown"
 
 
 def verifier_task(state: TaskState, effect: Judge, ref: VerifierRef, digest: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ time) through `chain.indexed`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -22,6 +22,7 @@ from verification.routing import (
     AttachReport,
     ChainEvent,
     FailureRecord,
+    Judge,
     MarkSettled,
     RecordFailure,
     RecordResult,
@@ -276,6 +277,117 @@ async def claim_due_retries(conn: asyncpg.Connection, limit: int = 100) -> list[
         limit,
     )
     return rows
+
+
+# ---------------------------------------------------------------------------- judging jobs
+
+JOBS_CHANNEL = "verification_jobs"
+"""NOTIFY channel: a job was queued (delivered when the queuing transaction commits)."""
+
+_OPEN_JOB = "state IN ('queued', 'judging')"
+
+
+async def queue_job(conn: asyncpg.Connection, key: TaskKey, judge: Judge, verifier: str) -> bool:
+    """Record a judgement to make as a claimable job; False when this request's try has one open or done."""
+    inserted = await conn.fetchval(
+        "INSERT INTO verification_jobs (request_id, retry_count, chain_id, escrow_address, task_id, attempt,"
+        " evidence_hash, verifier) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        # A dropped job is wanted again (a reorg took the submission away and brought it back).
+        " ON CONFLICT (request_id, retry_count) DO UPDATE SET state = 'queued', outcome = NULL, updated_at = now()"
+        " WHERE verification_jobs.state = 'dropped' RETURNING 1",
+        judge.request_id, judge.retry_count, key.chain_id, key.escrow, key.task_id, judge.attempt,
+        judge.evidence_hash, verifier[:300],
+    )  # fmt: skip
+    if inserted is None:
+        return False
+    await conn.execute("SELECT pg_notify($1, '')", JOBS_CHANNEL)
+    return True
+
+
+async def claim_jobs(
+    conn: asyncpg.Connection,
+    token_prefix: str,
+    *,
+    limit: int,
+    per_verifier: int,
+    busy: Mapping[str, int],
+    lease_seconds: float,
+) -> list[asyncpg.Record]:
+    """Claim up to `limit` jobs, oldest first, each under a fresh lease (state 'judging').
+
+    A job is claimable when it is queued, or judging under a lease that has expired (its
+    judge died), and no earlier job of its task is still open: a task's requests are judged
+    in the order they were decided. No verifier gets more than `per_verifier` jobs of this
+    claimer at once (`busy`: how many it judges already); the others stay for later or for
+    another process. Rows another claimer holds are skipped, never waited for.
+    """
+    saturated = [v for v, n in busy.items() if n >= per_verifier]
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "WITH candidates AS ("
+        " SELECT q.seq, q.verifier, q.state AS was FROM verification_jobs q"
+        " WHERE (q.state = 'queued' OR (q.state = 'judging' AND q.lease_until < now()))"
+        " AND q.verifier <> ALL($3::text[])"
+        " AND NOT EXISTS (SELECT 1 FROM verification_jobs e WHERE e.chain_id = q.chain_id"
+        "  AND e.escrow_address = q.escrow_address AND e.task_id = q.task_id AND e.seq < q.seq"
+        "  AND e.state IN ('queued', 'judging'))"
+        " ORDER BY q.seq LIMIT $2 * 4 FOR UPDATE OF q SKIP LOCKED"
+        "), ranked AS ("
+        " SELECT c.seq, c.was, row_number() OVER (PARTITION BY c.verifier ORDER BY c.seq)"
+        "  + COALESCE(b.busy, 0) AS n FROM candidates c"
+        " LEFT JOIN unnest($4::text[], $5::int[]) AS b(verifier, busy) ON b.verifier = c.verifier"
+        "), chosen AS (SELECT seq, was FROM ranked WHERE n <= $6 ORDER BY seq LIMIT $2)"
+        " UPDATE verification_jobs j SET state = 'judging', claim_token = $1 || j.seq::text || ':' || j.claims,"
+        " lease_until = now() + make_interval(secs => $7), claims = j.claims + 1,"
+        " expiries = j.expiries + (chosen.was = 'judging')::int, updated_at = now()"
+        " FROM chosen WHERE j.seq = chosen.seq"
+        " RETURNING j.seq, j.request_id, j.retry_count, j.chain_id, j.escrow_address, j.task_id, j.attempt,"
+        " j.evidence_hash, j.verifier, j.claim_token, j.claims, chosen.was = 'judging' AS expired",
+        token_prefix, limit, saturated, list(busy), list(busy.values()), per_verifier, lease_seconds,
+    )  # fmt: skip
+    return sorted(rows, key=lambda r: r["seq"])
+
+
+async def renew_leases(conn: asyncpg.Connection, tokens: Sequence[str], lease_seconds: float) -> int:
+    """Extend the leases this claimer still holds; how many it holds."""
+    status: str = await conn.execute(
+        "UPDATE verification_jobs SET lease_until = now() + make_interval(secs => $2)"
+        " WHERE claim_token = ANY($1::text[]) AND state = 'judging'",
+        list(tokens), lease_seconds,
+    )  # fmt: skip
+    return int(status.split()[-1])
+
+
+async def release_jobs(conn: asyncpg.Connection, tokens: Sequence[str]) -> int:
+    """Hand claimed jobs back (queued again, claimable at once): a drain cut short."""
+    status: str = await conn.execute(
+        "UPDATE verification_jobs SET state = 'queued', claim_token = NULL, lease_until = NULL, updated_at = now()"
+        " WHERE claim_token = ANY($1::text[]) AND state = 'judging'",
+        list(tokens),
+    )  # fmt: skip
+    return int(status.split()[-1])
+
+
+async def hold_job(conn: asyncpg.Connection, seq: int, token: str) -> bool:
+    """Lock the job if this claim still holds it (call inside the commit's transaction)."""
+    held = await conn.fetchval(
+        "SELECT 1 FROM verification_jobs WHERE seq = $1 AND claim_token = $2 AND state = 'judging' FOR UPDATE",
+        seq, token,
+    )  # fmt: skip
+    return held is not None
+
+
+async def finish_job(conn: asyncpg.Connection, seq: int, state: str, outcome: str) -> None:
+    """Close a job ('done': its outcome is committed; 'dropped': no longer wanted)."""
+    await conn.execute(
+        "UPDATE verification_jobs SET state = $2, outcome = $3, claim_token = NULL, lease_until = NULL,"
+        " updated_at = now() WHERE seq = $1",
+        seq, state, outcome[:300],
+    )  # fmt: skip
+
+
+async def open_jobs(conn: asyncpg.Connection) -> int:
+    """How many jobs wait or are being judged (the queue depth)."""
+    return int(await conn.fetchval(f"SELECT count(*) FROM verification_jobs WHERE {_OPEN_JOB}"))
 
 
 # ---------------------------------------------------------------------------- the API's reads and writes

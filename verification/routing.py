@@ -631,6 +631,21 @@ class RetryPolicy:
         return min(self.max_seconds, self.base_seconds * 2.0 ** max(0, retry_count - 1))
 
 
+def judgement_wanted(state: TaskState, request_id: str, retry_count: int) -> Judge | None:
+    """The `Judge` the task's state still asks for this request's try, or None when it no longer does.
+
+    The judging stage asks before it judges and again, under the task's lock, before it
+    commits: a superseded attempt, a request already settled by another verdict, a newer
+    try or a retracted submission all mean the judgement must leave no effect.
+    """
+    plan = _Plan(state)
+    _reconcile(plan)
+    for effect in plan.effects:
+        if isinstance(effect, Judge) and effect.request_id == request_id and effect.retry_count == retry_count:
+            return effect
+    return None
+
+
 def conclude(state: TaskState, judge: Judge, outcome: Judged | CouldNotJudge, policy: RetryPolicy) -> list[Effect]:
     """The effects of a judgement — a signed verdict, or a retry later — then what follows from it.
 

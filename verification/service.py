@@ -3,7 +3,10 @@
 `run_verification_consumer(settings)` migrates the database, creates the topics it uses,
 then runs until cancelled:
 
-* the `IdempotentConsumer` with `VerificationHandler` over the events and requests topics;
+* the `IdempotentConsumer` with `VerificationHandler` over the events and requests topics,
+  which queues each judgement as a job in the message's transaction;
+* the `JudgingPool` (`verification.judging_stage`): claims those jobs under a lease, judges
+  them concurrently outside any transaction, commits each verdict in a short one;
 * `RetryScheduler`: moves finalizes whose verifier could not answer back onto the requests
   topic when their backoff is over;
 * an `OutboxPublisher` (standby when another process of the database already publishes),
@@ -38,6 +41,7 @@ from verification.consumer import (
     VerificationHandler,
     request_message,
 )
+from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.registry import RubricStore, VerifierRegistry
 from verification.routing import RetryPolicy
 from verification.sandbox import SandboxSettings
@@ -85,6 +89,14 @@ class VerificationSettings(ConsumerSettings):
     retry_max_seconds: float = Field(default=600.0, gt=0, description="Longest delay between re-judging tries")
     retry_poll_seconds: float = Field(default=1.0, gt=0, description="How often due retries are looked for")
     max_records: int = Field(default=50, ge=1, description="Messages per consumer batch")
+    judging_concurrency: int = Field(default=64, ge=1, description="Judgements this process makes at once")
+    judging_per_verifier: int = Field(
+        default=32, ge=1, description="Judgements this process makes at once against one verifier"
+    )
+    judging_lease_seconds: float = Field(
+        default=90.0, gt=0, description="How long a claimed judgement is held before another process may take it"
+        " (renewed while judging; longer than endpoint_timeout)",
+    )
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
 
     @field_validator("trusted_api_signers")
@@ -221,29 +233,52 @@ def _metrics_at_start() -> None:
     from runtime.metrics import at_zero
     from schemas.task_terms import VerifierKind
     from verification.consumer import VERDICTS, VERIFIER_ERRORS
+    from verification.judging_stage import metrics_at_start as judging_metrics_at_start
     from verification.routing import Mode, Source
 
     at_zero(VERDICTS, get_args(Mode), get_args(Source), ("passed", "failed"))
+    judging_metrics_at_start()
     at_zero(VERIFIER_ERRORS, get_args(VerifierKind))
 
 
-def build_consumer(
+def build_handler(
     settings: VerificationSettings, *, signing_key: str | None = None, registry: VerifierRegistry | None = None
-) -> IdempotentConsumer:
-    """The verification consumer, ready to `run()`."""
+) -> VerificationHandler:
+    """The handler the consumer and the judging stage share."""
     key = signing_key or load_signing_key(settings)
     trusted = frozenset(settings.trusted_api_signers)
     if Account.from_key(key).address in trusted:
         # One key must not both vouch for requests and sign the verdicts they lead to.
         raise SigningKeyError("trusted_api_signers must not hold the verdict-signing key's address")
-    t = settings.topics()
-    handler = VerificationHandler(
+    return VerificationHandler(
         trusted_api_signers=trusted,
         registry=registry or settings.registry(),
         signing_key=lambda: key,
-        topics=t,
+        topics=settings.topics(),
         retry_policy=RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds),
     )
+
+
+def build_judging_pool(settings: VerificationSettings, handler: VerificationHandler) -> JudgingPool:
+    """The judging stage over `handler` (`verification.judging_stage`), ready to `run()`."""
+    limits = JudgingLimits(
+        concurrency=settings.judging_concurrency,
+        per_verifier=settings.judging_per_verifier,
+        lease_seconds=settings.judging_lease_seconds,
+    )
+    return JudgingPool(settings.database_url, handler, limits)
+
+
+def build_consumer(
+    settings: VerificationSettings,
+    *,
+    signing_key: str | None = None,
+    registry: VerifierRegistry | None = None,
+    handler: VerificationHandler | None = None,
+) -> IdempotentConsumer:
+    """The verification consumer, ready to `run()` (its judgements need a `build_judging_pool` running)."""
+    handler = handler or build_handler(settings, signing_key=signing_key, registry=registry)
+    t = settings.topics()
     return IdempotentConsumer(
         name=settings.verification_group,
         topics=[t.events, t.requests],
@@ -282,13 +317,16 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
         ],
     )
     registry = settings.registry()
-    consumer = build_consumer(settings, signing_key=key, registry=registry)
+    handler = build_handler(settings, signing_key=key, registry=registry)
+    consumer = build_consumer(settings, handler=handler)
+    judging = build_judging_pool(settings, handler)
     scheduler = RetryScheduler(settings.database_url, t.requests, poll_seconds=settings.retry_poll_seconds)
     producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-verification")
     publisher: OutboxPublisher | None = None
     publishing: asyncio.Task[None] | None = None
     scheduling: asyncio.Task[None] | None = None
     consuming: asyncio.Task[None] | None = None
+    judgements: asyncio.Task[None] | None = None
     try:
         if settings.run_publisher:
             await producer.start()
@@ -296,14 +334,19 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
             publishing = asyncio.create_task(publisher.run(), name="outbox-publisher")
         scheduling = asyncio.create_task(scheduler.run(), name="retry-scheduler")
         consuming = asyncio.create_task(consumer.run(), name="verification-consumer")
+        judgements = asyncio.create_task(judging.run(), name="verification-judging")
         log.info("verification_service_started", group=settings.verification_group)
-        await wait_stopped(stop, *(t for t in (publishing, scheduling, consuming) if t is not None))
+        await wait_stopped(stop, *(t for t in (publishing, scheduling, consuming, judgements) if t is not None))
         consumer.stop()
+        judging.stop()  # claims no more; the judgements in flight commit
         await consuming  # the batch in flight ends and is committed, the mark cleared, the group left
+        await judgements
     finally:
-        # Cancelled (the drain was cut short): the consumer hands its batch back first.
+        # Cancelled (the drain was cut short): the consumer hands its batch back first, the
+        # judging stage its leases.
         consumer.stop()
-        for task in (consuming, scheduling):
+        judging.stop()
+        for task in (consuming, judgements, scheduling):
             if task is not None and not task.done():
                 task.cancel()
             if task is not None:

@@ -26,6 +26,7 @@ from runtime.web.auth import Deployment, sign_request
 from schemas import topics
 from schemas.events import event_id
 from verification.consumer import Topics, VerificationHandler
+from verification.judging_stage import JudgingPool
 from verification.routing import RetryPolicy
 from verification.verifiers import default_registry
 
@@ -241,12 +242,15 @@ class IndexedChain:
         await tick()
 
 
-async def drain(database_url: str, handler: Any, *, name: str = "verification-test") -> list[str]:
-    """Feed pending outbox rows of the events and requests topics to the consumer's real `handle_one`.
+async def drain(database_url: str, handler: Any, *, name: str = "verification-test", judge: bool = True) -> list[str]:
+    """Feed pending outbox rows of the events and requests topics to the consumer's real `handle_one`,
+    and let the judging stage judge what they queued (unless `judge` is false), until neither
+    has anything left.
 
     The runtime's own per-message path (inbox, savepoint, dead letter), without a broker:
     the Kafka round trip is covered by the integration tests.
     """
+    judging = JudgingPool(database_url, handler)
     consumer = IdempotentConsumer(
         name=name, topics=[EVENTS, REQUESTS], bootstrap="unused:9092", database_url=database_url,
         handler=handler, dlq_topic=DLQ,
@@ -261,6 +265,8 @@ async def drain(database_url: str, handler: Any, *, name: str = "verification-te
                 [EVENTS, REQUESTS],
             )
             if not rows:
+                if judge and await judging.run_once():
+                    continue  # the verdicts may have queued more (none on these topics today)
                 return outcomes
             for row in rows:
                 message = InboundMessage(

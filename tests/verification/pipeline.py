@@ -29,6 +29,7 @@ from schemas import jsoncodec
 from schemas.task_terms import result_hash
 from schemas.verdict import SignedVerdict
 from verification.consumer import Topics, VerificationHandler
+from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.registry import VerifierRegistry
 from verification.routing import RetryPolicy
 from verification.service import RetryScheduler
@@ -250,11 +251,13 @@ async def pipeline(
         database_url=database_url, handler=handler, dlq_topic=topics.dead_letters, session_timeout_ms=6000,
     )  # fmt: skip
     scheduler = RetryScheduler(database_url, topics.requests, poll_seconds=0.2)
+    judging = JudgingPool(database_url, handler, JudgingLimits(poll_seconds=0.2))
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(indexer.run(stop)),
         asyncio.create_task(publisher.run()),
         asyncio.create_task(consumer.run()),
+        asyncio.create_task(judging.run()),
         asyncio.create_task(scheduler.run()),
     ]
     verdicts = TopicReader(bootstrap, topics.verdicts, 2)
@@ -273,13 +276,14 @@ async def pipeline(
     finally:
         stop.set()
         consumer.stop()
+        judging.stop()
         publisher.stop()
-        for task in tasks[:3]:
+        for task in tasks[:4]:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 10)
-        tasks[3].cancel()
+        tasks[4].cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await tasks[3]
+            await tasks[4]
         await verdicts.stop()
         await dead_letters.stop()
         await producer.stop()

@@ -1,0 +1,261 @@
+"""The judging stage through the real process: `escrowd consume verification run` as a child.
+
+Escrow events and service-signed finalizes go to the broker as the indexer and the API
+publish them (`escrowd.verification_load.Feed`); every task's terms name a local endpoint
+verifier (`LatencyVerifier`) whose calls the test can hold. Assertions are on order and
+outcome, never on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
+from runtime.db import connect, migrate_url
+from schemas.task_terms import result_hash
+from verification.judging_stage import JudgingLimits, JudgingPool
+from verification.verifiers import default_registry
+
+from .conftest import VERDICTS, Api, IndexedChain, Who, drain, make_handler
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
+    """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached\n{process.output()}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
+    await migrate_url(database_url)
+    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
+    await fed.start(partitions=1)  # one partition: every task's messages queue behind each other
+    yield fed
+    await fed.stop()
+
+
+@pytest.fixture
+async def verifier() -> AsyncIterator[LatencyVerifier]:
+    served = LatencyVerifier()
+    await served.start()
+    yield served
+    await served.stop()
+
+
+async def _verdicts(feed: Feed) -> dict[tuple[int, int], bool]:
+    return {(int(r["task_id"]), r["attempt"]): r["passed"] for r in await feed.results()}
+
+
+async def test_a_slow_verifier_does_not_delay_other_tasks(feed: Feed, verifier: LatencyVerifier) -> None:
+    """Tasks judged by a held verifier, queued first on the one partition, hold up no other task's
+    verdict; that verifier gets at most its per-verifier limit of judgements at once."""
+    verifier.hold("slow")
+    process = VerificationProcess(feed.env(ESCROWD_JUDGING_PER_VERIFIER="2")).start()
+    try:
+        slow, fast = [1, 2, 3], [4, 5, 6, 7, 8]
+        for task in slow:
+            await feed.task(task, verifier.url("slow"))
+        for task in fast:
+            await feed.task(task, verifier.url("fast"))
+        for task in slow + fast:
+            await feed.submit(task, 1, passed=True)
+
+        async def fast_judged() -> bool:
+            verdicts = await _verdicts(feed)
+            return all((t, 1) in verdicts for t in fast)
+
+        await until(fast_judged, "the fast tasks' verdicts", process)
+        # Still held: no slow verdict yet, and only two of its three judgements were started.
+        verdicts = await _verdicts(feed)
+        assert not any((t, 1) in verdicts for t in slow)
+        assert sorted(t for name, t, _ in verifier.started if name == "slow") in ([1, 2], [1, 3], [2, 3])
+        assert len([s for s in verifier.started if s[0] == "slow"]) == 2
+
+        verifier.release("slow")
+
+        async def all_judged() -> bool:
+            return len(await _verdicts(feed)) == len(slow) + len(fast)
+
+        await until(all_judged, "every verdict", process)
+        assert [c.task for c in verifier.calls if c.path == "slow"] and len(verifier.calls) == 8
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+
+
+async def test_kill_9_during_a_judgement_judges_once_and_never_a_superseded_attempt(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
+    """kill -9 while two judgements are in flight. Task 1's is claimed again once its lease
+    expires and recorded once; task 2's attempt is superseded meanwhile (judged on chain, a
+    second attempt submitted): its old claim yields no verdict, the new attempt one."""
+    env = feed.env(ESCROWD_JUDGING_LEASE_SECONDS="2")
+    verifier.hold("one")
+    verifier.hold("two")
+    first = VerificationProcess(env).start()
+    second = VerificationProcess(env)
+    try:
+        await feed.task(1, verifier.url("one"))
+        await feed.task(2, verifier.url("two"))
+        await feed.submit(1, 1, passed=True)
+        await feed.submit(2, 1, passed=True)
+
+        async def in_flight() -> bool:
+            return {(n, t) for n, t, _ in verifier.started} == {("one", 1), ("two", 2)}
+
+        await until(in_flight, "both judgements in flight", first)
+        # Task 2's attempt 1 is judged on chain and attempt 2 submitted while its judge still
+        # waits: the consumer takes that in (it judges nothing itself) and queues attempt 2.
+        await feed.judged_on_chain(2, 1, passed=False)
+        await feed.submit(2, 2, passed=True)
+
+        async def second_attempt_queued() -> bool:
+            assert feed.conn is not None
+            return bool(await feed.conn.fetchval("SELECT count(*) FROM verification_jobs WHERE task_id = 2 AND attempt = 2"))
+
+        await until(second_attempt_queued, "task 2's second attempt queued", first)
+        first.kill9()
+        verifier.release("one")
+        verifier.release("two")
+        second.start()
+
+        async def settled() -> bool:
+            verdicts = await _verdicts(feed)
+            return (1, 1) in verdicts and (2, 2) in verdicts
+
+        await until(settled, "task 1's verdict and task 2's second attempt judged", second)
+        assert feed.conn is not None
+
+        async def jobs_closed() -> bool:
+            assert feed.conn is not None
+            return not await feed.conn.fetchval("SELECT count(*) FROM verification_jobs WHERE state IN ('queued', 'judging')")
+
+        await until(jobs_closed, "every job closed", second)
+        assert await _verdicts(feed) == {(1, 1): True, (2, 2): True}  # nothing for the superseded attempt
+        verdict_rows = await feed.conn.fetch(
+            "SELECT key FROM outbox WHERE topic = $1 ORDER BY seq", feed.verdicts
+        )
+        assert len(verdict_rows) == 2  # one signed verdict each, never a second
+        jobs = {
+            (int(r["task_id"]), r["attempt"]): (r["state"], r["claims"], r["expiries"])
+            for r in await feed.conn.fetch(
+                "SELECT task_id, attempt, state, claims, expiries FROM verification_jobs"
+                " WHERE chain_id = $1 AND escrow_address = $2", CHAIN_ID, ESCROW,
+            )
+        }  # fmt: skip
+        assert jobs == {(1, 1): ("done", 2, 1), (2, 1): ("dropped", 2, 1), (2, 2): ("done", 1, 0)}
+        # Task 1 was judged again in full; task 2's first attempt never again, its second once.
+        assert [s for s in verifier.started if s[0] == "one"] == [("one", 1, 1), ("one", 1, 1)]
+        assert [s for s in verifier.started if s[0] == "two"] == [("two", 2, 1), ("two", 2, 2)]
+        assert second.terminate() == 0
+    finally:
+        first.cleanup()
+        second.cleanup()
+
+
+async def test_sigterm_finishes_the_judgement_in_flight_and_a_cut_drain_hands_its_lease_back(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
+    """SIGTERM: no more claims, the judgement in flight commits, exit 0. A second signal cuts the
+    drain short: the lease is handed back (queued again, not left to expire), no verdict, exit
+    143; the next process judges it."""
+    verifier.hold("held")
+    await feed.task(1, verifier.url("held"))
+    await feed.task(2, verifier.url("held"))
+    process = VerificationProcess(feed.env()).start()
+    try:
+        await feed.submit(1, 1, passed=True)
+
+        async def started(count: int) -> bool:
+            return len(verifier.started) >= count
+
+        await until(lambda: started(1), "task 1's judgement in flight", process)
+        assert process._proc is not None
+        process._proc.send_signal(signal.SIGTERM)
+        await until(lambda: _logged(process, "service_stopping"), "the drain begun", process)
+        verifier.release("held")
+        assert await asyncio.to_thread(process._proc.wait, 60) == 0, process.output()
+        assert await _verdicts(feed) == {(1, 1): True}
+
+        verifier.hold("held")
+        process.start()
+        await feed.submit(2, 1, passed=True)
+        await until(lambda: started(2), "task 2's judgement in flight", process)
+        process._proc.send_signal(signal.SIGTERM)
+        await until(lambda: _logged(process, "service_stopping", 2), "the second drain begun", process)
+        process._proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process._proc.wait, 60) == 143, process.output()
+        assert feed.conn is not None
+        job = await feed.conn.fetchrow("SELECT state, claim_token, claims FROM verification_jobs WHERE task_id = 2")
+        assert job is not None and (job["state"], job["claim_token"], job["claims"]) == ("queued", None, 1)
+        assert await _verdicts(feed) == {(1, 1): True}
+
+        verifier.release("held")
+        process.start()
+
+        async def judged() -> bool:
+            return (2, 1) in await _verdicts(feed)
+
+        await until(judged, "task 2 judged by the next process", process)
+        expiries = await feed.conn.fetchval("SELECT expiries FROM verification_jobs WHERE task_id = 2")
+        assert expiries == 0  # claimed again because it was handed back, not because a lease ran out
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+
+
+async def _logged(process: VerificationProcess, event: str, times: int = 1) -> bool:
+    return process.output(tail=10**7).count(f'"{event}"') >= times
+
+
+async def test_a_judge_whose_lease_was_taken_over_commits_nothing(
+    api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str
+) -> None:
+    """A judge stalls past its lease (`run_once` renews none); a second claims the job, judges
+    and commits. When the first one's judgement returns, its claim token no longer holds the
+    job: no second verdict, no second outbox row."""
+    from tests.verification.plugins import gate
+
+    gate.calls.clear()
+    gate.gate.clear()
+    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
+            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.gate:score"}}  # fmt: skip
+    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
+    await chain.created(5, who["poster"].address, task_hash)
+    await chain.accepted(5, who["agent"].address)
+    await chain.submitted(5, who["agent"].address, 1, result_hash("x"))
+    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/5/finalize"
+    assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
+    handler = make_handler(registry=default_registry(allowed_plugin_packages=["tests.verification.plugins"]))
+    await drain(database_url, handler, judge=False)  # queued, not judged
+    conn = await connect(database_url)
+    try:
+        stalled = asyncio.create_task(JudgingPool(database_url, handler, JudgingLimits(lease_seconds=0.2)).run_once())
+
+        async def lease_expired() -> bool:
+            return bool(gate.calls) and bool(
+                await conn.fetchval("SELECT count(*) FROM verification_jobs WHERE task_id = 5 AND lease_until < now()")
+            )
+
+        deadline = time.monotonic() + 60
+        while not await lease_expired():
+            assert time.monotonic() < deadline, "the first judge never stalled past its lease"
+            await asyncio.sleep(0.05)
+        assert await JudgingPool(database_url, handler).run_once() == 1  # took the job over, committed
+        gate.gate.set()
+        assert await asyncio.wait_for(stalled, 60) == 0  # its late outcome is dropped
+        assert len(gate.calls) == 2
+        assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 5") == 1
+        assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", VERDICTS) == 1
+        job = await conn.fetchrow("SELECT state, claims, expiries, outcome FROM verification_jobs WHERE task_id = 5")
+        assert job is not None and tuple(job) == ("done", 2, 1, "Judged")
+    finally:
+        await conn.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from escrowd.devnet import Devnet
-from escrowd.harness import IndexerProcess, chain_config, write_config
+from escrowd.harness import IndexerProcess, chain_config, escrowd_command, write_config
 from relayer.settlement.health import ChainHealth, indexer_liveness, judge_published
 from runtime.services.ports import free_port
 from tests.support.processes import ServiceProcess, api_process, consumer_process, get
@@ -34,7 +35,7 @@ def _wait(check: Callable[[], bool], what: str, *processes: ServiceProcess, time
 
 
 @contextlib.contextmanager
-def _relayer(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, key: str) -> Iterator[ServiceProcess]:
+def _relayer(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, keys: Path) -> Iterator[ServiceProcess]:
     chains = [{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url], "escrow_addresses": [devnet.escrow_address]}]
     env = {
         "ESCROWD_DATABASE_URL": database_url,
@@ -43,7 +44,8 @@ def _relayer(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_pref
         "ESCROWD_VERDICTS_TOPIC": f"{topic_prefix}escrow.verdicts.v1",
         "ESCROWD_DLQ_TOPIC": f"{topic_prefix}escrow.dlq.v1",
         "ESCROWD_RELAYER_CONSUMER_GROUP": f"{topic_prefix}settlement",
-        "ESCROWD_RELAYER_KEY": key,
+        "ESCROWD_RELAYER_KEYSTORE": str(keys / "relayer-keystore.json"),
+        "ESCROWD_RELAYER_KEYSTORE_PASSWORD_FILE": str(keys / "relayer-keystore-password"),
         "ESCROWD_RELAYER_TRUSTED_SIGNERS": devnet.spare[2].address,
         "ESCROWD_RELAYER_POLL_INTERVAL": "0.5",
         "ESCROWD_RELAYER_INDEXER_STALE_SECONDS": "5",
@@ -61,13 +63,17 @@ def test_api_serves_the_relayers_answer_through_a_rotation_and_a_dead_indexer(
         topic=f"{topic_prefix}escrow.events.v1", chains=[chain_config(devnet)],
     )  # fmt: skip
     indexer = IndexerProcess(config).start()
-    new_key = devnet.spare[0]
+    # Rotation step 1 of docs/operations.md: one new key from the command we ship.
+    made = subprocess.run([*escrowd_command(), "keys", "new", "--role", "relayer", "--out", str(tmp_path / "new")],
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    new_address = json.loads(made.stdout)["relayer"]
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["relayer-keystore-password", "relayer-keystore.json"]
     bridge_chains = json.dumps([{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url],
                                  "escrow_addresses": [devnet.escrow_address]}])  # fmt: skip
     try:
         with (
             api_process(database_url, bridge_chains=bridge_chains) as api,
-            _relayer(devnet, database_url, kafka_bootstrap, topic_prefix, new_key.private_key) as relayer,
+            _relayer(devnet, database_url, kafka_bootstrap, topic_prefix, tmp_path / "new") as relayer,
         ):
             url = api.url + "/health/bridge"
 
@@ -79,7 +85,7 @@ def test_api_serves_the_relayers_answer_through_a_rotation_and_a_dead_indexer(
             # Rotation step 3: the relayer runs the new key, the escrow still trusts the old.
             def reported_new_key() -> bool:
                 chains = body().get("chains") or []
-                return bool(chains) and chains[0]["relayer"]["address"] == new_key.address
+                return bool(chains) and chains[0]["relayer"]["address"] == new_address
 
             _wait(reported_new_key, "the relayer's first report", api, relayer)
             window = body()
@@ -87,10 +93,10 @@ def test_api_serves_the_relayers_answer_through_a_rotation_and_a_dead_indexer(
             chain = window["chains"][0]
             assert chain["verifier"]["verifierMatches"] is False
             assert chain["relayer"]["sending"] is False
-            assert new_key.address in chain["verifier"]["reason"]
+            assert new_address in chain["verifier"]["reason"]
 
             # Step 4: the owner names the new key; the API follows without a restart.
-            devnet.set_marketplace_verifier(new_key)
+            devnet.set_marketplace_verifier(new_address)
             _wait(lambda: body()["status"] == "ok", "ok after the rotation", api, relayer)
             chain = body()["chains"][0]
             assert chain["verifier"]["verifierMatches"] is True

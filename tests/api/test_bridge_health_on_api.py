@@ -1,5 +1,6 @@
 """`GET /health/bridge` on the API process is the relayer's answer (real processes: an indexer,
-`escrowd relay run`, `escrowd api serve`).
+`escrowd relay run`, `escrowd api serve`), through the runbook's rotation (`escrowd keys new`,
+restart the relayer, `setMarketplaceVerifier`) and its indexer recovery (start it again).
 
 The API used to compute its own report from a configured relayer address: during the
 relayer's fail-closed window (restarted with the new key, the escrow still trusting the old
@@ -115,6 +116,11 @@ def test_api_serves_the_relayers_answer_through_a_rotation_and_a_dead_indexer(
             assert report["status"] == "failing"
             assert report["chains"][0]["indexer"]["lagBlocks"] > 0
             assert "not moved" in report["chains"][0]["indexer"]["reason"]
+
+            # Indexer recovery as the runbook says: start it again; it resumes from its cursor.
+            indexer.start()
+            _wait(lambda: body()["status"] == "ok", "ok after the indexer's restart", api, relayer)
+            assert body()["chains"][0]["indexer"]["live"] is True
             assert relayer.alive() and api.alive()
     finally:
         indexer.cleanup()

@@ -22,7 +22,7 @@ from typing import Any
 from escrowd.devnet import Devnet
 from escrowd.harness import IndexerProcess, chain_config, escrowd_command, write_config
 from relayer.settlement.health import ChainHealth, indexer_liveness, judge_published
-from runtime.services.ports import free_port
+from tests.settlement.conftest import relayer_env
 from tests.support.processes import ServiceProcess, api_process, consumer_process, get
 
 
@@ -37,21 +37,12 @@ def _wait(check: Callable[[], bool], what: str, *processes: ServiceProcess, time
 
 @contextlib.contextmanager
 def _relayer(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, keys: Path) -> Iterator[ServiceProcess]:
-    chains = [{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url], "escrow_addresses": [devnet.escrow_address]}]
-    env = {
-        "ESCROWD_DATABASE_URL": database_url,
-        "ESCROWD_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "ESCROWD_CHAINS": json.dumps(chains),
-        "ESCROWD_VERDICTS_TOPIC": f"{topic_prefix}escrow.verdicts.v1",
-        "ESCROWD_DLQ_TOPIC": f"{topic_prefix}escrow.dlq.v1",
-        "ESCROWD_RELAYER_CONSUMER_GROUP": f"{topic_prefix}settlement",
-        "ESCROWD_RELAYER_KEYSTORE": str(keys / "relayer-keystore.json"),
-        "ESCROWD_RELAYER_KEYSTORE_PASSWORD_FILE": str(keys / "relayer-keystore-password"),
-        "ESCROWD_RELAYER_TRUSTED_SIGNERS": devnet.spare[2].address,
-        "ESCROWD_RELAYER_POLL_INTERVAL": "0.5",
-        "ESCROWD_RELAYER_INDEXER_STALE_SECONDS": "5",
-        "ESCROWD_RELAYER_PORT": str(free_port()),
-    }
+    env = relayer_env(
+        devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix,
+        trusted=[devnet.spare[2].address], confirmations=0, relayer_keystore=keys / "relayer-keystore.json",
+        relayer_keystore_password_file=keys / "relayer-keystore-password", relayer_indexer_stale_seconds=5,
+    )  # fmt: skip
+    del env["ESCROWD_RELAYER_KEY"]  # the key is the new keystore, as after rotation step 2
     with tempfile.TemporaryDirectory() as tmp, consumer_process(["relay", "run"], env, Path(tmp) / "relayer.log") as process:
         yield process
 

@@ -51,7 +51,8 @@ _METRIC = re.compile(r"(?<![A-Za-z0-9_:])(escrowd_[A-Za-z0-9_:]*)(?=\s*[{\[)\s,]
 
 
 def metric_modules() -> list[str]:
-    """Modules of the service packages whose source imports `prometheus_client`."""
+    """Modules of the service packages whose source imports `prometheus_client` or registers a
+    transaction sender's metric set (`SenderMetrics.create`)."""
     found = []
     for package in PACKAGES:
         base = ROOT / package
@@ -69,7 +70,7 @@ def metric_modules() -> list[str]:
                 for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom)
             }
-            if "prometheus_client" in imports:
+            if "prometheus_client" in imports or "SenderMetrics.create(" in path.read_text(encoding="utf-8"):
                 parts = list(path.relative_to(ROOT).with_suffix("").parts)
                 if parts[-1] == "__init__":
                     parts.pop()
@@ -104,9 +105,10 @@ def family_sample_names(families: Iterable[Metric]) -> set[str]:
 
 def exported_families() -> list[Metric]:
     """Families of the default registry and of every metric object the metric modules define."""
+    modules = [importlib.import_module(name) for name in metric_modules()]
+    # Collected after the imports: a module may register its families on import.
     families = list(REGISTRY.collect())
-    for module_name in metric_modules():
-        module = importlib.import_module(module_name)
+    for module in modules:
         for value in vars(module).values():
             if isinstance(value, MetricWrapperBase):
                 families += list(value.collect())

@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, eip712, cli, indexer, relayer, restart, rulings, sandbox (default: all that exist). Extra arguments after `--`
+Names: autocheck, eip712, cli, indexer, relayer, restart, rulings, sandbox, static_membership (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -19,6 +19,7 @@ BENCHMARKS = {
     "rulings": "bench.bench_rulings",
     "restart": "bench.bench_restart",
     "sandbox": "bench.bench_sandbox",
+    "static_membership": "bench.bench_static_membership",
 }
 
 

@@ -48,27 +48,35 @@ async def _forget_nonces_forever(app: FastAPI) -> None:
 
 
 def _bridge_health(app: FastAPI, settings: ApiSettings) -> list[Any]:
-    """Serve /health/bridge from this process when the relayer's address and chains are set.
+    """Serve /health/bridge from the relayer's published reports (table `bridge_health`).
 
+    The API computes no answer of its own: the relayer's key, gate and indexer view are the
+    relayer's. `bridge_chains` lists the chains that must have a report; with
+    `bridge_arbiter_address` the API adds the ruling key's check against each escrow.
     Returns the RPC clients to close. A source set beforehand (e.g. by `escrowd run`, whose
     relayer runs in the same process) is kept.
     """
     if getattr(app.state, "bridge_health", None) is not None:
         return []
-    if not settings.bridge_relayer_address or not settings.bridge_chains:
-        return []
-    from chain.eth_rpc import EthRpc
     from relayer.settlement.config import ChainSettings
-    from relayer.settlement.health import BridgeHealthChecker, CachedHealth
+    from relayer.settlement.health import PublishedHealth
 
     chains = [ChainSettings.model_validate(c) for c in settings.bridge_chains]
-    rpcs = {c.chain_id: EthRpc(c.rpc_urls, chain_id=c.chain_id, timeout=c.rpc_timeout) for c in chains}
-    checker = BridgeHealthChecker(
-        chains=chains, rpcs=rpcs, pool=app.state.pool, relayer_address=settings.bridge_relayer_address,
-        arbiter_address=settings.bridge_arbiter_address,
+    arbiter = None
+    rpcs: list[Any] = []
+    if settings.bridge_arbiter_address and chains:
+        from chain.eth_rpc import EthRpc
+
+        targets = {
+            c.chain_id: (EthRpc(c.rpc_urls, chain_id=c.chain_id, timeout=c.rpc_timeout), c.escrow_addresses[0])
+            for c in chains
+        }
+        arbiter = (settings.bridge_arbiter_address, targets)
+        rpcs = [rpc for rpc, _ in targets.values()]
+    app.state.bridge_health = PublishedHealth(
+        app.state.pool, chain_ids=[c.chain_id for c in chains], arbiter=arbiter
     )
-    app.state.bridge_health = CachedHealth(checker)
-    return list(rpcs.values())
+    return rpcs
 
 
 def create_app(settings: ApiSettings, *, clock: Callable[[], float] = time.time) -> FastAPI:

@@ -71,16 +71,14 @@ class ApiSettings(ServiceSettings):
     )
     executions_limit: int = Field(default=200, ge=1, le=10_000, description="Most executions one list returns")
     db_pool_size: int = Field(default=8, ge=1, description="Database connections of the API")
-    bridge_relayer_address: str | None = Field(
-        default=None, description="The relayer's sending address, for /health/bridge (no key needed)"
-    )
     bridge_arbiter_address: str | None = Field(
         default=None,
         description="The address that sends panel rulings; /health/bridge then reports arbiterMatches",
     )
     bridge_chains: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Chains /health/bridge checks (the indexer's `chains` shape: chain_id, rpc_urls, escrow_addresses)",
+        description="Chains /health/bridge must have a relayer report for (the indexer's `chains` shape:"
+        " chain_id, rpc_urls, escrow_addresses)",
     )
 
     @field_validator("marketplace_verifier_address")

@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, eip712, cli, indexer, kafka-clients, relayer, restart, rulings, sandbox, verification (default: all that exist). Extra arguments after `--`
+Names: autocheck, eip712, cli, indexer, kafka-clients, relayer, restart, rulings, sandbox, static_membership, verification (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -21,6 +21,7 @@ BENCHMARKS = {
     "restart": "bench.bench_restart",
     "sandbox": "bench.bench_sandbox",
     "verification": "bench.bench_verification",
+    "static_membership": "bench.bench_static_membership",
 }
 
 

@@ -138,10 +138,17 @@ async def settlement_events_of(conn: asyncpg.Connection, keys: Sequence[TaskRef]
     return grouped
 
 
-async def cursor_block(conn: asyncpg.Connection, chain_id: int) -> int | None:
-    """The indexer's cursor block for a chain (None before it stored anything)."""
-    value = await conn.fetchval("SELECT block_number FROM chain_cursor WHERE chain_id = $1", chain_id)
-    return None if value is None else int(value)
+async def cursor_state(conn: asyncpg.Connection, chain_id: int) -> tuple[int | None, float | None]:
+    """The indexer's cursor block and the seconds since it last moved, by the database's
+    clock (None, None before it stored anything)."""
+    row = await conn.fetchrow(
+        "SELECT block_number, extract(epoch FROM now() - updated_at)::float8 AS age"
+        " FROM chain_cursor WHERE chain_id = $1",
+        chain_id,
+    )
+    if row is None:
+        return None, None
+    return int(row["block_number"]), max(0.0, float(row["age"]))
 
 
 async def chain_time(conn: asyncpg.Connection, chain_id: int) -> int | None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,12 @@ class SenderOptions:
     batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
 
 
+RESEND_REASONS = ("reorg", "transient", "nonce_lost", "nonce_too_low", "nonce_too_high")
+"""The `reason` labels of `tx_resent`."""
+RECONCILE_TRIGGERS = ("startup", "nonce_lost", "nonce_too_low", "nonce_too_high")
+"""The `trigger` labels of `reconciliations`."""
+
+
 @dataclass(frozen=True)
 class SenderMetrics:
     """The metrics one kind of sender keeps; the first label of each is the chain id."""
@@ -193,6 +199,18 @@ class SenderMetrics:
             next_nonce=Gauge(f"{prefix}_nonce", f"The next nonce {who} will use", ["chain_id"], registry=registry),
             head_block=Gauge(f"{prefix}_head_block", f"Latest block {who} saw", ["chain_id"], registry=registry),
         )
+
+    def at_start(self, chain_ids: Iterable[int | str], kinds: Iterable[str]) -> None:
+        """Every counter's series whose labels are known, at 0, so an alert on any of them
+        fires on its first event (`kinds`: the slot kinds this sender sends)."""
+        from runtime.metrics import at_zero
+
+        ids = [str(c) for c in chain_ids]
+        at_zero(self.tx_sent, ids, kinds)
+        at_zero(self.tx_resent, ids, RESEND_REASONS)
+        at_zero(self.reconciliations, ids, RECONCILE_TRIGGERS)
+        for counter in (self.tx_replaced, self.reorgs, self.gaps_filled, self.fee_cap_reached):
+            at_zero(counter, ids)
 
 
 class TxSender:

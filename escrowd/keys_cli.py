@@ -1,4 +1,5 @@
-"""`escrowd keys init`: the keystores and passwords a deployment's relayer and verifier need.
+"""`escrowd keys init`: the keystores and passwords a deployment's relayer and verifier need;
+`escrowd keys new --role R --out DIR`: one fresh key for one role, for a rotation.
 
 Writes eight files (mode 0600) into `--out`: `relayer-keystore.json`,
 `relayer-keystore-password`, `verification-keystore.json`,
@@ -46,6 +47,47 @@ def _write_secret(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def _write_role_key(role: str, keystore: Path, password_file: Path, raw: str | None = None) -> str:
+    """Encrypt `raw` (a fresh random key when None) into `keystore` with a password written to
+    `password_file` (`ESCROWD_<ROLE>_KEYSTORE_PASSWORD` when set, else random); the address."""
+    from eth_account import Account
+
+    from chain.keys import SecretKey, write_keystore
+    from runtime.logging import register_secret
+
+    raw = raw or "0x" + bytes(Account.create().key).hex()
+    register_secret(raw)
+    password = os.environ.get(f"ESCROWD_{role.upper()}_KEYSTORE_PASSWORD") or secrets.token_urlsafe(24)
+    register_secret(password)
+    key = SecretKey.from_hex(raw)
+    # scrypt at its default cost: a keystore that leaks stays expensive to attack.
+    write_keystore(key, keystore, password)
+    _write_secret(password_file, password)
+    return key.address
+
+
+@app.command("new")
+def new(
+    role: Annotated[str, typer.Option("--role", help=f"Whose key: one of {', '.join(ROLES)}")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the keystore and its password into")],
+) -> None:
+    """One fresh key for one role (a rotation): `<role>-keystore.json` and `<role>-keystore-password`.
+
+    Refuses to overwrite: rotate into a new directory, then move the files into the Secret.
+    """
+    if role not in ROLES:
+        typer.echo(f"--role must be one of {', '.join(ROLES)}", err=True)
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    keystore, password_file = out / f"{role}-keystore.json", out / f"{role}-keystore-password"
+    present = [p.name for p in (keystore, password_file) if p.exists()]
+    if present:
+        typer.echo(f"{', '.join(present)} already in {out}: a new key goes into a new directory", err=True)
+        raise typer.Exit(1)
+    address = _write_role_key(role, keystore, password_file)
+    typer.echo(json.dumps({"dir": str(out), role: address}))
+
+
 @app.command("init")
 def init(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the key files into")],
@@ -55,7 +97,7 @@ def init(
     """Write the keys of the relayer, the verifier, the arbiter (rulings) and the panel service."""
     from eth_account import Account
 
-    from chain.keys import SecretKey, load_keystore, write_keystore
+    from chain.keys import SecretKey, load_keystore
     from runtime.logging import register_secret
 
     out.mkdir(parents=True, exist_ok=True)
@@ -78,21 +120,13 @@ def init(
         if keystore.exists() and password_file.exists() and not force:
             addresses[role] = load_keystore(keystore, password_file=password_file).address
             continue
+        raw: str | None = None
         if devnet:
             from escrowd.devnet import _ARBITER, _MARKETPLACE_VERIFIER, anvil_key
 
             index = {"relayer": _MARKETPLACE_VERIFIER, "verification": DEVNET_VERIFIER_ACCOUNT, "arbiter": _ARBITER}
             raw = anvil_key(index[role])[1]
-        else:
-            raw = "0x" + bytes(Account.create().key).hex()
-        register_secret(raw)
-        password = os.environ.get(f"ESCROWD_{role.upper()}_KEYSTORE_PASSWORD") or secrets.token_urlsafe(24)
-        register_secret(password)
-        key = SecretKey.from_hex(raw)
-        # scrypt at its default cost: a keystore that leaks stays expensive to attack.
-        write_keystore(key, keystore, password)
-        _write_secret(password_file, password)
-        addresses[role] = key.address
+        addresses[role] = _write_role_key(role, keystore, password_file, raw)
     panel_key_file = out / "panel-signing-key"
     if panel_key_file.exists() and not force:
         raw = panel_key_file.read_text(encoding="utf-8").strip()

@@ -119,6 +119,11 @@ class RelayerSettings(ServiceSettings):
         default=True, description="eth_call each verdict first: a refusal then costs no nonce"
     )
     relayer_poll_interval: float = Field(default=5.0, gt=0, description="Health / key-match check period")
+    relayer_indexer_stale_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="/health/bridge fails when the indexer is behind the head and its cursor has not moved this long",
+    )
     relayer_replace_after_seconds: float = Field(
         default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"
     )

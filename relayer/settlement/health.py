@@ -7,7 +7,10 @@ needs no key, only the relayer's address, so the API server can serve it too.
 `HealthMonitor` runs it every poll interval inside the relayer and drives the send gates:
 when the escrow trusts another address, or the check cannot be made, sending stops (fail
 closed), the report says why, `escrowd_relayer_verifier_key_match` drops to 0 and the
-mismatch counter fires; when the key matches again sending resumes by itself.
+mismatch counter fires; when the key matches again sending resumes by itself. After each
+check it publishes the report (table `bridge_health`), and `PublishedHealth` serves that
+report on the API server: one answer, the relayer's, which follows a key rotation without
+any setting of the API's and turns failing when the relayer stops reporting.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
@@ -48,10 +51,13 @@ class RpcHealth(_Model):
 
 
 class IndexerHealth(_Model):
-    """How far the indexer is behind the head."""
+    """How far the indexer is behind the head, and whether it still moves."""
 
     cursor_block: int | None = None
     lag_blocks: int | None = None
+    seconds_since_update: float | None = Field(default=None, description="Since the cursor last moved")
+    live: bool | None = Field(default=None, description="false: behind the head and not moving; null: unknown")
+    reason: str | None = None
 
 
 class RelayerHealth(_Model):
@@ -103,6 +109,7 @@ class ChainHealth(_Model):
     relayer: RelayerHealth
     verifier: VerifierHealth
     arbiter: ArbiterHealth | None = None
+    stale: bool = Field(default=False, description="The relayer's last report is too old to trust")
 
 
 class BridgeHealth(_Model):
@@ -111,6 +118,7 @@ class BridgeHealth(_Model):
     status: Literal["ok", "degraded", "failing"]
     checked_at: datetime
     chains: list[ChainHealth]
+    reason: str | None = Field(default=None, description="Why a configured chain has no report")
 
 
 def key_match(trusted: Sequence[str | None], relayer: str) -> tuple[bool, str | None]:
@@ -125,9 +133,31 @@ def key_match(trusted: Sequence[str | None], relayer: str) -> tuple[bool, str | 
     return True, None
 
 
+def indexer_liveness(
+    cursor: int | None, head: int | None, age: float | None, stale_after: float
+) -> tuple[bool | None, str | None]:
+    """(live, reason): an indexer behind the head whose cursor has not moved for
+    `stale_after` seconds is dead or stuck; a cursor at the head may rest (no new blocks)."""
+    if cursor is None:
+        return None, "the indexer has stored no cursor for this chain"
+    if head is None or age is None:
+        return None, None
+    if head > cursor and age > stale_after:
+        return False, f"the indexer's cursor ({cursor}) has not moved for {age:.0f} s, {head - cursor} blocks behind"
+    return True, None
+
+
 def overall_status(chains: Sequence[ChainHealth]) -> Literal["ok", "degraded", "failing"]:
-    """failing when any chain cannot send; degraded when an indexer lag is unknown."""
-    if any(not c.verifier.verifier_matches or not c.rpc.reachable for c in chains):
+    """failing when any chain cannot send (key, RPC, closed gate, stale report) or its indexer
+    is dead; degraded when an indexer's lag is unknown."""
+    if any(
+        not c.verifier.verifier_matches
+        or not c.rpc.reachable
+        or not c.relayer.sending
+        or c.stale
+        or c.indexer.live is False
+        for c in chains
+    ):
         return "failing"
     if any(c.indexer.lag_blocks is None for c in chains):
         return "degraded"
@@ -145,14 +175,14 @@ class BridgeHealthChecker:
         pool: asyncpg.Pool,
         relayer_address: str,
         gates: Mapping[int, object] | None = None,
-        arbiter_address: str | None = None,
+        indexer_stale_after: float = 60.0,
     ) -> None:
         self._chains = list(chains)
-        self.arbiter_address = None if arbiter_address is None else checksum_address(arbiter_address)
         self._rpcs = rpcs
         self._pool = pool
         self.relayer_address = checksum_address(relayer_address)
         self._gates = gates or {}
+        self._indexer_stale_after = indexer_stale_after
 
     async def check_chain(self, chain: ChainSettings) -> ChainHealth:
         """One chain's report (never raises for chain or database faults)."""
@@ -186,11 +216,12 @@ class BridgeHealthChecker:
             error = f"{type(exc).__name__}: {exc}"[:300]
             trusted = [None for _ in chain.escrow_addresses]
         cursor: int | None = None
+        cursor_age: float | None = None
         pending = 0
         next_nonce: int | None = None
         with contextlib.suppress(asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
             async with self._pool.acquire() as conn:
-                cursor = await store.indexer_cursor(conn, chain.chain_id)
+                cursor, cursor_age = await store.indexer_cursor_state(conn, chain.chain_id)
                 pending = await txstore.pending_count(conn, chain.chain_id, self.relayer_address)
                 next_nonce = await txstore.next_nonce(conn, chain.chain_id, self.relayer_address)
         matches, reason = key_match(trusted, self.relayer_address)
@@ -199,14 +230,17 @@ class BridgeHealthChecker:
         gate = self._gates.get(chain.chain_id)
         sending = bool(getattr(gate, "is_open", False)) if gate is not None else matches
         paused = getattr(gate, "reason", None) if gate is not None else reason
+        live, indexer_reason = indexer_liveness(cursor, head, cursor_age, self._indexer_stale_after)
         return ChainHealth(
-            arbiter=None if self.arbiter_address is None else await self._arbiter(rpc, chain.escrow_addresses[0]),
             chain_id=chain.chain_id,
             name=chain.name,
             rpc=RpcHealth(reachable=head is not None, head=head, error=error),
             indexer=IndexerHealth(
                 cursor_block=cursor,
                 lag_blocks=None if cursor is None or head is None else max(0, head - cursor),
+                seconds_since_update=None if cursor_age is None else round(cursor_age, 1),
+                live=live,
+                reason=indexer_reason,
             ),
             relayer=RelayerHealth(
                 address=self.relayer_address,
@@ -233,44 +267,106 @@ class BridgeHealthChecker:
             ),
         )
 
-    async def _arbiter(self, rpc: EthRpc, escrow: str) -> ArbiterHealth:
-        """The escrow's `arbiter()` against the ruling key's address (unknown reads as no)."""
-        assert self.arbiter_address is not None
-        arbiter: str | None = None
-        with contextlib.suppress(RpcError):
-            raw = await rpc.eth_call(escrow, selector("arbiter"))
-            if len(raw) >= 20:
-                arbiter = checksum_address("0x" + raw[-20:].hex())
-        return ArbiterHealth(
-            escrow=escrow,
-            arbiter=arbiter,
-            relayer_arbiter_address=self.arbiter_address,
-            arbiter_matches=arbiter is not None and arbiter.lower() == self.arbiter_address.lower(),
-        )
-
     async def check(self) -> BridgeHealth:
         """Every chain's report."""
         chains = list(await asyncio.gather(*(self.check_chain(c) for c in self._chains)))
         return BridgeHealth(status=overall_status(chains), checked_at=datetime.now(UTC), chains=chains)
 
 
-class CachedHealth:
-    """A health source for the API server: checks on demand, at most every `max_age` seconds."""
+async def arbiter_health(rpc: EthRpc, escrow: str, address: str) -> ArbiterHealth:
+    """The escrow's `arbiter()` against the ruling key's address (unknown reads as no)."""
+    arbiter: str | None = None
+    with contextlib.suppress(RpcError):
+        raw = await rpc.eth_call(escrow, selector("arbiter"))
+        if len(raw) >= 20:
+            arbiter = checksum_address("0x" + raw[-20:].hex())
+    return ArbiterHealth(
+        escrow=escrow,
+        arbiter=arbiter,
+        relayer_arbiter_address=checksum_address(address),
+        arbiter_matches=arbiter is not None and arbiter.lower() == address.lower(),
+    )
 
-    def __init__(self, checker: BridgeHealthChecker, *, max_age: float = 1.0) -> None:
-        self._checker = checker
+
+async def publish_report(pool: asyncpg.Pool, report: BridgeHealth, *, stale_after: float) -> None:
+    """Store each chain's report (one transaction) for `PublishedHealth` readers."""
+    async with pool.acquire() as conn, conn.transaction():
+        for chain in report.chains:
+            await store.publish_health(
+                conn,
+                chain_id=chain.chain_id,
+                relayer_address=chain.relayer.address,
+                report_json=chain.model_dump_json(by_alias=True),
+                stale_after=stale_after,
+            )
+
+
+def judge_published(chain: ChainHealth, *, age: float, stale_after: float) -> ChainHealth:
+    """A published chain report as of now: older than `stale_after` seconds, the relayer
+    has stopped checking (dead, or cut off from the database) and nothing vouches for sending."""
+    if age <= stale_after:
+        return chain
+    why = f"the relayer's last health report is {age:.0f} s old (is the relayer running?)"
+    relayer = chain.relayer.model_copy(update={"sending": False, "paused_reason": why})
+    return chain.model_copy(update={"stale": True, "relayer": relayer})
+
+
+class PublishedHealth:
+    """The API server's source: the relayer's published report per chain, judged for age now,
+    at most one database read every `max_age` seconds. `chain_ids` (when given) are the chains
+    that must have a report; `arbiter` adds the ruling key's check (address and an RPC per chain)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        chain_ids: Sequence[int] = (),
+        arbiter: tuple[str, Mapping[int, tuple[EthRpc, str]]] | None = None,
+        max_age: float = 1.0,
+    ) -> None:
+        self._pool = pool
+        self._chain_ids = list(chain_ids)
+        self._arbiter = arbiter
         self._max_age = max_age
         self._report: BridgeHealth | None = None
         self._at = 0.0
         self._lock = asyncio.Lock()
 
     async def report(self) -> BridgeHealth:
-        """The latest report, refreshed when older than `max_age`."""
+        """The latest report, read again when older than `max_age`."""
         async with self._lock:
             if self._report is None or time.monotonic() - self._at > self._max_age:
-                self._report = await self._checker.check()
+                self._report = await self._read()
                 self._at = time.monotonic()
             return self._report
+
+    async def _read(self) -> BridgeHealth:
+        async with self._pool.acquire() as conn:
+            rows = await store.published_health(conn)
+        chains = [
+            judge_published(ChainHealth.model_validate_json(r.report), age=r.age_seconds, stale_after=r.stale_after)
+            for r in rows
+            if not self._chain_ids or r.chain_id in self._chain_ids
+        ]
+        if self._arbiter is not None:
+            address, targets = self._arbiter
+            for i, chain in enumerate(chains):
+                target = targets.get(chain.chain_id)
+                if target is not None:
+                    chains[i] = chain.model_copy(update={"arbiter": await arbiter_health(target[0], target[1], address)})
+        missing = sorted(set(self._chain_ids) - {c.chain_id for c in chains})
+        if not chains and not missing:
+            raise NoReport("the relayer has published no health report yet")
+        reason = None if not missing else f"no health report from the relayer for chain(s) {missing}"
+        status = "failing" if missing else overall_status(chains)
+        return BridgeHealth(status=status, checked_at=datetime.now(UTC), chains=chains, reason=reason)
+
+
+class NoReport(Exception):
+    """No relayer has published a report: the route answers 503 with this message."""
+
+
+Publish = Callable[[BridgeHealth], Awaitable[None]]
 
 
 class SendGateLike(Protocol):
@@ -295,11 +391,17 @@ class HealthMonitor:
     """Checks every `interval` seconds, drives the send gates, serves the latest report."""
 
     def __init__(
-        self, checker: BridgeHealthChecker, gates: Mapping[int, SendGateLike], *, interval: float
+        self,
+        checker: BridgeHealthChecker,
+        gates: Mapping[int, SendGateLike],
+        *,
+        interval: float,
+        publish: Publish | None = None,
     ) -> None:
         self._checker = checker
         self._gates = gates
         self._interval = interval
+        self._publish = publish
         self._report: BridgeHealth | None = None
         self._wake = asyncio.Event()
         self._matched: dict[int, bool | None] = {}
@@ -323,7 +425,12 @@ class HealthMonitor:
             self._apply(chain, closures.get(chain.chain_id))
         # Re-read the gate state so the report shows the decision just taken.
         chains = [c.model_copy(update={"relayer": self._relayer_view(c)}) for c in report.chains]
-        self._report = report.model_copy(update={"chains": chains})
+        self._report = report.model_copy(update={"chains": chains, "status": overall_status(chains)})
+        if self._publish is not None:
+            try:
+                await self._publish(self._report)
+            except Exception as exc:  # the API then reads the report as stale: failing, as it should
+                log.warning("health_publish_failed", error=type(exc).__name__)
         return self._report
 
     def _relayer_view(self, chain: ChainHealth) -> RelayerHealth:

@@ -94,12 +94,9 @@ def at_start(chain_ids: Iterable[int]) -> None:
     at_zero(VERDICT_REJECTIONS, ("malformed", "unknown_escrow", "attempt_out_of_range", "attempt_not_indexed",
                                  "evidence_mismatch", *signature))  # fmt: skip
     errors = sorted({str(e["name"]) for e in escrow_abi() if e.get("type") == "error"} | {"unknown"})
-    at_zero(TX_SENT, ids, ("verdict", "batch", "filler"))
-    at_zero(TX_RESENT, ids, ("reorg", "transient", "nonce_lost", "nonce_too_low", "nonce_too_high"))
+    SENDER.at_start(ids, ("verdict", "batch", "filler"))
     at_zero(TX_REVERTED, ids, errors)
-    at_zero(NONCE_RECONCILIATIONS, ids, ("startup", "nonce_lost", "nonce_too_low", "nonce_too_high"))
-    for metric in (TX_REPLACED, TX_CONFIRMED, ALREADY_JUDGED, REORGS, GAPS_FILLED, FEE_CAP_REACHED,
-                   CONFIRMATION_SECONDS, KEY_MISMATCH_EVENTS):  # fmt: skip
+    for metric in (TX_CONFIRMED, ALREADY_JUDGED, CONFIRMATION_SECONDS, KEY_MISMATCH_EVENTS):
         at_zero(metric, ids)
     methods = ("eth_sendRawTransaction", "eth_getTransactionReceipt", "eth_getTransactionCount", "eth_call", "eth_blockNumber")
     at_zero(RPC_ERRORS, ids, methods, ("transient", "refused"))

@@ -1,9 +1,9 @@
 """`GET /health/bridge` as a FastAPI router, for the API server and the relayer's own port.
 
 The router reads its source from `app.state.bridge_health`: anything with an async
-`report() -> BridgeHealth` (the relayer's `HealthMonitor`, or a `CachedHealth` around a
-`BridgeHealthChecker` on the API server, which needs only the relayer's address). The
-body never carries key material; errors are reported as a short type name.
+`report() -> BridgeHealth` (the relayer's `HealthMonitor`, or on the API server a
+`PublishedHealth`, which reads what that monitor published). The body never carries key
+material; errors are reported as a short type name.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from relayer.settlement.health import BridgeHealth
+from relayer.settlement.health import BridgeHealth, NoReport
 from runtime.logging import redact
 
 router = APIRouter(tags=["health"])
@@ -39,6 +39,8 @@ async def bridge_health(request: Request) -> Response:
         return JSONResponse({"status": "failing", "error": "bridge health is not configured"}, status_code=503)
     try:
         report = await source.report()
+    except NoReport as exc:
+        return JSONResponse({"status": "failing", "error": str(exc)}, status_code=503)
     except Exception as exc:  # the endpoint must answer, and never with a traceback
         return JSONResponse({"status": "failing", "error": redact(type(exc).__name__)}, status_code=503)
     return Response(content=redact(report.model_dump_json(by_alias=True)), media_type="application/json")

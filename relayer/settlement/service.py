@@ -28,7 +28,13 @@ from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
 from relayer.settlement.consumer import VerdictConsumer, VerdictHandler
 from relayer.settlement.crash import CrashPoints
-from relayer.settlement.health import BridgeHealthChecker, HealthMonitor
+from relayer.settlement.health import (
+    BridgeHealth,
+    BridgeHealthChecker,
+    HealthMonitor,
+    Publish,
+    publish_report,
+)
 from relayer.settlement.routes import metrics_router, router
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
 from runtime.aio import wait_event
@@ -93,9 +99,12 @@ class Relayer:
         try:
             await ensure_topics(s.kafka_bootstrap, [TopicSpec(s.verdicts_topic), TopicSpec(s.dlq_topic, 1)])
             checker = BridgeHealthChecker(
-                chains=s.chains, rpcs=self.rpcs, pool=pool, relayer_address=self.key.address, gates=self.gates
+                chains=s.chains, rpcs=self.rpcs, pool=pool, relayer_address=self.key.address, gates=self.gates,
+                indexer_stale_after=s.relayer_indexer_stale_seconds,
             )
-            self.monitor = HealthMonitor(checker, self.gates, interval=s.relayer_poll_interval)
+            self.monitor = HealthMonitor(
+                checker, self.gates, interval=s.relayer_poll_interval, publish=self._publisher(pool)
+            )
             crash = CrashPoints(s.relayer_fault_injection)
             options = SenderOptions(
                 policy=s.fee_policy(),
@@ -164,6 +173,16 @@ class Relayer:
                     await rpc.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pool.close(), 5)
+
+    def _publisher(self, pool: asyncpg.Pool) -> Publish:
+        """Each check's report into `bridge_health`, for the API's `/health/bridge`."""
+        # A report is stale after three missed checks (the floor covers a slow check on a busy host).
+        stale_after = max(3 * self.settings.relayer_poll_interval, 15.0)
+
+        async def publish(report: BridgeHealth) -> None:
+            await publish_report(pool, report, stale_after=stale_after)
+
+        return publish
 
     async def _serve(self, app: FastAPI) -> None:
         config = uvicorn.Config(

@@ -98,9 +98,50 @@ async def indexed_tasks(conn: asyncpg.Connection, keys: Sequence[TaskKey]) -> di
     return {key: task for key, events in grouped.items() if (task := fold_indexed_task(events)) is not None}
 
 
-async def indexer_cursor(conn: asyncpg.Connection, chain_id: int) -> int | None:
-    """The indexer's cursor block for a chain (None before it stored anything)."""
-    return await indexed.cursor_block(conn, chain_id)
+async def indexer_cursor_state(conn: asyncpg.Connection, chain_id: int) -> tuple[int | None, float | None]:
+    """The indexer's cursor block for a chain and seconds since it moved (None before any)."""
+    return await indexed.cursor_state(conn, chain_id)
+
+
+# ---------------------------------------------------------------------------- bridge health
+
+
+@dataclass(frozen=True)
+class PublishedReport:
+    """One chain's last health report from the relayer (`bridge_health`)."""
+
+    chain_id: int
+    report: str  # ChainHealth as JSON
+    age_seconds: float
+    stale_after: float
+
+
+async def publish_health(
+    conn: asyncpg.Connection, *, chain_id: int, relayer_address: str, report_json: str, stale_after: float
+) -> None:
+    """Replace the chain's published report (stamped with the database's clock)."""
+    await conn.execute(
+        "INSERT INTO bridge_health (chain_id, relayer_address, report, checked_at, stale_after_seconds)"
+        " VALUES ($1, $2, $3::text::jsonb, now(), $4) ON CONFLICT (chain_id) DO UPDATE SET"
+        " relayer_address = EXCLUDED.relayer_address, report = EXCLUDED.report,"
+        " checked_at = EXCLUDED.checked_at, stale_after_seconds = EXCLUDED.stale_after_seconds",
+        chain_id,
+        relayer_address,
+        report_json,
+        stale_after,
+    )
+
+
+async def published_health(conn: asyncpg.Connection) -> list[PublishedReport]:
+    """Every chain's published report with its age by the database's clock, by chain id."""
+    rows = await conn.fetch(
+        "SELECT chain_id, report::text AS report, extract(epoch FROM now() - checked_at)::float8 AS age,"
+        " stale_after_seconds FROM bridge_health ORDER BY chain_id"
+    )
+    return [
+        PublishedReport(int(r["chain_id"]), str(r["report"]), max(0.0, float(r["age"])), float(r["stale_after_seconds"]))
+        for r in rows
+    ]
 
 
 # ---------------------------------------------------------------------------- verdicts in

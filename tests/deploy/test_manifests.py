@@ -819,19 +819,44 @@ def _settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, cls: An
     return cls()
 
 
-def test_k8s_panels_and_rulings_environment_loads_into_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def _configmap_config() -> dict[str, Any]:
+    configmap = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "escrowd-config")
+    data: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
+    return data
+
+
+def _settings_with_configmap(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cls: Any, section: str
+) -> Any:
+    """A pod's settings as it loads them: its environment over its section of the ConfigMap."""
+    from runtime.config_file import load
+
+    configmap = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "escrowd-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap["data"]["config.yaml"], encoding="utf-8")
+    for key in [k for k in os.environ if k.startswith("ESCROWD_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("ESCROWD_DATABASE_URL", "postgresql://escrowd@postgres:5432/escrowd")
+    for key, value in env.items():
+        if key != "ESCROWD_CONFIG":
+            monkeypatch.setenv(key, value)
+    return load(cls, section, path)
+
+
+def test_k8s_panels_and_rulings_environment_loads_into_their_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from panels.settings import PanelSettings
     from relayer.settlement.rulings import RulingRelaySettings
 
     (rulings,) = pod_spec(_k8s_workload("escrowd-rulings"))["containers"]
-    settings = _settings_from(_env_of(rulings), monkeypatch, RulingRelaySettings)
+    settings = _settings_with_configmap(_env_of(rulings), monkeypatch, tmp_path, RulingRelaySettings, "rulings")
     assert settings.ruling_arbiter_key is None and settings.ruling_arbiter_keystore is not None
     mount = next(m for m in rulings["volumeMounts"] if m["name"] == "arbiter-key")["mountPath"]
     assert str(settings.ruling_arbiter_keystore).startswith(mount + "/")
     assert str(settings.ruling_arbiter_keystore_password_file).startswith(mount + "/")
     assert settings.ruling_finality_depth >= settings.ruling_confirmations
-    configmap = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "escrowd-config")
-    chain = yaml.safe_load(configmap["data"]["config.yaml"])["x-chain"]
+    chain = _configmap_config()["x-chain"]
     assert settings.ruling_chain_id == chain["chain_id"]
     assert settings.ruling_escrow.lower() in {a.lower() for a in chain["escrow_addresses"]}
     (panels,) = pod_spec(_k8s_workload("escrowd-panels"))["containers"]
@@ -885,3 +910,78 @@ def test_k8s_pods_holding_a_key_mount_no_service_account_token() -> None:
             holders.append(workload["metadata"]["name"])
             assert pod_spec(workload).get("automountServiceAccountToken") is False, workload["metadata"]["name"]
     assert {"escrowd-rulings", "escrowd-panels"} <= set(holders)
+
+
+# ------------------------------------------------------------------- issue 21: k8s, item 7
+
+# Settings that name a chain or an escrow: the ConfigMap's chain block sets them, no workload.
+CHAIN_ENV = {"ESCROWD_DEPLOYMENTS", "ESCROWD_CHAINS", "ESCROWD_BRIDGE_CHAINS", "ESCROWD_RULING_CHAIN_ID",
+             "ESCROWD_RULING_ESCROW", "ESCROWD_RULING_RPC_URL"}  # fmt: skip
+
+
+def test_k8s_chain_and_escrow_are_set_in_one_place(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No workload hard-codes a chain id, an address or an RPC URL (the API once served the
+    devnet, 31337, next to a Sepolia ConfigMap); the API and the ruling relay load theirs from
+    the ConfigMap's one chain block."""
+    from api.settings import ApiSettings
+    from relayer.settlement.rulings import RulingRelaySettings
+
+    for path in K8S_FILES:
+        if path.name == "configmap.yaml":
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"0x[0-9a-fA-F]{40}", text), f"{path.name}: an address belongs in the ConfigMap"
+        assert not re.search(r"\b(31337|11155111|https?://rpc)", text), f"{path.name}: a chain belongs in the ConfigMap"
+    for _, workload in workloads():
+        for container in pod_spec(workload)["containers"]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not names & CHAIN_ENV, f"{workload['metadata']['name']}: {names & CHAIN_ENV}"
+    chain = _configmap_config()["x-chain"]
+    (api,) = pod_spec(_k8s_workload("escrowd-api"))["containers"]
+    settings = _settings_with_configmap(_env_of(api), monkeypatch, tmp_path, ApiSettings, "api")
+    served = [(d.chain_id, d.escrow.lower()) for d in settings.served_deployments()]
+    assert served == [(chain["chain_id"], a.lower()) for a in chain["escrow_addresses"]]
+    (rulings,) = pod_spec(_k8s_workload("escrowd-rulings"))["containers"]
+    ruling = _settings_with_configmap(_env_of(rulings), monkeypatch, tmp_path, RulingRelaySettings, "rulings")
+    assert (ruling.ruling_chain_id, ruling.ruling_rpc_url) == (chain["chain_id"], chain["rpc_urls"][0])
+
+
+def _monitored_ports() -> set[str]:
+    monitor = yaml.safe_load((DEPLOY / "k8s-monitoring" / "podmonitor.yaml").read_text(encoding="utf-8"))
+    return {endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]}
+
+
+def test_k8s_scrape_annotations_and_monitor_match_what_serves_metrics() -> None:
+    """Every long-running pod serves /metrics, is annotated for scraping on a port it has, and
+    that port is one the PodMonitor scrapes; a Job (the migration) is not scraped."""
+    monitored = _monitored_ports()
+    for _, workload in workloads():
+        name = workload["metadata"]["name"]
+        template = workload["spec"]["template"]
+        annotations = template["metadata"].get("annotations", {})
+        ports = {str(p["containerPort"]): p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        if workload["kind"] == "Job":
+            assert "prometheus.io/scrape" not in annotations and not set(ports.values()) & monitored, name
+            continue
+        assert annotations.get("prometheus.io/scrape") == "true", f"{name}: not annotated for scraping"
+        assert annotations.get("prometheus.io/path") == "/metrics", name
+        port = str(annotations.get("prometheus.io/port"))
+        assert port in ports, f"{name}: scrape port {port} is not a container port"
+        assert ports[port] in monitored, f"{name}: the PodMonitor does not scrape port {ports[port]}"
+
+
+def test_k8s_manifests_validate_offline_against_the_kubernetes_schemas(tmp_path: Path) -> None:
+    """`scripts/k8s_validate.py` (the documented offline check, no cluster) passes the base and
+    refuses a misspelt field, through its command line."""
+    import subprocess
+    import sys
+
+    script = ROOT / "scripts" / "k8s_validate.py"
+    clean = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    broken = _k8s_workload("escrowd-api")
+    spec = broken["spec"]["template"]["spec"]
+    spec["contianers"] = spec.pop("containers")
+    (tmp_path / "api.yaml").write_text(yaml.safe_dump(broken), encoding="utf-8")
+    refused = subprocess.run([sys.executable, str(script), str(tmp_path / "api.yaml")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Deployment/escrowd-api" in refused.stdout, refused.stdout + refused.stderr

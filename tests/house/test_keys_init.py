@@ -79,3 +79,19 @@ def test_a_keystore_whose_password_file_is_missing_is_never_replaced(tmp_path: P
     # The other roles' files are untouched as well.
     assert load_keystore(out / "relayer-keystore.json",
                          password_file=out / "relayer-keystore-password").address == first["relayer"]
+
+
+def test_keys_new_makes_one_key_and_never_overwrites(tmp_path: Path) -> None:
+    """`escrowd keys new --role relayer`: one keystore and its password, loadable; a second run refuses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESCROWD_")}
+    command = [*escrowd_command(), "keys", "new", "--role", "relayer", "--out", str(tmp_path)]
+    made = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relayer-keystore-password", "relayer-keystore.json"]
+    key = load_keystore(tmp_path / "relayer-keystore.json", password_file=tmp_path / "relayer-keystore-password")
+    assert json.loads(made.stdout)["relayer"] == key.address
+    assert key.secret_bytes().hex() not in made.stdout + made.stderr
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 1 and "already in" in again.stderr
+    kept = load_keystore(tmp_path / "relayer-keystore.json", password_file=tmp_path / "relayer-keystore-password")
+    assert kept.address == key.address

@@ -84,7 +84,8 @@ def test_every_family_an_alert_or_dashboard_uses_exists_at_start(
         tmp_path / "indexer.yaml", database_url=empty_database, kafka_bootstrap=kafka_service.bootstrap,
         topic=f"{prefix}.events", chains=[chain_config(devnet)],
     )  # fmt: skip
-    ports = {name: free_port() for name in ("indexer", "relayer", "rulings", "verification", "lifecycle", "reputation", "panels", "api")}
+    ports = {name: free_port() for name in ("indexer", "relayer", "rulings", "verification", "lifecycle", "reputation", "panels", "api",
+                                            "verifier_agent")}  # fmt: skip
     specs: dict[str, tuple[list[str], dict[str, str]]] = {
         "indexer": (["index", "run", "--config", str(config)], {"ESCROWD_METRICS_PORT": str(ports["indexer"])}),
         "relayer": (["relay", "run"], {
@@ -111,6 +112,13 @@ def test_every_family_an_alert_or_dashboard_uses_exists_at_start(
                                            "ESCROWD_PANEL_SIGNING_KEY": anvil_key(8)[1]}),
         "api": (["api", "serve", "--port", str(ports["api"])], {
             "ESCROWD_DEPLOYMENTS": json.dumps([{"chain_id": devnet.chain_id, "escrow": devnet.escrow_address}])}),
+        # Ready once a poll reached the chain, the API and its queue; no model call without work.
+        "verifier_agent": (["verifier-agent"], {
+            "ESCROWD_VERIFIER_API_URL": f"http://127.0.0.1:{ports['api']}", "ESCROWD_VERIFIER_RPC_URL": devnet.rpc_url,
+            "ESCROWD_VERIFIER_CHAIN_ID": str(devnet.chain_id), "ESCROWD_VERIFIER_ESCROW_ADDRESS": devnet.escrow_address,
+            "ESCROWD_VERIFIER_WALLET_KEY": devnet.verifier_agents[0].private_key, "ESCROWD_VERIFIER_POLL_SECONDS": "0.5",
+            "ESCROWD_MODEL_URL": "http://127.0.0.1:9/v1", "ESCROWD_VERIFIER_METRICS_PORT": str(ports["verifier_agent"]),
+        }),
     }  # fmt: skip
     services: dict[str, Service] = {}
     scraped: dict[str, set[str]] = {}

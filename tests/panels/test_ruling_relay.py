@@ -136,10 +136,24 @@ async def test_health_bridge_reports_whether_the_arbiter_key_matches(devnet: Dev
 
     from api.app import create_app
     from api.settings import ApiSettings
+    from relayer.settlement.config import ChainSettings
+    from relayer.settlement.health import BridgeHealthChecker, publish_report
+    from runtime.db import create_pool
 
+    # The relayer's monitor publishes its report; the API adds the arbiter's check to it.
+    chain = ChainSettings(chain_id=devnet.chain_id, rpc_urls=[devnet.rpc_url], escrow_addresses=[devnet.escrow_address])
+    pool = await create_pool(database_url)
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        checker = BridgeHealthChecker(
+            chains=[chain], rpcs={devnet.chain_id: rpc}, pool=pool, relayer_address=devnet.marketplace_verifier.address
+        )
+        await publish_report(pool, await checker.check(), stale_after=3600)
+    finally:
+        await rpc.close()
+        await pool.close()
     settings = ApiSettings(
         database_url=database_url,
-        bridge_relayer_address=devnet.marketplace_verifier.address,
         bridge_arbiter_address=devnet.arbiter.address,
         bridge_chains=[{"chain_id": devnet.chain_id, "rpc_urls": [devnet.rpc_url],
                         "escrow_addresses": [devnet.escrow_address]}],

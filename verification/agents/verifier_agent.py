@@ -36,13 +36,13 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import structlog
-from prometheus_client import CollectorRegistry
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -74,9 +74,8 @@ from verification.agents.model import ModelClient, ModelError, ModelSettings
 log = structlog.get_logger(__name__)
 
 MAX_FAILED_TRIES = 5
-# The agent serves no `/metrics` yet: its sender's figures stay in a registry of their own, so
-# no dashboard or alert expects families that no process exposes (exposing them is open work).
-SENDER_METRICS = SenderMetrics.create("escrowd_verifier_agent", "the hosted verifier agent", CollectorRegistry())
+# Served on `metrics_port` with `/healthz` and `/readyz` (runtime/health.py), like every service.
+SENDER_METRICS = SenderMetrics.create("escrowd_verifier_agent", "the hosted verifier agent")
 QUEUE_PAGE = 20
 MAX_QUEUE_BYTES = QUEUE_PAGE * 2 * 1024 * 1024
 """Largest queue reply read: a page of items, each a result (≤ 512 KiB) and its terms."""
@@ -131,6 +130,9 @@ class VerifierAgentSettings(ServiceSettings):
         default=30.0, gt=0, le=86_400, description="An unmined transaction broadcast this long ago is replaced"
     )
     request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
+    )
 
     @model_validator(mode="after")
     def _one_wallet_key(self) -> VerifierAgentSettings:
@@ -215,8 +217,9 @@ class VerifierAgent:
         from runtime.db import create_pool, migrate_url
 
         s = self.settings
-        await migrate_url(s.database_url)
-        self._pool = await create_pool(s.database_url, max_size=4)
+        if self._pool is None:  # a start that failed (chain down) keeps its pool for the next try
+            await migrate_url(s.database_url)
+            self._pool = await create_pool(s.database_url, max_size=4)
         policy = FeePolicy(fee_cap=s.fee_cap_wei, max_priority_fee=s.max_priority_fee_wei, bump_bps=s.fee_bump_bps)
         sender = CallSender(
             chain_id=s.chain_id, key=self.account, rpc=self.rpc, pool=self._pool,
@@ -416,15 +419,23 @@ class VerifierAgent:
 
     # ------------------------------------------------------------------ the loop
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Poll until `stop` is set; a failing poll is logged and retried on the next."""
+    async def run(self, stop: asyncio.Event, on_poll: Callable[[bool], None] | None = None) -> None:
+        """Poll until `stop` is set; a failing poll is logged and retried on the next.
+
+        The wallet's sender starts first (it reconciles the nonce and sets its gauges);
+        `on_poll(ok)` hears each poll's outcome (the process's readiness)."""
         while not stop.is_set():
+            ok = False
             try:
+                await self.start_sender()
                 stats = await self.poll_once()
+                ok = True
                 if stats.seen:
                     log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
             except Exception as exc:
                 log.warning("verifier_poll_failed", error_type=type(exc).__name__)
+            if on_poll is not None:
+                on_poll(ok)
             await wait_event(stop, self.settings.poll_seconds)
 
 
@@ -432,11 +443,17 @@ async def run_verifier_agent(
     settings: VerifierAgentSettings, model_settings: ModelSettings, stop: asyncio.Event | None = None
 ) -> None:
     """Run until `stop` (the service shell sets it on SIGINT / SIGTERM); the poll in flight ends first."""
+    from runtime import health
+
     agent = VerifierAgent(settings, ModelClient(model_settings))
     stop = stop or asyncio.Event()
-    log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id)
+    SENDER_METRICS.at_start([settings.chain_id], ("call", "filler"))
+    if settings.metrics_port is not None:
+        health.mark("verifier_agent", False)  # ready after a poll that reached the chain, the API and its queue
+        health.start_server(settings.metrics_port)
+    log.info("verifier_agent_started", address=agent.address, chain_id=settings.chain_id, metrics_port=settings.metrics_port)
     try:
-        await agent.run(stop)
+        await agent.run(stop, on_poll=lambda ok: health.mark("verifier_agent", ok))
     finally:
         await agent.close()
 

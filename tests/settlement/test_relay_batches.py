@@ -57,6 +57,8 @@ from tests.settlement.test_relay_crash import (
 from tests.settlement.test_relay_faults import start_relayer
 from tests.support.rpc_proxy import RpcFaultProxy
 
+BY_EIGHT = {"relayer_settle_batch_size": 8, "relayer_settle_batch_min": 2}
+
 
 def _attempts_of(tx: dict) -> list[tuple[int, int]]:
     """(task, attempt) of each verdict a relayer transaction carries (single or batch)."""
@@ -78,15 +80,8 @@ async def test_a_packed_round_simulates_each_batch_once_and_no_packed_verdict_al
     simulation of packed rounds was the relayer's extra load on the node)."""
     items = await on_chain(submit_tasks, devnet, 24)
     await indexer.caught_up()
-    env = relayer_env(
-        devnet=devnet,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topic_prefix,
-        trusted=[service_signer.address],
-        relayer_settle_batch_size=8,
-        relayer_settle_batch_min=2,
-    )
+    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
+                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
     with RpcFaultProxy(devnet.rpc_url) as proxy:
         (chain,) = json.loads(env["ESCROWD_CHAINS"])
         env["ESCROWD_CHAINS"] = json.dumps([{**chain, "rpc_urls": [proxy.url], "ws_url": proxy.ws_url}])
@@ -120,15 +115,8 @@ async def test_a_refused_item_is_recorded_and_the_others_confirmed(
 ) -> None:
     items = await on_chain(submit_tasks, devnet, 20)
     await indexer.caught_up()
-    env = relayer_env(
-        devnet=devnet,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topic_prefix,
-        trusted=[service_signer.address],
-        relayer_settle_batch_size=8,
-        relayer_settle_batch_min=2,
-    )
+    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
+                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
     run = RelayerRun(settings_from_env(env))
     await run.start()
     disputed = items[3]

@@ -89,19 +89,25 @@ def version_of(tx: SignedTx, version: int, kind: str) -> TxVersion:
 
 async def lock_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, floor: int) -> int:
     """Lock the counter row for this transaction and return the next nonce (at least `floor`)."""
+    return max(await lock_nonce_row(conn, chain_id, address, floor), floor)
+
+
+async def lock_nonce_row(conn: asyncpg.Connection, chain_id: int, address: str, initial: int) -> int:
+    """Lock the counter row for this transaction (created at `initial` when the address has
+    none) and return the stored counter as it is."""
     await conn.execute(
         "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
         " ON CONFLICT (chain_id, address) DO NOTHING",
         chain_id,
         address.lower(),
-        floor,
+        initial,
     )
     value = await conn.fetchval(
         "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
         chain_id,
         address.lower(),
     )
-    return max(int(value), floor)
+    return int(value)
 
 
 async def set_next_nonce(conn: asyncpg.Connection, chain_id: int, address: str, next_nonce: int) -> None:

@@ -68,7 +68,15 @@ def checksum_address(value: str) -> str:
     """EIP-55 form of a 0x address; ValueError for anything else."""
     if not isinstance(value, str) or not _ADDRESS.match(value):
         raise ValueError("must be a 0x-prefixed 20-byte hex address")
-    return str(to_checksum_address(value))
+    return _checksum(value.lower())
+
+
+@functools.lru_cache(maxsize=1024)
+def _checksum(lower: str) -> str:
+    # Cached (bounded): the same few escrows and signers are in nearly every message a
+    # service checks, and EIP-55 costs a keccak and a 40-step loop each time (a third of the
+    # relayer's CPU per verdict before this cache).
+    return str(to_checksum_address(lower))
 
 
 # ---------------------------------------------------------------------------- encoding

@@ -1,7 +1,8 @@
 """The ruling path of the settlement relayer: signed panel rulings in, `resolveDispute` out,
 from the arbiter key. Kept apart from the verdict send loop (`sender.py`); it reuses its
 primitives: the RPC client, fee pricing, EIP-1559 signing, revert decoding, the key type and
-the persisted nonce counter (`settlement_nonces`, a row of its own for the arbiter address).
+the persisted nonce counter (`settlement_nonces` through `chain.txstore`, the one nonce-row
+module: a row of its own for the arbiter address).
 
 Same rules as verdicts:
 
@@ -48,6 +49,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
+from chain import txstore
 from chain.eth_rpc import EthRpc, Head, RetryableRpcError, RpcCallError, RpcError
 from chain.fees import (
     BPS,
@@ -271,19 +273,12 @@ class RulingSender:
             )
             if status != "queued":
                 return
-            await conn.execute(
-                "INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $3)"
-                " ON CONFLICT DO NOTHING", self.chain_id, address, pending,
-            )
-            stored = await conn.fetchval(
-                "SELECT next_nonce FROM settlement_nonces WHERE chain_id = $1 AND address = $2 FOR UPDATE",
-                self.chain_id, address,
-            )
-            if pending > int(stored) + MAX_NONCE_JUMP:
+            stored = await txstore.lock_nonce_row(conn, self.chain_id, address, pending)
+            if pending > stored + MAX_NONCE_JUMP:
                 # A node inflating the count would burn the counter: every later ruling
                 # would wait behind a gap. Refuse to sign; the operator sees the pass fail.
                 raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
-            nonce = max(int(stored), pending)
+            nonce = max(stored, pending)
             tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data,
                               gas_limit=gas, fees=fees)
             await conn.execute(
@@ -293,10 +288,7 @@ class RulingSender:
                 self.chain_id, self.escrow.lower(), task_id, nonce, tx.raw_hex, tx.tx_hash,
             )
             await self._store_version(conn, task_id, tx, 1)
-            await conn.execute(
-                "UPDATE settlement_nonces SET next_nonce = $3, updated_at = now() WHERE chain_id = $1"
-                " AND address = $2", self.chain_id, address, nonce + 1,
-            )
+            await txstore.set_next_nonce(conn, self.chain_id, address, nonce + 1)
         await self._broadcast(tx.raw_hex, tx.tx_hash)
         RULINGS.labels("sent").inc()
 

@@ -4,13 +4,16 @@
 row, fees and bumps under the cap, stuck replacement, receipts, confirmations, reorg
 re-send, lost nonces, the fail-closed gate) with what is the relayer's own on top:
 
-- **dispatch**: takes queued verdicts in batches, simulates each call (a refusal is
-  recorded with its decoded error and costs no nonce), then in ONE database transaction
-  locks the nonce counter, signs the round with consecutive nonces (one verdict per
-  transaction, or packed `completeVerificationBatch` transactions, each batch first simulated
-  exactly as it will be signed: an item it would refuse stays queued, a batch that would
-  revert goes out as single sends), stores the raw transactions and advances the counter;
-  only after the commit are they broadcast, many in flight (pipelined nonces);
+- **dispatch**: takes queued verdicts in batches and simulates the round exactly as it will
+  be signed, in one JSON-RPC batch: each single send on its own, each packed
+  `completeVerificationBatch` once as a whole (its reply names each item's refusal; a packed
+  verdict costs no simulation of its own). A refusal is recorded with its decoded error and
+  costs no nonce (an item a batch refused is first simulated alone: recorded if the single
+  call refuses it too, else left queued; `GasTooLow` stays queued; a batch that would revert
+  goes out as single sends that passed their own simulation). Then in ONE database
+  transaction it locks the nonce counter, signs the round with consecutive nonces, stores
+  the raw transactions and advances the counter; only after the commit are they broadcast,
+  many in flight (pipelined nonces);
 - **what a slot's outcome means for its verdicts**: confirmed → the verdicts confirmed; a
   reorg → back to `sent`; a lost nonce → queued again; a mined revert decoded and recorded
   (`AlreadyJudged` → `already_judged`; `NotVerifier` re-checked against the escrow's key);
@@ -298,47 +301,42 @@ class ChainSender(TxSender):
         rows = [r for r in rows if r.id not in live]
         if not rows:
             return 0
-        # One JSON-RPC batch: with the simulation on, it alone answers (an attempt judged
-        # already reverts with AlreadyJudged); without it, `isJudged` of each attempt.
-        if self._opt.simulate:
-            calls = [
-                (
-                    "eth_call",
-                    [
-                        {
-                            "from": self.address,
-                            "to": row.escrow,
-                            "gas": hex(self._opt.gas_limit),
-                            "data": "0x" + self._calldata(row).hex(),
-                        },
-                        "latest",
-                    ],
-                )
-                for row in rows
-            ]
-        else:
-            calls = [
-                ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
-                for row in rows
-            ]
-        results = await self._rpc.batch(calls)
-        ready: list[VerdictRow] = []
+        if not self._opt.simulate:
+            return await self._dispatch_unsimulated(rows)
+        # One JSON-RPC batch simulates the round as it will be signed: each single send on
+        # its own, each batch once as a whole (its reply says, per item, what the escrow
+        # would refuse). A verdict packed in a batch costs no simulation of its own.
+        groups = self._groups(rows)
+        replies = await self._rpc.batch([self._simulation(*self._group_call(group)) for group in groups])
+        ready: list[list[VerdictRow]] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
+        # Looked at alone below: (verdict, whether it may go out alone if the single call
+        # would settle it). Not one its batch refused behind another item (two verdicts of
+        # one attempt): the next round's simulation decides it, as before packing.
+        check: list[tuple[VerdictRow, bool]] = []
+        left = 0
         key_refused = False
-        for row, result in zip(rows, results, strict=True):
-            if isinstance(result, Reverted) and self._opt.simulate:
-                error = decode_revert(result.revert_data)
-                kind = revert_outcome(error)
-                if kind == "key_refused":
-                    key_refused = True
-                else:
-                    outcomes.append((row, kind, error))
-            elif isinstance(result, Exception):
-                continue  # transient: stays queued for the next round
-            elif not self._opt.simulate and int(str(result), 16) != 0:
-                outcomes.append((row, "already_judged", None))
-            else:
-                ready.append(row)
+        for group, reply in zip(groups, replies, strict=True):
+            if len(group) == 1:
+                key_refused |= self._read_simulation(group[0], reply, ready, outcomes)
+                continue
+            kept, refused, skipped, whole = self._screen_batch(group, reply)
+            left += skipped
+            check += [(row, whole) for row in refused]
+            if len(kept) > 1:
+                ready.append(kept)
+            elif kept:
+                check.append((kept[0], True))  # what is left is a single send: simulated as one
+        if check:
+            # What a single call says about each (rare: a refusal costs a round trip, a
+            # verdict a batch would settle costs none), recorded like any preflight refusal.
+            singles = await self._rpc.batch([self._simulation(*self._group_call([row])) for row, _ in check])
+            for (row, alone), reply in zip(check, singles, strict=True):
+                key_refused |= self._read_simulation(row, reply, ready if alone else [], outcomes)
+        if left:
+            # Still queued: the dispatch loop goes round again at once if this round made
+            # progress, else at its next wake-up (no tight loop on a failing node).
+            log.info("batch_items_left_queued", chain_id=self.chain_id, count=left)
         if outcomes:
             await self._record_outcomes(outcomes, stage="preflight")
         if key_refused:
@@ -347,6 +345,71 @@ class ChainSender(TxSender):
             return len(outcomes)
         signed = await self._sign_and_send(ready) if ready else 0
         return len(outcomes) + signed
+
+    async def _dispatch_unsimulated(self, rows: Sequence[VerdictRow]) -> int:
+        """A round without simulation: `isJudged` of each attempt, then sent as grouped."""
+        calls = [
+            ("eth_call", [{"to": row.escrow, "data": "0x" + is_judged_data(row.task_id, row.attempt).hex()}, "latest"])
+            for row in rows
+        ]
+        results = await self._rpc.batch(calls)
+        ready: list[VerdictRow] = []
+        outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Exception):
+                continue  # transient: stays queued for the next round
+            if int(str(result), 16) != 0:
+                outcomes.append((row, "already_judged", None))
+            else:
+                ready.append(row)
+        if outcomes:
+            await self._record_outcomes(outcomes, stage="preflight")
+        signed = await self._sign_and_send(self._groups(ready)) if ready else 0
+        return len(outcomes) + signed
+
+    @staticmethod
+    def _read_simulation(
+        row: VerdictRow,
+        reply: object,
+        ready: list[list[VerdictRow]],
+        outcomes: list[tuple[VerdictRow, str, DecodedError | None]],
+    ) -> bool:
+        """File a single send's simulation: ready, a refusal to record, or (transient)
+        nothing, the verdict stays queued. True when the escrow refused our key."""
+        if isinstance(reply, Reverted):
+            error = decode_revert(reply.revert_data)
+            kind = revert_outcome(error)
+            if kind == "key_refused":
+                return True
+            outcomes.append((row, kind, error))
+        elif not isinstance(reply, Exception):
+            ready.append([row])
+        return False
+
+    def _simulation(self, to: str, data: bytes, gas: int) -> tuple[str, list[Any]]:
+        """The `eth_call` of a transaction exactly as it would be signed (sender, gas, calldata)."""
+        return ("eth_call", [{"from": self.address, "to": to, "gas": hex(gas), "data": "0x" + data.hex()}, "latest"])
+
+    def _screen_batch(
+        self, group: list[VerdictRow], reply: object
+    ) -> tuple[list[VerdictRow], list[VerdictRow], int, bool]:
+        """A batch's simulation read: (items it would settle, items it refused for their own
+        reason, how many stay queued untouched, whether the batch would revert as a whole).
+        `GasTooLow`: the items before it used the gas, so it stays queued; a batch that would
+        revert as a whole: each item is looked at alone (and sent alone if it passes); a
+        transient or malformed reply: nothing packed blind, all stay queued."""
+        if isinstance(reply, Reverted):
+            log.warning("batch_would_revert", chain_id=self.chain_id, items=len(group), error=str(decode_revert(reply.revert_data)))
+            return [], list(group), 0, True
+        refusals: list[DecodedError | None] | None = None
+        if not isinstance(reply, Exception):
+            with contextlib.suppress(ValueError, TypeError, OverflowError):  # a node's reply: hostile
+                refusals = decode_batch_refusals(bytes.fromhex(str(reply).removeprefix("0x")))
+        if refusals is None or len(refusals) != len(group):
+            return [], [], len(group), False
+        kept = [row for row, why in zip(group, refusals, strict=True) if why is None]
+        refused = [row for row, why in zip(group, refusals, strict=True) if why is not None and why.name != "GasTooLow"]
+        return kept, refused, len(group) - len(kept) - len(refused), False
 
     def _calldata(self, row: VerdictRow) -> bytes:
         return complete_verification_data(row.task_id, row.attempt, row.evidence_hash, row.passed, row.score)
@@ -391,71 +454,25 @@ class ChainSender(TxSender):
             groups += [same[i : i + size] for i in range(0, len(same), size)]
         return groups
 
-    def _batch_call(self, items: Sequence[VerdictRow]) -> tuple[str, bytes, int]:
+    def _group_call(self, items: Sequence[VerdictRow]) -> tuple[str, bytes, int]:
+        """(to, calldata, gas limit) of one group's transaction: a single send, or a batch."""
+        if len(items) == 1:
+            return items[0].escrow, self._calldata(items[0]), self._opt.gas_limit
         data = complete_verification_batch_data(
             [(v.task_id, v.attempt, v.evidence_hash, v.passed, v.score) for v in items]
         )
         return items[0].escrow, data, self._opt.batch_gas_base + self._opt.batch_gas_per_item * len(items)
 
-    async def _simulate_batches(self, groups: list[list[VerdictRow]]) -> list[list[VerdictRow]]:
-        """Each batch exactly as it would be signed (calldata and gas limit), simulated in one
-        JSON-RPC batch before any nonce is spent on it. An item the batch would refuse leaves
-        it and stays queued (`GasTooLow`: the items before it used the gas; anything else: the
-        next round's own simulation records it); a batch that would revert as a whole goes out
-        as single sends, each of which passed its own simulation."""
-        batches = [g for g in groups if len(g) > 1]
-        if not batches:
-            return groups
-        calls = []
-        for group in batches:
-            to, data, gas = self._batch_call(group)
-            call = {"from": self.address, "to": to, "gas": hex(gas), "data": "0x" + data.hex()}
-            calls.append(("eth_call", [call, "latest"]))
-        replies = dict(zip(map(id, batches), await self._rpc.batch(calls), strict=True))
-        out: list[list[VerdictRow]] = []
-        left = 0
-        for group in groups:
-            if len(group) == 1:
-                out.append(group)
-                continue
-            reply = replies[id(group)]
-            if isinstance(reply, Reverted):
-                log.warning("batch_would_revert", chain_id=self.chain_id, items=len(group), error=str(decode_revert(reply.revert_data)))
-                out += [[row] for row in group]
-                continue
-            refusals: list[DecodedError | None] | None = None
-            if not isinstance(reply, Exception):
-                with contextlib.suppress(ValueError, TypeError, OverflowError):  # a node's reply: hostile
-                    refusals = decode_batch_refusals(bytes.fromhex(str(reply).removeprefix("0x")))
-            if refusals is None or len(refusals) != len(group):
-                left += len(group)  # transient or malformed: nothing packed blind, next round
-                continue
-            keep = [row for row, why in zip(group, refusals, strict=True) if why is None]
-            left += len(group) - len(keep)
-            if keep:
-                out.append(keep)
-        if left:
-            # Still queued: the dispatch loop goes round again at once if this round made
-            # progress, else at its next wake-up (no tight loop on a failing node).
-            log.info("batch_items_left_queued", chain_id=self.chain_id, count=left)
-        return out
-
-    async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> int:
-        """Sign and store the rows' transactions in one database transaction, then broadcast;
-        the number of verdicts signed (a batch's simulation may leave some queued)."""
-        groups = await self._simulate_batches(self._groups(rows))
-        if not groups:
-            return 0
+    async def _sign_and_send(self, groups: Sequence[list[VerdictRow]]) -> int:
+        """Sign and store one transaction per group in one database transaction, then
+        broadcast; the number of verdicts signed."""
         fees = await self._fees_now()
         self._crash.maybe_crash("before_sign")
         async with self._pool.acquire() as conn, conn.transaction():
             first = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
             signed: list[tuple[SignedTx, list[VerdictRow]]] = []
             for i, group in enumerate(groups):
-                if len(group) == 1:
-                    to, data, gas = group[0].escrow, self._calldata(group[0]), self._opt.gas_limit
-                else:
-                    to, data, gas = self._batch_call(group)
+                to, data, gas = self._group_call(group)
                 signed.append((self._sign(first + i, to, data, gas, fees), group))
             self._crash.maybe_crash("after_sign")
             await store.record_new_slots(
@@ -516,23 +533,7 @@ class ChainSender(TxSender):
         ]
         if not pending:
             return
-        replies = await self._rpc.batch(
-            [
-                (
-                    "eth_call",
-                    [
-                        {
-                            "from": self.address,
-                            "to": item.escrow,
-                            "gas": hex(self._opt.gas_limit),
-                            "data": "0x" + self._calldata(item).hex(),
-                        },
-                        "latest",
-                    ],
-                )
-                for _, item in pending
-            ]
-        )
+        replies = await self._rpc.batch([self._simulation(*self._group_call([item])) for _, item in pending])
         outcomes: list[tuple[int, VerdictRow, str, DecodedError | None]] = []
         for (nonce, item), reply in zip(pending, replies, strict=True):
             if isinstance(reply, Reverted):

@@ -25,10 +25,9 @@ ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 
 
 @dataclass(frozen=True)
-class VerdictRow:
-    """An accepted verdict, as the sender needs it."""
+class VerdictCall:
+    """What a verdict asks of the escrow: `completeVerification`'s arguments, and where."""
 
-    id: int
     chain_id: int
     escrow: str
     task_id: int
@@ -36,6 +35,13 @@ class VerdictRow:
     evidence_hash: str
     passed: bool
     score: int
+
+
+@dataclass(frozen=True)
+class VerdictRow(VerdictCall):
+    """An accepted verdict, as the sender needs it."""
+
+    id: int
     received_at: datetime
 
 
@@ -148,16 +154,9 @@ async def published_health(conn: asyncpg.Connection) -> list[PublishedReport]:
 
 
 @dataclass(frozen=True)
-class NewVerdict:
+class NewVerdict(VerdictCall):
     """One idempotency row to insert (see `insert_verdicts`)."""
 
-    chain_id: int
-    escrow: str
-    task_id: int
-    attempt: int
-    evidence_hash: str
-    passed: bool
-    score: int
     message_id: str
     signer: str
     signed_verdict: dict[str, Any]

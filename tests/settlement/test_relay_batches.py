@@ -1,5 +1,7 @@
 """The relayer packing verdicts into `completeVerificationBatch` (`relayer_settle_batch_size`).
 
+- a packed round is simulated as it is signed: each batch once, and no packed verdict on its
+  own (each single send once);
 - a refused item in a mined batch (the task was disputed between the preflight and the
   block) is recorded like a refused single send, and every other verdict is confirmed;
 - a stuck batch is replaced with a fee bump (same items), and only one version lands;
@@ -53,6 +55,9 @@ from tests.settlement.test_relay_crash import (
     wait_exit,
 )
 from tests.settlement.test_relay_faults import start_relayer
+from tests.support.rpc_proxy import RpcFaultProxy
+
+BY_EIGHT = {"relayer_settle_batch_size": 8, "relayer_settle_batch_min": 2}
 
 
 def _attempts_of(tx: dict) -> list[tuple[int, int]]:
@@ -67,20 +72,51 @@ def _attempts_of(tx: dict) -> list[tuple[int, int]]:
 
 
 @pytest.mark.timeout(180)
+async def test_a_packed_round_simulates_each_batch_once_and_no_packed_verdict_alone(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+) -> None:
+    """The relayer reads the chain through a proxy that counts `eth_call`s by selector: a
+    verdict packed in a batch is simulated only inside its batch (issue 26: the per-verdict
+    simulation of packed rounds was the relayer's extra load on the node)."""
+    items = await on_chain(submit_tasks, devnet, 24)
+    await indexer.caught_up()
+    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
+                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
+    with RpcFaultProxy(devnet.rpc_url) as proxy:
+        (chain,) = json.loads(env["ESCROWD_CHAINS"])
+        env["ESCROWD_CHAINS"] = json.dumps([{**chain, "rpc_urls": [proxy.url], "ws_url": proxy.ws_url}])
+        run = RelayerRun(settings_from_env(env))
+        await run.start()
+        try:
+            await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+
+            async def confirmed() -> bool:
+                run.check_alive()
+                statuses = await verdict_statuses(database_url)
+                return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+            await wait_until(confirmed, timeout=90, what="every verdict confirmed")
+        finally:
+            await run.stop()
+    kinds = Counter(r["kind"] for r in await fetch(database_url, "SELECT kind FROM settlement_transactions"))
+    assert kinds["batch"] >= 1
+    assert await fetchval(database_url, "SELECT count(*) FROM settlement_batch_items") + kinds["verdict"] == len(items)
+    single = proxy.stats.eth_calls["0x" + selector("completeVerification").hex()]
+    packed = proxy.stats.eth_calls["0x" + selector("completeVerificationBatch").hex()]
+    assert single == kinds["verdict"]  # each single send simulated once, no packed verdict alone
+    assert packed >= kinds["batch"]  # each batch simulated (once, unless a node reply was lost)
+    events = await on_chain(verdict_events, devnet)
+    assert events == {(i.task_id, 1): 1 for i in items}
+
+
+@pytest.mark.timeout(180)
 async def test_a_refused_item_is_recorded_and_the_others_confirmed(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
 ) -> None:
     items = await on_chain(submit_tasks, devnet, 20)
     await indexer.caught_up()
-    env = relayer_env(
-        devnet=devnet,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topic_prefix,
-        trusted=[service_signer.address],
-        relayer_settle_batch_size=8,
-        relayer_settle_batch_min=2,
-    )
+    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
+                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
     run = RelayerRun(settings_from_env(env))
     await run.start()
     disputed = items[3]

@@ -74,6 +74,8 @@ class ProxyStats:
     """Block span of every `eth_getLogs` that reached anvil, in arrival order."""
     ws_connections: int = 0
     ws_dropped: int = 0
+    eth_calls: Counter[str] = field(default_factory=Counter)
+    """`eth_call`s by the selector of their calldata (`0x` + 8 hex digits, lower case)."""
 
 
 class RpcFaultProxy:
@@ -218,6 +220,11 @@ class RpcFaultProxy:
         except orjson.JSONDecodeError:
             return web.Response(status=400, text="bad JSON")
         calls = payload if isinstance(payload, list) else [payload]
+        for call in calls:
+            if isinstance(call, dict) and call.get("method") == "eth_call":
+                params = call.get("params")
+                tx = params[0] if isinstance(params, list) and params and isinstance(params[0], dict) else {}
+                self.stats.eth_calls[str(tx.get("data") or tx.get("input") or "")[:10].lower()] += 1
         faults = self.faults
         methods = {c.get("method") for c in calls if isinstance(c, dict)}
         eligible = faults.methods is None or bool(methods & faults.methods)

@@ -14,6 +14,7 @@ from runtime.db import migrate_url
 from runtime.health import mark, start_server
 from runtime.kafka import ensure_topics, make_producer, start_producer
 from runtime.outbox import OutboxPublisher
+from runtime.retention import Pruner
 from schemas.topics import all_topics
 
 log = structlog.get_logger(__name__)
@@ -46,6 +47,10 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         await start_producer(producer)
         publisher = OutboxPublisher(settings.database_url, producer)
         tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
+    pruner = None
+    if settings.retention.enabled:
+        pruner = Pruner(settings.database_url, settings.retention)
+        tasks.append(asyncio.create_task(pruner.run(), name="retention"))
     stopper = asyncio.create_task(stop.wait())
     mark("indexer", True)
     log.info(
@@ -53,6 +58,7 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         chains=[chain.chain_id for chain in settings.chains],
         topic=settings.events_topic,
         publisher=settings.run_publisher,
+        retention=settings.retention.enabled,
         metrics_port=settings.metrics_port,
     )
     try:
@@ -64,6 +70,8 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         stop.set()
         if publisher is not None:
             publisher.stop()
+        if pruner is not None:
+            pruner.stop()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, 10)

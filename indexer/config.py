@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import SettingsConfigDict
 
 from runtime.config_file import load as config_file_load
+from runtime.retention import RetentionConfig
 from runtime.settings import PostgresUrl, ServiceSettings
 from schemas.topics import ESCROW_EVENTS
 
@@ -86,6 +87,9 @@ class IndexerSettings(ServiceSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Prometheus port; none to disable")
     log_json: bool = Field(default=True, description="JSON log lines (false: console)")
     run_publisher: bool = Field(default=True, description="Run the outbox publisher in this process")
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="The retention pruner (one per database elects itself)"
+    )
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:

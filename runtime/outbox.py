@@ -261,6 +261,10 @@ class OutboxPublisher:
             out.append((name, encoded))
         return out
 
+    async def send(self, items: list[_Item]) -> asyncio.Future[Any]:
+        """Queue messages as the publisher does (`_send`), for another stream of the same log."""
+        return await self._send(items)
+
     async def _send(self, items: list[_Item]) -> asyncio.Future[Any]:
         """Queue messages as one record batch per partition (in the given order within each)."""
         producer = self._producer

@@ -47,6 +47,7 @@ MEASURED = (
     "consumer_inbox_floors",
     "escrow_events",
     "escrow_event_retractions",
+    "event_log_stream_watermarks",
     "verification_requests",
     "verification_results",
     "settlement_verdicts",
@@ -135,7 +136,8 @@ def inbox_cutoff(
 _OLDEST_RESENDABLE_SQL = """
 SELECT least(
     (SELECT min(created_at) FROM outbox WHERE published_at IS NULL AND send_attempts > 0),
-    (SELECT min(updated_at) FROM event_log_watermarks WHERE sending_through > published_through)
+    (SELECT min(updated_at) FROM event_log_watermarks WHERE sending_through > published_through),
+    (SELECT min(updated_at) FROM event_log_stream_watermarks WHERE sending_through > published_through)
 )
 """
 

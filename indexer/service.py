@@ -164,14 +164,16 @@ class ChainIndexer:
         return True
 
     async def _detect_finality(self) -> None:
+        """At start: the tags this chain's settings name, each checked once against the node."""
+        checked = self._tag
         if self._tag is not None and not await self._tag_supported(self._tag):
+            if self._tag == self._final_tag:
+                self._final_tag = None
             self._tag = None
             self.publish_depth = self.chain.fallback_confirmations
-        if self._final_stream and self._final_tag is not None:
-            if self._tag == self._final_tag:
-                return  # checked just now
-            if not await self._tag_supported(self._final_tag):
-                self._final_tag = None
+        final = self._final_tag
+        if self._final_stream and final is not None and final != checked and not await self._tag_supported(final):
+            self._final_tag = None
 
     async def _tagged_depth(self, tag: str | None, head: BlockRef) -> int:
         if tag is None:
@@ -187,7 +189,8 @@ class ChainIndexer:
             # whenever the cursor is at or below the head.
             self.publish_depth = await self._tagged_depth(self._tag, head)
         if self._final_stream:
-            depth = self.publish_depth if self._tag == self._final_tag else await self._tagged_depth(self._final_tag, head)
+            same = self._tag is not None and self._tag == self._final_tag
+            depth = self.publish_depth if same else await self._tagged_depth(self._final_tag, head)
             # Only raised: a node behind another one (failover) never lowers it.
             await conn.execute(
                 "UPDATE chain_cursor SET finalized_through = GREATEST(coalesce(finalized_through, -1), $2)"

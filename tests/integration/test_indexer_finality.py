@@ -182,6 +182,7 @@ async def _tagless_proxy(upstream: str) -> AsyncIterator[str]:
 async def test_a_node_without_finality_tags_gets_a_warning_and_the_fallback_confirmations(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
+    """The finalized stream's line falls back to `fallback_confirmations`; a fixed `publish_at` is untouched."""
     topic = f"{topic_prefix}events"
     await create_topic(kafka_bootstrap, topic)
     devnet.post_task(devnet.posters[0])
@@ -189,9 +190,8 @@ async def test_a_node_without_finality_tags_gets_a_warning_and_the_fallback_conf
     async with _tagless_proxy(devnet.rpc_url) as url:
         config = write_config(
             tmp_path / "indexer.yaml", database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic=topic,
-            chains=[chain_config(devnet, rpc_urls=[url], ws_url=None, publish_at="finalized",
-                                 fallback_confirmations=5, finality_depth=4)],
-            retention={"enabled": False},
+            chains=[chain_config(devnet, rpc_urls=[url], publish_at=3, fallback_confirmations=5, finality_depth=4)],
+            finalized_topic=f"{topic_prefix}final", retention={"enabled": False},
         )  # fmt: skip
         process = IndexerProcess(config).start()
         conn = await connect(database_url)
@@ -204,7 +204,11 @@ async def test_a_node_without_finality_tags_gets_a_warning_and_the_fallback_conf
                 return line is not None and line[0] >= head
 
             await wait_for(at_head, timeout=60, what="indexer at the head")
-            assert await _line(conn, devnet.chain_id) == (head, head - 5)
+            assert await _line(conn, devnet.chain_id) == (head, head - 3), "publish_at: 3 needs no tag"
+            await wait_for(
+                lambda: conn.fetchval("SELECT finalized_through = $1 FROM chain_cursor", head - 5), timeout=30,
+                what="the finalized line at the fallback depth",
+            )  # fmt: skip
             warnings = [
                 json.loads(line) for line in process.output(20_000).splitlines() if "finality_tag_unsupported" in line
             ]

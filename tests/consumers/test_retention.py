@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import socket
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
+from aiohttp import ClientSession
 from aiokafka import AIOKafkaProducer
 
+from escrowd.devnet import Devnet
 from runtime.consumer import MESSAGES, IdempotentConsumer, InboundMessage
 from runtime.db import connect
 from runtime.kafka import TopicSpec, cloudevent_headers, encode_headers, ensure_topics
 from runtime.outbox import OutboxMessage, enqueue
 from runtime.retention import Pruner, RetentionConfig, inbox_cutoff
-from tests.support.indexer_harness import wait_for
+from tests.support.indexer_harness import IndexerProcess, chain_config, wait_for, write_config
 
 TRAFFIC = 600
 PARTITIONS = 2
@@ -199,3 +204,48 @@ def test_the_inbox_cutoff_is_the_broker_retention_plus_margin_and_never_past_a_r
     older = now - timedelta(days=9)
     assert inbox_cutoff(now, config, older) == older
     assert inbox_cutoff(now, config, now - timedelta(days=1)) == now - timedelta(days=8)
+
+
+async def test_the_indexer_process_runs_the_pruner_and_exports_table_sizes(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """`escrowd index run`: an old published outbox row is pruned, and the sizes are on /metrics."""
+    conn = await connect(database_url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_config(
+        tmp_path / "indexer.yaml", database_url=database_url, kafka_bootstrap=kafka_bootstrap,
+        topic=f"{topic_prefix}events", chains=[chain_config(devnet)], metrics_port=port,
+        retention={"outbox_keep_hours": 1, "interval_seconds": 0.2},
+    )  # fmt: skip
+    async with conn.transaction():
+        await enqueue(conn, [OutboxMessage(message_id=f"o{i}", topic="t", key=None, payload=b"{}", headers={})
+                             for i in range(2)])  # fmt: skip
+    await conn.execute("UPDATE outbox SET published_at = now() - interval '2 hours' WHERE message_id = 'o0'")
+    await conn.execute("UPDATE outbox SET published_at = now() WHERE message_id = 'o1'")
+    process = IndexerProcess(config).start()
+    try:
+        async def pruned() -> bool:
+            assert process.running, process.output()
+            return bool(await conn.fetchval("SELECT array_agg(message_id) = '{o1}' FROM outbox"))
+
+        await wait_for(pruned, timeout=60, what="the old published row pruned")
+
+        async def exported() -> str | None:
+            with contextlib.suppress(OSError):
+                async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
+                    text = await reply.text()
+                    # A cycle is counted once it has set the sizes, after its deletes.
+                    done = re.search(r'escrowd_retention_cycles_total\{outcome="ok"\} [1-9]', text)
+                    return text if done and 'deleted_rows_total{table="outbox"} 1.0' in text else None
+            return None
+
+        await wait_for(exported, timeout=30, what="the pruner's metrics")
+        text = await exported() or ""
+        assert re.search(r'escrowd_table_bytes\{table="outbox"\} [1-9]', text), "a real size, not the 0 of start"
+        assert 'escrowd_table_bytes{table="consumer_inbox"}' in text
+        assert 'escrowd_retention_overdue_seconds{table="outbox"} 0.0' in text
+    finally:
+        process.cleanup()
+        await conn.close()

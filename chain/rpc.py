@@ -667,6 +667,14 @@ class RpcClient:
         result: Head = await self._call("eth_getBlockByNumber", ("latest", False), Head.from_json)
         return result
 
+    async def tagged_number(self, tag: str) -> int | None:
+        """The number of the block a tag names (`safe`, `finalized`); None when the node names none yet.
+
+        A node without the tag answers with an error (`RpcCallError`).
+        """
+        header = await self._call("eth_getBlockByNumber", (tag, False), header_reply)
+        return None if header is None else quantity(header["number"], "header number")
+
     async def block_hash(self, number: int) -> str | None:
         """Hash of the canonical block at `number` (None above the head)."""
         header = await self._call("eth_getBlockByNumber", (hex(number), False), header_reply)

@@ -6,13 +6,14 @@ Bad configuration fails at start-up with the offending field named (pydantic doe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from eth_utils.address import is_address, to_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from runtime.config_file import load as config_file_load
+from runtime.retention import RetentionConfig
 from runtime.settings import EventServiceSettings
 
 
@@ -28,6 +29,16 @@ class ChainConfig(BaseModel):
     escrow_addresses: list[str] = Field(min_length=1, description="Escrow contracts to index")
     start_block: int = Field(default=0, ge=0, description="First block to index")
     confirmations: int = Field(default=0, ge=0, description="Publish events once this many blocks deep")
+    publish_at: Literal["latest", "safe", "finalized"] | Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description=(
+            "When events are published: latest, safe or finalized (the node's block tags, checked at start)"
+            " or a number of confirmations; unset: `confirmations`"
+        ),
+    )
+    fallback_confirmations: int = Field(
+        default=64, ge=0, description="Confirmations used instead when the node has no safe/finalized tag"
+    )
     finality_depth: int = Field(
         default=64, ge=1, description="Blocks deeper than this are fetched in ranges without per-block headers"
     )
@@ -65,6 +76,20 @@ class ChainConfig(BaseModel):
                 raise ValueError(f"{address!r} is not an address")
         return [to_checksum_address(a) for a in addresses]
 
+    @property
+    def fixed_confirmations(self) -> int:
+        """The publish depth when it is a count (`publish_at` latest or a number, else `confirmations`)."""
+        if self.publish_at == "latest":
+            return 0
+        if isinstance(self.publish_at, int):
+            return self.publish_at
+        return self.confirmations
+
+    @property
+    def finality_tag(self) -> str | None:
+        """`safe` or `finalized` when events wait for the node's tag."""
+        return self.publish_at if self.publish_at in ("safe", "finalized") else None
+
     @model_validator(mode="after")
     def _ranges(self) -> ChainConfig:
         if self.initial_range > self.max_range:
@@ -81,6 +106,16 @@ class IndexerSettings(EventServiceSettings):
     chains: list[ChainConfig] = Field(min_length=1, description="Chains to follow")
     log_json: bool = Field(default=True, description="JSON log lines (false: console)")
     run_publisher: bool = Field(default=True, description="Run the outbox publisher in this process")
+    finalized_topic: str | None = Field(
+        default=None,
+        description=(
+            "Also publish each chain's events, once finalized, to this topic (e.g. escrow.events.finalized.v1);"
+            " none: no finalized-only stream"
+        ),
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="The retention pruner (one per database elects itself)"
+    )
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> IndexerSettings:

@@ -32,6 +32,7 @@ import orjson
 import structlog
 
 from chain.rpc import (
+    RpcCallError,
     RpcClient,
     RpcError,
     RpcRangeTooLarge,
@@ -75,6 +76,7 @@ class ChainIndexer:
         database_url: str,
         topic: str,
         rpc: RpcClient | None = None,
+        finalized_stream: bool = False,
     ) -> None:
         self.chain = chain
         self.chain_label = str(chain.chain_id)
@@ -92,6 +94,14 @@ class ChainIndexer:
         self._ahead_head: deque[tuple[int, int, asyncio.Task[WindowFetch]]] = deque()
         self._storing: asyncio.Task[None] | None = None
         self._bound = log.bind(chain_id=chain.chain_id)
+        # How deep a block must be to publish its events: a count, or the head's distance to
+        # the node's `safe`/`finalized` block, read at every pass (`_finality`).
+        self._tag = chain.finality_tag
+        self.publish_depth = chain.fixed_confirmations
+        # The finalized-only stream's line (`chain_cursor.finalized_through`): from the node's
+        # `finalized` tag, or the head minus `fallback_confirmations` (`_final_tag` None).
+        self._final_stream = finalized_stream
+        self._final_tag: str | None = "finalized"
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -140,7 +150,57 @@ class ChainIndexer:
                 await watcher
             await self.rpc.close()
 
+    async def _tag_supported(self, tag: str) -> bool:
+        """Does the node name `tag`? If not: one clear warning (the caller falls back to confirmations)."""
+        try:
+            await self.rpc.tagged_number(tag)
+        except RpcCallError as exc:
+            self._bound.warning(
+                "finality_tag_unsupported", tag=tag, fallback_confirmations=self.chain.fallback_confirmations,
+                error=str(exc),
+            )  # fmt: skip
+            return False
+        self._bound.info("finality_tag", tag=tag)
+        return True
+
+    async def _detect_finality(self) -> None:
+        """At start: the tags this chain's settings name, each checked once against the node."""
+        checked = self._tag
+        if self._tag is not None and not await self._tag_supported(self._tag):
+            if self._tag == self._final_tag:
+                self._final_tag = None
+            self._tag = None
+            self.publish_depth = self.chain.fallback_confirmations
+        final = self._final_tag
+        if self._final_stream and final is not None and final != checked and not await self._tag_supported(final):
+            self._final_tag = None
+
+    async def _tagged_depth(self, tag: str | None, head: BlockRef) -> int:
+        if tag is None:
+            return self.chain.fallback_confirmations
+        tagged = await self.rpc.tagged_number(tag)
+        # No tagged block yet: hold everything.
+        return head.number + 1 if tagged is None else max(0, head.number - tagged)
+
+    async def _finality(self, conn: asyncpg.Connection, head: BlockRef) -> None:
+        """The publish depth of this pass, and the finalized-only stream's line."""
+        if self._tag is not None:
+            # The store's line is the cursor minus this depth: at or below the tagged block
+            # whenever the cursor is at or below the head.
+            self.publish_depth = await self._tagged_depth(self._tag, head)
+        if self._final_stream:
+            same = self._tag is not None and self._tag == self._final_tag
+            depth = self.publish_depth if same else await self._tagged_depth(self._final_tag, head)
+            # Only raised: a node behind another one (failover) never lowers it.
+            await conn.execute(
+                "UPDATE chain_cursor SET finalized_through = GREATEST(coalesce(finalized_through, -1), $2)"
+                " WHERE chain_id = $1",
+                self.chain.chain_id,
+                head.number - depth,
+            )
+
     async def _start(self, conn: asyncpg.Connection) -> None:
+        await self._detect_finality()
         cursor = await self.store.load_cursor(conn)
         if cursor is None:
             cursor = await self._initial_cursor(conn)
@@ -162,7 +222,7 @@ class ChainIndexer:
             raise RpcError(f"start block {self.chain.start_block} is beyond the chain head")
         ref = BlockRef.from_header(header)
         await self.store.append(
-            conn, events=[], blocks=[ref], tip=ref, confirmations=self.chain.confirmations, head=None
+            conn, events=[], blocks=[ref], tip=ref, confirmations=self.publish_depth, head=None
         )
         return Cursor(ref.number, ref.hash)
 
@@ -201,6 +261,7 @@ class ChainIndexer:
             raise RpcTransportError("the node has no latest block")
         head = BlockRef.from_header(latest)
         self.head = head
+        await self._finality(conn, head)
         metrics.CHAIN_HEAD.labels(self.chain_label).set(head.number)
         assert self.cursor is not None
         if head.number <= self.cursor.number:
@@ -274,7 +335,7 @@ class ChainIndexer:
         self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
     ) -> None:
         await self.store.append(
-            conn, events=events, blocks=blocks, tip=tip, confirmations=self.chain.confirmations, head=self.head
+            conn, events=events, blocks=blocks, tip=tip, confirmations=self.publish_depth, head=self.head
         )
         for name, count in Counter(e.event for e in events).items():
             metrics.EVENTS.labels(self.chain_label, name).inc(count)
@@ -482,7 +543,7 @@ class ChainIndexer:
         metrics.REORGS.labels(self.chain_label).inc()
         metrics.REORG_DEPTH.labels(self.chain_label).observe(depth)
         metrics.RETRACTIONS.labels(self.chain_label).inc(retracted)
-        if depth > self.chain.confirmations:
+        if depth > self.publish_depth:
             metrics.DEEP_REORGS.labels(self.chain_label).inc()
         self._bound.warning(
             "reorg_repaired", depth=depth, ancestor=ancestor, events_removed=removed, retractions=retracted

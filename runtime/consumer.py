@@ -80,6 +80,26 @@ DLQ_PAYLOAD_MAX_BYTES = 900 * 1024
 and one unsendable row would hold up the whole outbox. Larger payloads stay in `dead_letters`."""
 
 
+INBOX_INSERT_SQL = (
+    'INSERT INTO consumer_inbox (consumer, message_id, topic, partition, "offset")'
+    " SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM consumer_inbox_floors f"
+    " WHERE f.consumer = $1 AND f.topic = $3 AND f.partition = $4 AND f.pruned_through >= $5)"
+    " ON CONFLICT DO NOTHING RETURNING 1"
+)
+"""The inbox row of one message, or nothing for a duplicate: its id was seen, or its offset is at
+or below its partition's pruning floor (handled before its row was pruned; `runtime.retention`)."""
+
+INBOX_INSERT_MANY_SQL = (
+    'INSERT INTO consumer_inbox (consumer, message_id, topic, partition, "offset")'
+    " SELECT $1, m.id, m.topic, m.partition, m.off"
+    " FROM unnest($2::text[], $3::text[], $4::integer[], $5::bigint[]) AS m(id, topic, partition, off)"
+    " WHERE NOT EXISTS (SELECT 1 FROM consumer_inbox_floors f"
+    " WHERE f.consumer = $1 AND f.topic = m.topic AND f.partition = m.partition AND f.pruned_through >= m.off)"
+    " ON CONFLICT DO NOTHING RETURNING message_id"
+)
+"""`INBOX_INSERT_SQL` for many messages at once (ids, topics, partitions, offsets): the new ids."""
+
+
 # Conflicts between concurrent transactions: the batch is retried from its first message.
 _TRANSIENT_SQL = (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)
 
@@ -502,10 +522,7 @@ class IdempotentConsumer:
         self, conn: asyncpg.Connection, message: InboundMessage, message_id: str, deaths: int, dead_run: str | None
     ) -> str:
         inserted = await conn.fetchval(
-            "INSERT INTO consumer_inbox (consumer, message_id) VALUES ($1, $2)"
-            " ON CONFLICT DO NOTHING RETURNING 1",
-            self.name,
-            message_id,
+            INBOX_INSERT_SQL, self.name, message_id, message.topic, message.partition, message.offset
         )
         if inserted is None:
             MESSAGES.labels(self.name, "duplicate").inc()

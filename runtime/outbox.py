@@ -260,6 +260,10 @@ class OutboxPublisher:
             out.append((name, encoded))
         return out
 
+    async def send(self, items: list[_Item]) -> asyncio.Future[Any]:
+        """Queue messages as the publisher does (`_send`), for another stream of the same log."""
+        return await self._send(items)
+
     async def _send(self, items: list[_Item]) -> asyncio.Future[Any]:
         return await send_batches(self._producer, items, self._partitioner)
 

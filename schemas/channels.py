@@ -73,6 +73,21 @@ CHANNELS: tuple[Channel, ...] = (
         ),
     ),
     Channel(
+        topics.ESCROW_EVENTS_FINALIZED,
+        "The escrow events of finalized blocks only: never a retraction",
+        TASK_KEY + "; escrow-wide events (no task) are keyed `<chain id>:escrow:<escrow address lower case>`",
+        "escrowd index run with `finalized_topic` set (the finalized-only stream of the event log)",
+        _escrow_event_messages(),
+        description=(
+            "Each message is the events topic's message byte for byte (same `ce_id`, key, headers and "
+            "`EscrowEventMessage` body, `removed` always false), published once its block is at or below "
+            "the chain's `finalized` tag (or the head minus `fallback_confirmations` where the node has no "
+            "tag). A reorg never removes a finalized block, so no retraction is ever published here: a "
+            "subscriber of this topic needs no retraction handling. It trails the events topic by the "
+            "chain's finality delay (about 13 minutes on Ethereum, 64 blocks on anvil)."
+        ),
+    ),
+    Channel(
         topics.VERIFICATION_REQUESTS,
         "Finalize and review requests accepted by the API, verifier reports and retries",
         TASK_KEY,

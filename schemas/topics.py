@@ -10,6 +10,10 @@ from schemas.cloudevents import TopicSpec
 ESCROW_EVENTS = "escrow.events.v1"
 """Indexed escrow events and their retractions. Key: `<chain id>:<task id>`."""
 
+ESCROW_EVENTS_FINALIZED = "escrow.events.finalized.v1"
+"""The same events once their block is finalized, never a retraction (the indexer's `finalized_topic`).
+Key: `<chain id>:<task id>`."""
+
 VERIFICATION_REQUESTS = "escrow.verification-requests.v1"
 """Finalize (agent result) and review (poster decision) requests accepted by the API. Key: `<chain id>:<task id>`."""
 
@@ -51,6 +55,7 @@ def all_topics(partitions: int = 4) -> list[TopicSpec]:
     """Every topic with its partition count and clean-up policy."""
     return [
         TopicSpec(ESCROW_EVENTS, partitions),
+        TopicSpec(ESCROW_EVENTS_FINALIZED, partitions),
         TopicSpec(VERIFICATION_REQUESTS, partitions),
         TopicSpec(VERDICTS, partitions),
         TopicSpec(TASKS, partitions, compacted=True),

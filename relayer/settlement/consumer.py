@@ -35,6 +35,7 @@ import structlog
 from relayer.settlement import metrics, store
 from relayer.settlement.store import IndexedTask, NewVerdict
 from runtime.consumer import (
+    INBOX_INSERT_MANY_SQL,
     MAX_MESSAGE_ID_CHARS,
     IdempotentConsumer,
     InboundMessage,
@@ -394,10 +395,12 @@ class VerdictConsumer(IdempotentConsumer):
                 new_ids = {
                     r["message_id"]
                     for r in await conn.fetch(
-                        "INSERT INTO consumer_inbox (consumer, message_id)"
-                        " SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING message_id",
+                        INBOX_INSERT_MANY_SQL,
                         self.name,
                         [m.message_id for m, _ in ordinary],
+                        [m.topic for m, _ in ordinary],
+                        [m.partition for m, _ in ordinary],
+                        [m.offset for m, _ in ordinary],
                     )
                 }
                 items = []

@@ -65,20 +65,22 @@ async def run(latency_ms: float, tasks: int, database_url: str, bootstrap: str, 
         # The clock starts once the consumer is in its group and has read every task's events.
         await feed.consumed(2 * tasks, timeout)
         begin = time.monotonic()
-        for task in ids:
-            await feed.submit(task, 1, passed=False)
+        # Sent concurrently: the producer batches them, as the API's publisher would.
+        await asyncio.gather(*(feed.submit(task, 1, passed=False) for task in ids))
+
+        async def advance(task: int) -> None:
+            await feed.judged_on_chain(task, 1, passed=False)
+            await feed.submit(task, 2, passed=True)
+
         advanced: set[int] = set()
         deadline = begin + timeout
         rows = await feed.results()
         while len(rows) < 2 * tasks:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(rows)} of {2 * tasks} verdicts after {timeout:g} s\n{process.output()}")
-            for row in rows:
-                task = int(row["task_id"])
-                if row["attempt"] == 1 and task not in advanced:
-                    advanced.add(task)
-                    await feed.judged_on_chain(task, 1, passed=False)
-                    await feed.submit(task, 2, passed=True)
+            due = {int(row["task_id"]) for row in rows if row["attempt"] == 1} - advanced
+            advanced |= due
+            await asyncio.gather(*(advance(task) for task in sorted(due)))
             await asyncio.sleep(0.05)
             rows = await feed.results()
         elapsed = time.monotonic() - begin

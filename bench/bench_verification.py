@@ -12,7 +12,8 @@ request can only be judged after its first.
 Printed: one JSON line with `verdicts_per_s` (verdicts recorded over the seconds from the first
 finalize to the last verdict), `order_ok` (every task: attempt 1 judged and recorded before
 attempt 2, the verifier never called for a task twice at once, one verdict per attempt) and
-the verifier's peak concurrency.
+the verifier's peak concurrency, and the consumer process's CPU time (per verdict) with the
+machine's load average: on a shared machine the wall-clock figure follows the load.
 """
 
 from __future__ import annotations
@@ -20,14 +21,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from bench.services import on_services
 from escrowd.verification_load import Feed, LatencyVerifier, VerificationProcess
 from runtime.db import migrate_url
 from runtime.logging import configure_logging
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _peak(calls: list[tuple[float, float]]) -> int:
@@ -54,23 +65,26 @@ async def run(latency_ms: float, tasks: int, database_url: str, bootstrap: str, 
         # The clock starts once the consumer is in its group and has read every task's events.
         await feed.consumed(2 * tasks, timeout)
         begin = time.monotonic()
-        for task in ids:
-            await feed.submit(task, 1, passed=False)
+        # Sent concurrently: the producer batches them, as the API's publisher would.
+        await asyncio.gather(*(feed.submit(task, 1, passed=False) for task in ids))
+
+        async def advance(task: int) -> None:
+            await feed.judged_on_chain(task, 1, passed=False)
+            await feed.submit(task, 2, passed=True)
+
         advanced: set[int] = set()
         deadline = begin + timeout
         rows = await feed.results()
         while len(rows) < 2 * tasks:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(rows)} of {2 * tasks} verdicts after {timeout:g} s\n{process.output()}")
-            for row in rows:
-                task = int(row["task_id"])
-                if row["attempt"] == 1 and task not in advanced:
-                    advanced.add(task)
-                    await feed.judged_on_chain(task, 1, passed=False)
-                    await feed.submit(task, 2, passed=True)
+            due = {int(row["task_id"]) for row in rows if row["attempt"] == 1} - advanced
+            advanced |= due
+            await asyncio.gather(*(advance(task) for task in sorted(due)))
             await asyncio.sleep(0.05)
             rows = await feed.results()
         elapsed = time.monotonic() - begin
+        cpu = _cpu_seconds(process.pid)
     finally:
         process.terminate()
         await feed.stop()
@@ -99,6 +113,10 @@ async def run(latency_ms: float, tasks: int, database_url: str, bootstrap: str, 
         "verdicts_per_s": round(len(rows) / elapsed, 2),
         "order_ok": order_ok,
         "verifier_peak_concurrency": _peak([(c.started, c.ended) for c in verifier.calls]),
+        # The consumer process's CPU time (start-up included): what a loaded machine divides.
+        "consumer_cpu_s": round(cpu, 2),
+        "consumer_cpu_ms_per_verdict": round(1000 * cpu / max(1, len(rows)), 1),
+        "load_average_1m": round(os.getloadavg()[0], 1),
     }
 
 

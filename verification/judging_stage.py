@@ -139,6 +139,7 @@ class JudgingPool:
         loop = asyncio.get_running_loop()
         renew_every = self._limits.lease_seconds / 3
         renewed = loop.time()
+        counted = -1.0
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -149,7 +150,10 @@ class JudgingPool:
                 if loop.time() - renewed >= renew_every and self._running:
                     await store.renew_leases(claims, list(self._running), self._limits.lease_seconds)
                     renewed = loop.time()
-                QUEUE_DEPTH.set(await store.open_jobs(claims))
+                if loop.time() - counted >= self._limits.poll_seconds:
+                    # Once a poll interval, not at every wake-up: a count is a scan of the open jobs.
+                    QUEUE_DEPTH.set(await store.open_jobs(claims))
+                    counted = loop.time()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(self._limits.poll_seconds, renew_every))
         finally:

@@ -25,6 +25,7 @@ from runtime.outbox import enqueue
 from runtime.web.auth import Deployment, sign_request
 from schemas import topics
 from schemas.events import event_id
+from schemas.task_terms import result_hash
 from verification.consumer import Topics, VerificationHandler
 from verification.judging_stage import JudgingPool
 from verification.routing import RetryPolicy
@@ -278,6 +279,21 @@ async def drain(database_url: str, handler: Any, *, name: str = "verification-te
                     await conn.execute("UPDATE outbox SET published_at = now() WHERE seq = $1", row["seq"])
     finally:
         await conn.close()
+
+
+async def finalized_task(
+    api: Api, chain: IndexedChain, who: dict[str, Who], task_id: int, verifier_ref: str, result: str = "x"
+) -> None:
+    """An auto task judged by the plugin `verifier_ref`: terms registered, posted, accepted,
+    submitted and finalized through the API (its messages wait in the outbox)."""
+    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
+            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": verifier_ref}}  # fmt: skip
+    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
+    await chain.created(task_id, who["poster"].address, task_hash)
+    await chain.accepted(task_id, who["agent"].address)
+    await chain.submitted(task_id, who["agent"].address, 1, result_hash(result))
+    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/{task_id}/finalize"
+    assert (await api.call("POST", path, {"result": result}, as_=who["agent"])).status_code == 202
 
 
 SIGNING_KEY = anvil_key(40)[1]

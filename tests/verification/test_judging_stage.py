@@ -17,11 +17,10 @@ import pytest
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
 from runtime.db import connect, migrate_url
-from schemas.task_terms import result_hash
 from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.verifiers import default_registry
 
-from .conftest import VERDICTS, Api, IndexedChain, Who, drain, make_handler
+from .conftest import VERDICTS, Api, IndexedChain, Who, drain, finalized_task, make_handler
 
 
 async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
@@ -226,14 +225,7 @@ async def test_a_judge_whose_lease_was_taken_over_commits_nothing(
 
     gate.calls.clear()
     gate.gate.clear()
-    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
-            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.gate:score"}}  # fmt: skip
-    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
-    await chain.created(5, who["poster"].address, task_hash)
-    await chain.accepted(5, who["agent"].address)
-    await chain.submitted(5, who["agent"].address, 1, result_hash("x"))
-    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/5/finalize"
-    assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
+    await finalized_task(api, chain, who, 5, "tests.verification.plugins.gate:score")
     handler = make_handler(registry=default_registry(allowed_plugin_packages=["tests.verification.plugins"]))
     await drain(database_url, handler, judge=False)  # queued, not judged
     conn = await connect(database_url)

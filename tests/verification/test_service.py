@@ -23,7 +23,7 @@ from verification.service import (
     load_signing_key,
 )
 
-from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler
+from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, finalized_task, make_handler
 
 KEY = "0x" + "4c" * 32
 ADDRESS = Account.from_key(KEY).address
@@ -130,14 +130,7 @@ async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedC
     """A finalize waiting for its retry is queued on the requests topic when due, and only once."""
     from verification.verifiers import default_registry
 
-    body = {"chainId": CHAIN_ID, "escrow": ESCROW, "poster": who["poster"].address, "instructionsDigest": "0x" + "ab" * 32,
-            "verificationMode": "auto", "verifier": {"kind": "plugin", "ref": "tests.verification.plugins.broken:score"}}  # fmt: skip
-    task_hash = (await api.call("POST", "/v1/terms", body, as_=who["poster"])).json()["taskHash"]
-    await chain.created(4, who["poster"].address, task_hash)
-    await chain.accepted(4, who["agent"].address)
-    await chain.submitted(4, who["agent"].address, 1, result_hash("x"))
-    path = f"/v1/tasks/{CHAIN_ID}/{ESCROW}/4/finalize"
-    assert (await api.call("POST", path, {"result": "x"}, as_=who["agent"])).status_code == 202
+    await finalized_task(api, chain, who, 4, "tests.verification.plugins.broken:score")
     registry = default_registry(allowed_plugin_packages=["tests.verification.plugins"])
     await drain(database_url, make_handler(registry=registry))
     scheduler = RetryScheduler(database_url, topics.VERIFICATION_REQUESTS)

@@ -1,6 +1,7 @@
 """`GET /health/bridge` on the API process is the relayer's answer (real processes: an indexer,
 `escrowd relay run`, `escrowd api serve`), through the runbook's rotation (`escrowd keys new`,
-restart the relayer, `setMarketplaceVerifier`) and its indexer recovery (start it again).
+restart the relayer, `setMarketplaceVerifier`), its indexer recovery (start it again), and a
+dead relayer (its report goes stale: failing).
 
 The API used to compute its own report from a configured relayer address: during the
 relayer's fail-closed window (restarted with the new key, the escrow still trusting the old
@@ -113,6 +114,15 @@ def test_api_serves_the_relayers_answer_through_a_rotation_and_a_dead_indexer(
             _wait(lambda: body()["status"] == "ok", "ok after the indexer's restart", api, relayer)
             assert body()["chains"][0]["indexer"]["live"] is True
             assert relayer.alive() and api.alive()
+
+            # The relayer dies: its last report goes stale and the API stops vouching for it.
+            relayer.process.kill()
+            relayer.process.wait(30)
+            _wait(lambda: body()["chains"][0]["stale"] is True, "the relayer's report stale", api)
+            report = body()
+            assert report["status"] == "failing"
+            assert report["chains"][0]["relayer"]["sending"] is False
+            assert "is the relayer running" in report["chains"][0]["relayer"]["pausedReason"]
     finally:
         indexer.cleanup()
 

@@ -68,3 +68,36 @@ async def test_a_verdict_gets_one_live_slot_across_singles_and_batches(database_
         assert await conn.fetchval("SELECT count(*) FROM settlement_batch_items WHERE nonce = 1") == 2
     finally:
         await conn.close()
+
+
+async def _items(conn: asyncpg.Connection, nonce: int, verdict_ids: list[int]) -> None:
+    """A round's items in one statement, as the sender stores them (migration 190 checks
+    them once per statement)."""
+    await conn.execute(
+        "INSERT INTO settlement_batch_items (chain_id, sender, nonce, position, verdict_id)"
+        " SELECT 31337, $1, $2, p - 1, v FROM unnest($3::bigint[]) WITH ORDINALITY AS u(v, p)",
+        SENDER, nonce, verdict_ids,
+    )  # fmt: skip
+
+
+async def test_a_round_stored_in_one_statement_is_checked_item_by_item(database_url: str) -> None:
+    conn = await connect(database_url)
+    try:
+        a, b, c, d = [await _verdict(conn, t) for t in (11, 12, 13, 14)]
+        await _slot(conn, 10, "batch")
+        await _items(conn, 10, [a, b])
+        await _slot(conn, 11, "batch")
+        # The same verdict twice in one statement, or one already live elsewhere: the whole
+        # statement is refused, nothing of it stored.
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await _items(conn, 11, [c, c])
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await _items(conn, 11, [c, b])
+        await _slot(conn, 12, "verdict", d)
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await _items(conn, 11, [d])
+        assert await conn.fetchval("SELECT count(*) FROM settlement_batch_items WHERE nonce = 11") == 0
+        await _items(conn, 11, [c])
+        assert await conn.fetchval("SELECT count(*) FROM settlement_batch_items WHERE nonce IN (10, 11)") == 3
+    finally:
+        await conn.close()

@@ -49,19 +49,8 @@ async def server() -> AsyncIterator[tuple[str, list[Any]]]:
     async def broken(request: web.Request) -> web.Response:
         return web.json_response({"quality": 3, "confidence": 1})
 
-    app = web.Application()
-    app.router.add_post("/score", endpoint)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/broken", broken)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_post({"/score": endpoint, "/v1/chat/completions": chat, "/broken": broken}) as url:
+        yield url, seen
 
 
 def _bot(scorer_spec: str, session: aiohttp.ClientSession, api_key: str | None = None) -> VerifierBot:

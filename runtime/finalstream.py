@@ -16,15 +16,15 @@ a watermark row per (chain, topic) with `sending_through` committed before the s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
 
-from runtime.db import connect, is_connection_error
+from runtime.aio import wait_event
 from runtime.eventlog import MessageBuilder, read_after
+from runtime.leader import run_as_leader
 from runtime.outbox import OutboxPublisher
 
 log = structlog.get_logger(__name__)
@@ -71,32 +71,12 @@ class FinalizedStream:
 
     async def run(self) -> None:
         """Lead (or wait as a standby) and publish until stopped."""
-        while not self._stopping.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await connect(self._url)
-                while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _STREAM_LOCK):
-                    if await self._sleep(1.0):
-                        return
-                while not self._stopping.is_set():
-                    if not await self.publish_once(conn) and await self._sleep(self._interval):
-                        return
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    log.exception("finalized_stream_failed", topic=self.topic)
-                else:
-                    log.warning("finalized_stream_retry", error=repr(exc))
-                if await self._sleep(1.0):
-                    return
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
+        await run_as_leader(self._url, _STREAM_LOCK, self._stopping, self._publish, name="finalized_stream")
 
-    async def _sleep(self, seconds: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        return self._stopping.is_set()
+    async def _publish(self, conn: asyncpg.Connection) -> None:
+        while not self._stopping.is_set():
+            if not await self.publish_once(conn):
+                await wait_event(self._stopping, self._interval)
 
     async def publish_once(self, conn: asyncpg.Connection) -> int:
         """One batch per chain with final events past its watermark; how many were sent."""

@@ -24,7 +24,6 @@ sees when to partition or archive it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -33,7 +32,8 @@ import structlog
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.db import connect, is_connection_error
+from runtime.aio import wait_event
+from runtime.leader import run_as_leader
 
 log = structlog.get_logger(__name__)
 
@@ -213,43 +213,19 @@ class Pruner:
     async def run(self) -> None:
         """Lead (or wait as a standby), then prune every `interval_seconds` until stopped."""
         at_start()
-        while not self._stopping.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await connect(self._url)
-                if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PRUNER_LOCK):
-                    log.info("retention_standby")
-                    while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PRUNER_LOCK):
-                        if await self._sleep(self.config.interval_seconds):
-                            return
-                while not self._stopping.is_set():
-                    try:
-                        result = await self.cycle(conn)
-                    except Exception:
-                        CYCLES.labels("failed").inc()
-                        raise
-                    CYCLES.labels("ok").inc()
-                    if any(result.deleted.values()):
-                        log.info("retention_pruned", **result.deleted)
-                    if await self._sleep(self.config.interval_seconds):
-                        return
-            except Exception as exc:
-                if not is_connection_error(exc):
-                    log.exception("retention_failed")
-                else:
-                    log.warning("retention_retry", error=repr(exc))
-                if await self._sleep(min(self.config.interval_seconds, 5.0)):
-                    return
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
+        await run_as_leader(self._url, _PRUNER_LOCK, self._stopping, self._prune, name="retention", poll=5.0)
 
-    async def _sleep(self, seconds: float) -> bool:
-        """Wait `seconds` or until stopped; True when stopped."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        return self._stopping.is_set()
+    async def _prune(self, conn: asyncpg.Connection) -> None:
+        while not self._stopping.is_set():
+            try:
+                result = await self.cycle(conn)
+            except Exception:
+                CYCLES.labels("failed").inc()
+                raise
+            CYCLES.labels("ok").inc()
+            if any(result.deleted.values()):
+                log.info("retention_pruned", **result.deleted)
+            await wait_event(self._stopping, self.config.interval_seconds)
 
     async def cycle(self, conn: asyncpg.Connection) -> CycleResult:
         """One pass over every rule, then the size metrics. Each statement is its own transaction."""

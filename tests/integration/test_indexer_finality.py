@@ -27,6 +27,7 @@ from tests.support.indexer_harness import (
     wait_for,
     write_config,
 )
+from tests.support.local_http import serve_post
 
 
 async def _line(conn: object, chain_id: int) -> tuple[int, int] | None:
@@ -166,17 +167,8 @@ async def _tagless_proxy(upstream: str) -> AsyncIterator[str]:
         async with ClientSession() as session, session.post(upstream, json=body) as reply:
             return web.Response(body=await reply.read(), content_type="application/json")
 
-    app = web.Application()
-    app.router.add_post("/", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        await runner.cleanup()
+    async with serve_post(handle) as url:
+        yield url + "/"
 
 
 async def test_a_node_without_finality_tags_gets_a_warning_and_the_fallback_confirmations(

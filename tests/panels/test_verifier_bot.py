@@ -23,6 +23,7 @@ from escrowd.devnet import Devnet
 from panels.bot import BotSettings, ChainUnavailable, Refused, VerifierBot, check_shown, load_scorer
 from schemas import panels as msg
 from schemas.task_terms import canonical_json, keccak_hex, result_hash
+from tests.support.local_http import serve_post
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,19 +49,8 @@ async def server() -> AsyncIterator[tuple[str, list[Any]]]:
     async def broken(request: web.Request) -> web.Response:
         return web.json_response({"quality": 3, "confidence": 1})
 
-    app = web.Application()
-    app.router.add_post("/score", endpoint)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/broken", broken)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_post({"/score": endpoint, "/v1/chat/completions": chat, "/broken": broken}) as url:
+        yield url, seen
 
 
 def _bot(scorer_spec: str, session: aiohttp.ClientSession, api_key: str | None = None) -> VerifierBot:
@@ -139,17 +129,8 @@ async def node() -> AsyncIterator[tuple[str, dict[str, Any]]]:
         result = "0x7a69" if body["method"] == "eth_chainId" else state["call"]
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
 
-    app = web.Application()
-    app.router.add_post("/", rpc)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", state
-    finally:
-        await runner.cleanup()
+    async with serve_post(rpc) as url:
+        yield url, state
 
 
 async def test_a_node_answering_junk_is_a_refusal_and_a_silent_one_is_not_a_verdict(

@@ -28,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import aiohttp
 from coincurve import PublicKey
 from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chain.keys import SecretKey
 from chain.txs import SignedTx, UnsignedTx, signature_of
@@ -368,17 +368,33 @@ class RemoteSigner:
 # ---------------------------------------------------------------------------- configuration
 
 
-@dataclass(frozen=True)
-class SignerSpec:
-    """Which signer holds one key, from a service's settings."""
+class SignerSpec(BaseModel):
+    """Which signer holds one key: a service's `*_signer` setting (a YAML mapping, or JSON in
+    its `ESCROWD_*` variable). The keystore kind reads the service's own key settings."""
 
-    kind: SignerKind = "keystore"
-    kms_key_id: str | None = None
-    kms_region: str | None = None
-    kms_endpoint_url: str | None = None  # a local KMS-compatible endpoint; None: AWS's own
-    remote_url: str | None = None
-    address: str | None = None  # required for `remote`; for `aws-kms`, checked when given
-    timeout: float = 10.0
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: SignerKind = Field(default="keystore", description="keystore, aws-kms or remote")
+    kms_key_id: str | None = Field(default=None, max_length=2048, description="aws-kms: key id, ARN or alias")
+    kms_region: str | None = Field(default=None, max_length=64, description="aws-kms: region (default us-east-1)")
+    kms_endpoint_url: str | None = Field(
+        default=None, max_length=2048, description="aws-kms: a KMS-compatible endpoint instead of AWS's own"
+    )
+    remote_url: str | None = Field(default=None, max_length=2048, description="remote: the signer's JSON-RPC URL")
+    address: str | None = Field(
+        default=None, description="The key's address: required for remote, checked at start for aws-kms"
+    )
+    timeout: float = Field(default=10.0, gt=0, le=120, description="Seconds one signing request may take")
+
+    @model_validator(mode="after")
+    def _complete(self) -> SignerSpec:
+        if self.address is not None:
+            object.__setattr__(self, "address", eip712.checksum_address(self.address))
+        if self.kind == "aws-kms" and not self.kms_key_id:
+            raise ValueError("the aws-kms signer needs kms_key_id")
+        if self.kind == "remote" and (not self.remote_url or not self.address):
+            raise ValueError("the remote signer needs remote_url and address")
+        return self
 
 
 class Metered:
@@ -426,19 +442,17 @@ async def open_signer(spec: SignerSpec, role: str, load_key: Callable[[], Secret
     if spec.kind == "keystore":
         inner = KeystoreSigner(load_key())
     elif spec.kind == "aws-kms":
-        if not spec.kms_key_id:
-            raise SignerError("the aws-kms signer needs a KMS key id")
+        assert spec.kms_key_id is not None  # the model's validator
         inner = await KmsSigner.open(
             spec.kms_key_id, region=spec.kms_region or "us-east-1", endpoint_url=spec.kms_endpoint_url,
             request_timeout=spec.timeout,
         )
     elif spec.kind == "remote":
-        if not spec.remote_url or not spec.address:
-            raise SignerError("the remote signer needs its URL and the key's address")
+        assert spec.remote_url is not None and spec.address is not None
         inner = await RemoteSigner.open(spec.remote_url, spec.address, request_timeout=spec.timeout)
     else:
         raise SignerError(f"unknown signer kind {spec.kind!r}")
-    if spec.address is not None and eip712.checksum_address(spec.address) != inner.address:
+    if spec.address is not None and spec.address != inner.address:
         await inner.aclose()
         raise SignerError(f"the {spec.kind} signer holds {inner.address}, not the configured {spec.address}")
     return Metered(inner, role)

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from chain.signers import SIGNER_KINDS
 from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
 from runtime.errors import redact_url
 from runtime.logging import configure_logging
@@ -44,10 +45,16 @@ def run(
     progress: bool = typer.Option(True, help="Live progress display"),
     database_url: str | None = typer.Option(None, envvar="ESCROWD_DATABASE_URL", help="PostgreSQL server (a fresh database is created on it; else embedded)"),
     kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
+    signer: str = typer.Option(
+        "keystore", "--signer",
+        help="Who holds the relayer key: keystore (in process), aws-kms (a local KMS process), remote (a local JSON-RPC signer)",
+    ),
 ) -> None:
     """Run the indexer, every consumer, the relayer and the API on embedded services, with traffic."""
     from escrowd.stack import start_stack
 
+    if signer not in SIGNER_KINDS:
+        raise typer.BadParameter(f"--signer must be one of {', '.join(SIGNER_KINDS)}")
     configure_logging(json=False, level=os.environ.get("ESCROWD_LOG_LEVEL", "WARNING"))
     console = Console(stderr=True)
     # SIGINT and SIGTERM both stop everything in order and exit 128 + signal number. Outside
@@ -72,6 +79,7 @@ def run(
                 api_port=api_port or free_port(),
                 metrics_port=metrics_port or free_port(),
                 progress=progress,
+                signer=signer,
             )
         )
     except Interrupted as stop:
@@ -111,6 +119,7 @@ async def _main(
     api_port: int,
     metrics_port: int,
     progress: bool,
+    signer: str,
 ) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
@@ -127,7 +136,7 @@ async def _main(
     try:
         return await _pipeline_main(
             stack, console=console, tasks=tasks, exit_when_done=exit_when_done, seed=seed,
-            batch=batch, api_port=api_port, metrics_port=metrics_port, progress=progress,
+            batch=batch, api_port=api_port, metrics_port=metrics_port, progress=progress, signer=signer,
         )  # fmt: skip
     except asyncio.CancelledError:
         if not received:
@@ -150,11 +159,14 @@ async def _pipeline_main(
     api_port: int,
     metrics_port: int,
     progress: bool,
+    signer: str,
 ) -> int:
     from escrowd.pipeline import Pipeline, PipelineConfig
+    from escrowd.pipeline_parts import LocalSigner
     from escrowd.traffic import TrafficGenerator
 
     dn = stack.devnet
+    local_signer = LocalSigner(signer, dn.marketplace_verifier.private_key)
     pipeline = Pipeline(
         PipelineConfig(
             database_url=stack.postgres.url,
@@ -162,12 +174,15 @@ async def _pipeline_main(
             devnet=dn,
             api_port=api_port,
             metrics_port=metrics_port,
+            relayer_signer=local_signer.spec,
         )
     )
     display: asyncio.Task[None] | None = None
     hosted: Any = None
     try:
         await pipeline.start()
+        if local_signer.url:
+            console.print(f"  signer     {signer} at {local_signer.url} (holds the relayer key)")
         console.print(
             f"  chain      {dn.rpc_url} (chain id {dn.chain_id}), escrow {dn.escrow_address}\n"
             f"  API        http://127.0.0.1:{api_port}  (OpenAPI: /docs)\n"
@@ -218,6 +233,7 @@ async def _pipeline_main(
             with contextlib.suppress(Exception):
                 await hosted.stop()
         await pipeline.stop()
+        local_signer.stop()
 
 
 async def _settle_and_check(

@@ -32,7 +32,6 @@ from typing import Any
 import asyncpg
 import structlog
 
-from chain import txstore
 from chain.eth_rpc import EthRpc, Reverted
 from chain.keys import SecretKey
 from chain.sender import (
@@ -43,6 +42,7 @@ from chain.sender import (
     TxSender,
     classify_send_error,
 )
+from chain.signers import Signer
 from chain.txs import (
     DecodedError,
     SignedTx,
@@ -103,7 +103,7 @@ class ChainSender(TxSender):
         self,
         *,
         chain: ChainSettings,
-        key: SecretKey,
+        key: Signer | SecretKey,
         rpc: EthRpc,
         pool: asyncpg.Pool,
         gate: SendGate,
@@ -441,31 +441,30 @@ class ChainSender(TxSender):
         return out
 
     async def _sign_and_send(self, rows: Sequence[VerdictRow]) -> int:
-        """Sign and store the rows' transactions in one database transaction, then broadcast;
+        """Sign the rows' transactions, store them in one database transaction, then broadcast;
         the number of verdicts signed (a batch's simulation may leave some queued)."""
         groups = await self._simulate_batches(self._groups(rows))
         if not groups:
             return 0
-        fees = await self._fees_now()
         self._crash.maybe_crash("before_sign")
-        async with self._pool.acquire() as conn, conn.transaction():
-            first = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
-            signed: list[tuple[SignedTx, list[VerdictRow]]] = []
-            for i, group in enumerate(groups):
-                if len(group) == 1:
-                    to, data, gas = group[0].escrow, self._calldata(group[0]), self._opt.gas_limit
-                else:
-                    to, data, gas = self._batch_call(group)
-                signed.append((self._sign(first + i, to, data, gas, fees), group))
-            self._crash.maybe_crash("after_sign")
+        calls = [
+            (group[0].escrow, self._calldata(group[0]), self._opt.gas_limit) if len(group) == 1 else self._batch_call(group)
+            for group in groups
+        ]
+
+        async def persist(conn: asyncpg.Connection, txs: list[SignedTx]) -> None:
             await store.record_new_slots(
                 conn,
                 self.chain_id,
                 self.address,
-                [(tx, g[0].id if len(g) == 1 else None, "verdict" if len(g) == 1 else "batch") for tx, g in signed],
-                first + len(signed),
-                batch_items=[(tx.nonce, [v.id for v in g]) for tx, g in signed if len(g) > 1],
+                [(tx, g[0].id if len(g) == 1 else None, "verdict" if len(g) == 1 else "batch") for tx, g in zip(txs, groups, strict=True)],
+                txs[0].nonce + len(txs),
+                batch_items=[(tx.nonce, [v.id for v in g]) for tx, g in zip(txs, groups, strict=True) if len(g) > 1],
             )
+
+        # Signed before the database transaction opens (a KMS or remote signer is slow).
+        signed = list(zip(await self._sign_new(calls, persist), groups, strict=True))
+        first = signed[0][0].nonce
         self._crash.maybe_crash("after_persist")
         metrics.NEXT_NONCE.labels(self._label).set(first + len(signed))
         slots: list[Slot] = []

@@ -29,8 +29,8 @@ from chain.signers import (
 )
 from chain.txs import UnsignedTx, signature_of
 from runtime.services.localkms import LocalKms, der_signature
+from runtime.services.localsigner import RemoteSignerProcess
 from schemas import eip712
-from tests.support.remote_signer import RemoteSignerProcess
 
 KEY = "0x" + "4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318"
 ADDRESS = Account.from_key(KEY).address

@@ -80,7 +80,7 @@ METRICS = SenderMetrics.create("escrowd_test_core_rules", "the test", CollectorR
 def test_a_replacement_signs_the_calldata_first_signed(first: bytes, later: bytes, kind: str) -> None:
     """One calldata per nonce: whatever the slot carries since, a bump re-signs the first call."""
     sender = _sender()
-    tx = sign_eip1559(sender._key, chain_id=31337, nonce=4, to=TARGET, data=first, gas_limit=90_000,
+    tx = sign_eip1559(SecretKey.from_hex(KEY), chain_id=31337, nonce=4, to=TARGET, data=first, gas_limit=90_000,
                       fees=Fees(2 * GWEI, GWEI))
     slot = Slot(nonce=4, kind=kind, versions=[version_of(tx, 0, kind)], to=TARGET, data=later)
     assert sender._call(slot) == (TARGET, first, 90_000)

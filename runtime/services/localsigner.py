@@ -1,8 +1,9 @@
-"""A JSON-RPC signer process for the tests: `eth_accounts`, `eth_signTransaction` and
-`eth_signTypedData_v4`, as the common self-hosted signers serve them, signing with
-eth_account (an implementation independent of ours, so the tests cross-check the two).
+"""A local remote signer, for the devnet (`escrowd run --signer remote`) and the tests: the
+JSON-RPC methods `eth_accounts`, `eth_signTransaction` and `eth_signTypedData_v4`, as the
+common self-hosted signers serve them, signing with eth_account (an implementation
+independent of `chain.signers`, so the tests cross-check the two). Loopback only, no auth.
 
-`python -m tests.support.remote_signer --port N` with the key in `$REMOTE_SIGNER_KEY`;
+`python -m runtime.services.localsigner --port N` with the key in `$REMOTE_SIGNER_KEY`;
 `--mode wrong-key` signs with another key, `--mode high-s` returns high-s signatures.
 """
 
@@ -56,6 +57,7 @@ def handle(account: Any, signing: Any, mode: str, method: str, params: list[Any]
 
 
 def serve(port: int, key: str, mode: str) -> None:
+    """Serve until killed."""
     from aiohttp import web
 
     account = Account.from_key(key)
@@ -85,27 +87,35 @@ class RemoteSignerProcess:
 
     @property
     def url(self) -> str:
+        """The JSON-RPC endpoint."""
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> RemoteSignerProcess:
+        """Start the process and wait until it listens."""
         env = {**os.environ, "REMOTE_SIGNER_KEY": self.key}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.remote_signer", "--port", str(self.port), "--mode", self.mode],
+            [sys.executable, "-m", "runtime.services.localsigner", "--port", str(self.port), "--mode", self.mode],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port, timeout=30)
         return self
 
     def stop(self) -> None:
+        """Stop the process (idempotent)."""
         if self._process is not None:
             self._process.terminate()
             self._process.wait(timeout=10)
             self._process = None
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m runtime.services.localsigner --port N [--mode ...]`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", default="honest", choices=["honest", "wrong-key", "high-s"])
     args = parser.parse_args()
     serve(args.port, os.environ["REMOTE_SIGNER_KEY"], args.mode)
+
+
+if __name__ == "__main__":
+    main()

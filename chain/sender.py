@@ -60,7 +60,7 @@ from chain.eth_rpc import (
     new_heads,
     sleep_backoff,
 )
-from chain.fees import FeePolicy, Fees, bump, includable, price
+from chain.fees import FeePolicy, Fees, bump, includable, over_cap, price
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.nonces import reconcile
@@ -187,6 +187,7 @@ class SenderMetrics:
     reconciliations: Counter
     gaps_filled: Counter
     fee_cap_reached: Counter
+    fee_cap_held: Gauge
     pending: Gauge
     next_nonce: Gauge
     head_block: Gauge
@@ -208,6 +209,9 @@ class SenderMetrics:
             gaps_filled=Counter(f"{prefix}_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"], registry=registry),
             fee_cap_reached=Counter(f"{prefix}_fee_cap_reached_total",
                                     "Replacements skipped because the fee cap left no valid bump", ["chain_id"], registry=registry),
+            fee_cap_held=Gauge(f"{prefix}_fee_cap_held",
+                               "1 while the base fee is above the fee cap: new transactions are held", ["chain_id"],
+                               registry=registry),
             pending=Gauge(f"{prefix}_pending_transactions", f"{who}'s transactions not yet mined", ["chain_id"], registry=registry),
             next_nonce=Gauge(f"{prefix}_nonce", f"The next nonce {who} will use", ["chain_id"], registry=registry),
             head_block=Gauge(f"{prefix}_head_block", f"Latest block {who} saw", ["chain_id"], registry=registry),
@@ -547,7 +551,24 @@ class TxSender:
                 del self._seen[number]
         self.head = head
         self._m.head_block.labels(self._label).set(head.number)
+        self._check_fee_hold(head.base_fee)
         self._head_event.set()
+
+    def _check_fee_hold(self, base_fee: int) -> None:
+        """Hold new sends while no transaction under the cap could be mined; lift the hold
+        by itself when the base fee falls back. Nothing queued is dropped, no nonce is taken
+        while held, so none is left stuck at a hopeless price."""
+        cap = self._opt.policy.fee_cap
+        if over_cap(base_fee, self._opt.policy):
+            if self.gate.fee_hold is None:
+                log.warning("fee_cap_hold", chain_id=self.chain_id, base_fee=base_fee, fee_cap=cap)
+                self._m.fee_cap_held.labels(self._label).set(1)
+            self.gate.hold_fees(f"base fee {base_fee} wei is above the fee cap {cap} wei: new transactions held")
+        elif self.gate.fee_hold is not None:
+            log.info("fee_cap_released", chain_id=self.chain_id, base_fee=base_fee, fee_cap=cap)
+            self._m.fee_cap_held.labels(self._label).set(0)
+            self.gate.release_fees()
+            self._wake.set()
 
     async def _watch_heads(self) -> None:
         if self._ws_url is None:
@@ -915,8 +936,9 @@ class CallSender(TxSender):
         self._outcomes: dict[int, str | CallFailed] = {}
 
     async def send(self, to: str, data: bytes, gas_limit: int) -> int:
-        """Sign, store and broadcast a call at the next nonce (behind the gate); its nonce."""
-        await self.gate.wait_open()
+        """Sign, store and broadcast a call at the next nonce (behind the gate and the fee
+        hold); its nonce."""
+        await self.gate.wait_sendable()
         if not self.allowed(to):
             raise DestinationRefused(f"{to} is not a configured destination of this key")
 

@@ -197,8 +197,9 @@ class BridgeHealthChecker:
         if head is None and reason is not None:
             reason = f"RPC unreachable ({error}); {reason}"
         gate = self._gates.get(chain.chain_id)
-        sending = bool(getattr(gate, "is_open", False)) if gate is not None else matches
-        paused = getattr(gate, "reason", None) if gate is not None else reason
+        hold = getattr(gate, "fee_hold", None)
+        sending = bool(getattr(gate, "is_open", False)) and hold is None if gate is not None else matches
+        paused = (getattr(gate, "reason", None) or hold) if gate is not None else reason
         return ChainHealth(
             arbiter=None if self.arbiter_address is None else await self._arbiter(rpc, chain.escrow_addresses[0]),
             chain_id=chain.chain_id,
@@ -280,6 +281,7 @@ class SendGateLike(Protocol):
     def is_open(self) -> bool: ...
 
     reason: str | None
+    fee_hold: str | None  # set while the base fee is above the fee cap (new sends held)
 
     @property
     def closures(self) -> int:
@@ -330,8 +332,10 @@ class HealthMonitor:
         gate = self._gates.get(chain.chain_id)
         if gate is None:
             return chain.relayer
+        hold = gate.fee_hold
+        sending = gate.is_open and hold is None
         return chain.relayer.model_copy(
-            update={"sending": gate.is_open, "paused_reason": None if gate.is_open else gate.reason}
+            update={"sending": sending, "paused_reason": None if sending else (gate.reason or hold)}
         )
 
     def _apply(self, chain: ChainHealth, closures_before: int | None) -> None:

@@ -274,12 +274,12 @@ class ChainSender(TxSender):
     async def _dispatch_loop(self) -> None:
         while True:
             await self._wait(self._wake, 1.0)
-            await self.gate.wait_open()
+            await self.gate.wait_sendable()
             # Verdicts arrive in many small consumer commits, each with its notification:
             # a short pause lets them pile up into one round (one preflight round trip, one
             # database transaction) instead of one round per commit.
             await asyncio.sleep(self._opt.dispatch_coalesce)
-            while self.gate.is_open:
+            while self.gate.is_open and self.gate.fee_hold is None:
                 capacity = self._opt.max_in_flight - len(self._pending())
                 if capacity <= 0:
                     break

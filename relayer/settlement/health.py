@@ -59,6 +59,9 @@ class RelayerHealth(_Model):
 
     address: str
     balance_wei: str | None = Field(default=None, description="Decimal string (exceeds 2^53)")
+    runway_verdicts: int | None = Field(
+        default=None, description="Verdict transactions the balance pays for at the current gas price (worst-case gas)"
+    )
     pending_transactions: int = 0
     next_nonce: int | None = None
     sending: bool = False
@@ -125,6 +128,14 @@ def key_match(trusted: Sequence[str | None], relayer: str) -> tuple[bool, str | 
     return True, None
 
 
+def runway(balance: int | None, gas_price: int | None, gas_per_send: int) -> int | None:
+    """How many more sends of `gas_per_send` gas the balance pays for at `gas_price` (None:
+    unknown). Worst case: the gas limit, not what a verdict usually burns."""
+    if balance is None or gas_price is None:
+        return None
+    return balance // max(1, gas_price * gas_per_send)
+
+
 def overall_status(chains: Sequence[ChainHealth]) -> Literal["ok", "degraded", "failing"]:
     """failing when any chain cannot send; degraded when an indexer lag is unknown."""
     if any(not c.verifier.verifier_matches or not c.rpc.reachable for c in chains):
@@ -146,7 +157,9 @@ class BridgeHealthChecker:
         relayer_address: str,
         gates: Mapping[int, object] | None = None,
         arbiter_address: str | None = None,
+        gas_per_send: int = 400_000,
     ) -> None:
+        self._gas_per_send = gas_per_send
         self._chains = list(chains)
         self.arbiter_address = None if arbiter_address is None else checksum_address(arbiter_address)
         self._rpcs = rpcs
@@ -160,6 +173,7 @@ class BridgeHealthChecker:
         head: int | None = None
         error: str | None = None
         balance: int | None = None
+        price: int | None = None
         trusted: list[str | None] = []
         try:
             calls: list[tuple[str, list[object]]] = [
@@ -170,7 +184,11 @@ class BridgeHealthChecker:
                 ("eth_call", [{"to": e, "data": "0x" + marketplace_verifier_data().hex()}, "latest"])
                 for e in chain.escrow_addresses
             ]
+            calls.append(("eth_gasPrice", []))
             replies = await rpc.batch(calls)
+            gas_price = replies.pop()
+            if not isinstance(gas_price, Exception):
+                price = int(str(gas_price), 16)
             if not isinstance(replies[0], Exception):
                 head = int(str(replies[0]), 16)
             else:
@@ -212,6 +230,7 @@ class BridgeHealthChecker:
             relayer=RelayerHealth(
                 address=self.relayer_address,
                 balance_wei=None if balance is None else str(balance),
+                runway_verdicts=runway(balance, price, self._gas_per_send),
                 pending_transactions=pending,
                 next_nonce=next_nonce,
                 sending=sending,
@@ -350,6 +369,8 @@ class HealthMonitor:
             metrics.INDEXER_LAG.labels(label).set(chain.indexer.lag_blocks)
         if chain.relayer.balance_wei is not None:
             metrics.BALANCE.labels(label).set(int(chain.relayer.balance_wei))
+        if chain.relayer.runway_verdicts is not None:
+            metrics.RUNWAY.labels(label).set(chain.relayer.runway_verdicts)
         known = chain.verifier.marketplace_verifier is not None
         metrics.KEY_MATCH.labels(label).set(1 if matches else (0 if known else -1))
         previous = self._matched.get(chain.chain_id)

@@ -95,7 +95,8 @@ class Relayer:
         try:
             await ensure_topics(s.kafka_bootstrap, [TopicSpec(s.verdicts_topic), TopicSpec(s.dlq_topic, 1)])
             checker = BridgeHealthChecker(
-                chains=s.chains, rpcs=self.rpcs, pool=pool, relayer_address=self.key.address, gates=self.gates
+                chains=s.chains, rpcs=self.rpcs, pool=pool, relayer_address=self.key.address, gates=self.gates,
+                gas_per_send=s.relayer_gas_limit,
             )
             self.monitor = HealthMonitor(checker, self.gates, interval=s.relayer_poll_interval)
             crash = CrashPoints(s.relayer_fault_injection)

@@ -251,6 +251,7 @@ class TxSender:
         self._poll_interval = poll_interval
         self._crash_at = crash or (lambda point: None)
         self._label = str(chain_id)
+        self._m.fee_cap_held.labels(self._label).set(0)
         self.slots: dict[int, Slot] = {}
         self.head: Head | None = None
         self._seen: dict[int, str] = {}

@@ -406,6 +406,7 @@ class Metered:
         self.address = inner.address
         self._labels = (role, inner.kind)
         SIGNER_UP.labels(*self._labels).set(1)
+        SIGNER_FAILURES.labels(*self._labels)  # at 0 from the start: the alert's increase() sees the first one
 
     async def _metered(self, call: Awaitable[Any]) -> Any:
         try:

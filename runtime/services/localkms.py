@@ -21,14 +21,12 @@ import hashlib
 import json
 import os
 import secrets
-import subprocess
-import sys
 import uuid
 from typing import Any
 
 from coincurve import PrivateKey
 
-from runtime.services.ports import free_port, wait_for_port
+from runtime.services.ports import LoopbackProcess
 
 _N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 _SPKI_PREFIX = bytes.fromhex("3056301006072a8648ce3d020106052b8104000a034200")  # id-ecPublicKey, secp256k1
@@ -122,40 +120,23 @@ def serve(port: int, state: KmsState) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-class LocalKms:
-    """A local KMS process on a fixed loopback port: start, stop (an outage), start again."""
+class LocalKms(LoopbackProcess):
+    """A local KMS process, its keys seeded (key id -> 0x private key)."""
+
+    module = "runtime.services.localkms"
 
     def __init__(self, keys: dict[str, str], *, port: int | None = None, high_s: bool = False) -> None:
+        super().__init__(port)
         self.keys = dict(keys)
-        self.port = port or free_port()
         self.high_s = high_s
-        self._process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        """The endpoint URL a boto3 client is given."""
-        return f"http://127.0.0.1:{self.port}"
+    def arguments(self) -> list[str]:
+        """`--high-s` when asked for."""
+        return ["--high-s"] if self.high_s else []
 
-    def start(self) -> LocalKms:
-        """Start the process and wait until it listens."""
-        args = [sys.executable, "-m", "runtime.services.localkms", "--port", str(self.port)]
-        env = {**os.environ, "ESCROWD_LOCALKMS_KEYS": json.dumps(self.keys)}
-        self._process = subprocess.Popen(
-            [*args, *(["--high-s"] if self.high_s else [])], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_for_port(self.port, timeout=30)
-        return self
-
-    def stop(self) -> None:
-        """Stop the process (idempotent)."""
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
+    def environment(self) -> dict[str, str]:
+        """The seeded keys."""
+        return {"ESCROWD_LOCALKMS_KEYS": json.dumps(self.keys)}
 
 
 def main() -> None:

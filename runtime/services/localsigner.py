@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 from eth_account import Account
 from eth_account.messages import encode_typed_data
 
-from runtime.services.ports import free_port, wait_for_port
+from runtime.services.ports import LoopbackProcess
 
 N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
@@ -76,36 +74,23 @@ def serve(port: int, key: str, mode: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-class RemoteSignerProcess:
-    """The signer as a process on a fixed port (stop it for an outage, start it again)."""
+class RemoteSignerProcess(LoopbackProcess):
+    """The signer as a process (stop it for an outage, start it again on the same port)."""
 
-    def __init__(self, key: str, *, mode: str = "honest") -> None:
+    module = "runtime.services.localsigner"
+
+    def __init__(self, key: str, *, mode: str = "honest", port: int | None = None) -> None:
+        super().__init__(port)
         self.key = key
         self.mode = mode
-        self.port = free_port()
-        self._process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        """The JSON-RPC endpoint."""
-        return f"http://127.0.0.1:{self.port}"
+    def arguments(self) -> list[str]:
+        """The signing mode."""
+        return ["--mode", self.mode]
 
-    def start(self) -> RemoteSignerProcess:
-        """Start the process and wait until it listens."""
-        env = {**os.environ, "REMOTE_SIGNER_KEY": self.key}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.services.localsigner", "--port", str(self.port), "--mode", self.mode],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port, timeout=30)
-        return self
-
-    def stop(self) -> None:
-        """Stop the process (idempotent)."""
-        if self._process is not None:
-            self._process.terminate()
-            self._process.wait(timeout=10)
-            self._process = None
+    def environment(self) -> dict[str, str]:
+        """The key, never in argv."""
+        return {"REMOTE_SIGNER_KEY": self.key}
 
 
 def main() -> None:

@@ -296,6 +296,13 @@ class ChainSender(TxSender):
             s.verdict.id for s in slots if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
         } | {v.id for s in slots if s.kind == "batch" and s.receipt_status != 0 for v in s.items}
         rows = [r for r in rows if r.id not in live]
+        outside = [r for r in rows if not self.allowed(r.escrow)]
+        if outside:
+            # Only after the configuration dropped an escrow (the consumer admits none other):
+            # left queued, never signed, until it is configured again.
+            log.warning("verdicts_for_unconfigured_escrow", chain_id=self.chain_id, count=len(outside),
+                        escrows=sorted({r.escrow for r in outside}))
+            rows = [r for r in rows if self.allowed(r.escrow)]
         if not rows:
             return 0
         # One JSON-RPC batch: with the simulation on, it alone answers (an attempt judged

@@ -102,6 +102,12 @@ def is_valid_replacement(old: Fees, new: Fees, min_bump_bps: int = NODE_MIN_BUMP
     )
 
 
+def over_cap(base_fee: int, policy: FeePolicy) -> bool:
+    """True when no transaction under the cap can enter a block at `base_fee` (with the least
+    tip): new sends are held rather than signed at a price that would leave their nonce stuck."""
+    return base_fee + policy.min_priority_fee > policy.fee_cap
+
+
 def includable(fees: Fees, base_fee: int) -> bool:
     """True when a transaction with `fees` can enter a block whose base fee is `base_fee`."""
     return fees.max_fee_per_gas >= base_fee

@@ -18,9 +18,17 @@ and runs three loops over them:
   reconciles the nonce row with the chain (`chain.nonces`) when the node says "nonce too
   low/high" or a nonce was lost.
 
-Nothing is broadcast while the gate is closed (`chain.gate`, fail closed). New transactions
-are signed and stored with consecutive nonces in one database transaction that locks the
-nonce row, and broadcast only after the commit.
+Nothing is broadcast while the gate is closed (`chain.gate`, fail closed). Every signature
+comes from the key's `chain.signers.Signer` (a keystore, KMS or a remote signer) and is made
+before any database transaction opens: a slow signer never holds the nonce row. New
+transactions are signed at the nonces the counter gives, then stored in one database
+transaction that locks the counter row and finds it unchanged (else they are discarded,
+never broadcast, and signed again at the new nonces), and broadcast only after the commit.
+A signer that cannot answer (`SignerError`) leaves everything as it was: nothing is stored
+or sent, the loop backs off and tries again, never with another key.
+
+Send policy: transactions go only to the configured destinations (`SenderOptions.allowed_to`,
+the escrows; the key's own address for fillers): anything else is refused before signing.
 
 Users: the relayer's verdict send loop (`relayer.settlement.sender.ChainSender`, a subclass
 that adds its dispatch loop, single and packed verdicts, and what a verdict's outcome means),
@@ -52,13 +60,14 @@ from chain.eth_rpc import (
     new_heads,
     sleep_backoff,
 )
-from chain.fees import FeePolicy, Fees, bump, includable, price
+from chain.fees import FeePolicy, Fees, bump, includable, over_cap, price
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.nonces import reconcile
 from chain.receipts import Receipt, depth, fetch_receipts
+from chain.signers import KeystoreSigner, Signer, SignerError
 from chain.stuck import is_due
-from chain.txs import FILLER_GAS, SignedTx, sign_eip1559, signed_call
+from chain.txs import FILLER_GAS, SignedTx, UnsignedTx, signed_call
 from chain.txstore import MinedUpdate, NewSlot, TxVersion, version_of
 from runtime.aio import wait_event
 
@@ -71,6 +80,7 @@ __all__ = [
     "BROADCAST_CHUNK",
     "CallFailed",
     "CallSender",
+    "DestinationRefused",
     "SendGate",
     "SenderMetrics",
     "SenderOptions",
@@ -104,6 +114,14 @@ async def broadcast_raw(rpc: EthRpc, raw_hexes: Sequence[str]) -> list[str]:
         else:
             outcomes.append("ok")
     return outcomes
+
+
+class DestinationRefused(ValueError):
+    """A transaction to an address the send policy does not allow: refused before signing."""
+
+
+class NonceMoved(Exception):
+    """The counter moved while a round was being signed: its signatures are discarded."""
 
 
 # ---------------------------------------------------------------------------- state
@@ -155,6 +173,7 @@ class SenderOptions:
     settle_batch_min: int = 2  # pack only rounds with at least this many verdicts ready
     batch_gas_per_item: int = 60_000
     batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
+    allowed_to: frozenset[str] | None = None  # lower-case destinations allowed (None: any)
 
 
 RESEND_REASONS = ("reorg", "transient", "nonce_lost", "nonce_too_low", "nonce_too_high")
@@ -174,6 +193,7 @@ class SenderMetrics:
     reconciliations: Counter
     gaps_filled: Counter
     fee_cap_reached: Counter
+    fee_cap_held: Gauge
     pending: Gauge
     next_nonce: Gauge
     head_block: Gauge
@@ -195,6 +215,9 @@ class SenderMetrics:
             gaps_filled=Counter(f"{prefix}_nonce_gaps_filled_total", "Nonce gaps closed with a filler", ["chain_id"], registry=registry),
             fee_cap_reached=Counter(f"{prefix}_fee_cap_reached_total",
                                     "Replacements skipped because the fee cap left no valid bump", ["chain_id"], registry=registry),
+            fee_cap_held=Gauge(f"{prefix}_fee_cap_held",
+                               "1 while the base fee is above the fee cap: new transactions are held", ["chain_id"],
+                               registry=registry),
             pending=Gauge(f"{prefix}_pending_transactions", f"{who}'s transactions not yet mined", ["chain_id"], registry=registry),
             next_nonce=Gauge(f"{prefix}_nonce", f"The next nonce {who} will use", ["chain_id"], registry=registry),
             head_block=Gauge(f"{prefix}_head_block", f"Latest block {who} saw", ["chain_id"], registry=registry),
@@ -222,7 +245,7 @@ class TxSender:
         self,
         *,
         chain_id: int,
-        key: SecretKey,
+        key: Signer | SecretKey,
         rpc: EthRpc,
         pool: asyncpg.Pool,
         gate: SendGate,
@@ -234,8 +257,8 @@ class TxSender:
         crash: Callable[[str], None] | None = None,
     ) -> None:
         self.chain_id = chain_id
-        self.address = key.address
-        self._key = key
+        self._signer: Signer = KeystoreSigner(key) if isinstance(key, SecretKey) else key
+        self.address = self._signer.address
         self._rpc = rpc
         self._pool = pool
         self.gate = gate
@@ -246,6 +269,7 @@ class TxSender:
         self._poll_interval = poll_interval
         self._crash_at = crash or (lambda point: None)
         self._label = str(chain_id)
+        self._m.fee_cap_held.labels(self._label).set(0)
         self.slots: dict[int, Slot] = {}
         self.head: Head | None = None
         self._seen: dict[int, str] = {}
@@ -422,7 +446,7 @@ class TxSender:
 
     async def _fill(self, nonces: Sequence[int], next_nonce: int) -> None:
         fees = await self._fees_now()
-        signed = [self._sign(n, self.address, b"", FILLER_GAS, fees) for n in nonces]
+        signed = await self._sign_all([(n, self.address, b"", FILLER_GAS) for n in nonces], fees)
         async with self._pool.acquire() as conn, conn.transaction():
             await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(tx, "filler") for tx in signed])
             await txstore.set_next_nonce(conn, self.chain_id, self.address, next_nonce)
@@ -442,7 +466,8 @@ class TxSender:
             try:
                 await loop()
                 return
-            except (RpcError, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+            except (RpcError, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, SignerError) as exc:
+                # A signer that cannot answer: nothing was stored or sent; try again later.
                 failures += 1
                 self.last_error = f"{name}: {type(exc).__name__}: {exc}"
                 log.warning("sender_loop_retry", chain_id=self.chain_id, loop=name, error=self.last_error)
@@ -454,10 +479,49 @@ class TxSender:
         await wait_event(event, seconds)
         event.clear()
 
-    def _sign(self, nonce: int, to: str, data: bytes, gas_limit: int, fees: Fees) -> SignedTx:
-        return sign_eip1559(
-            self._key, chain_id=self.chain_id, nonce=nonce, to=to, data=data, gas_limit=gas_limit, fees=fees
+    def allowed(self, to: str) -> bool:
+        """The send policy: `to` is a configured destination (or the key itself: a filler)."""
+        allowed = self._opt.allowed_to
+        return allowed is None or to.lower() in allowed or to.lower() == self.address.lower()
+
+    async def _sign(self, nonce: int, to: str, data: bytes, gas_limit: int, fees: Fees) -> SignedTx:
+        if not self.allowed(to):
+            raise DestinationRefused(f"{to} is not a configured destination of this key")
+        return await self._signer.sign_transaction(
+            UnsignedTx(chain_id=self.chain_id, nonce=nonce, to=to, data=data, gas_limit=gas_limit, fees=fees)
         )
+
+    async def _sign_all(self, calls: Sequence[tuple[int, str, bytes, int]], fees: Fees) -> list[SignedTx]:
+        """(nonce, to, data, gas) each signed, concurrently (a remote signer's round trips
+        overlap); never inside a database transaction."""
+        return list(await asyncio.gather(*(self._sign(n, to, data, gas, fees) for n, to, data, gas in calls)))
+
+    async def _sign_new(
+        self,
+        calls: Sequence[tuple[str, bytes, int]],
+        store: Callable[[asyncpg.Connection, list[SignedTx]], Any],
+    ) -> list[SignedTx]:
+        """Sign `calls` (to, data, gas) at the next consecutive nonces and store them with
+        `store(conn, signed)` (which advances the counter) in one transaction that finds the
+        counter where the signing read it. The signing happens before that transaction, so
+        the counter row is never locked while a signer answers; when the counter moved in
+        between, the signatures are dropped (never stored or broadcast) and made again."""
+        fees = await self._fees_now()
+        while True:
+            async with self._pool.acquire() as conn:
+                first = max(await txstore.next_nonce(conn, self.chain_id, self.address) or 0, self._chain_latest)
+            signed = await self._sign_all([(first + i, to, data, gas) for i, (to, data, gas) in enumerate(calls)], fees)
+            self._crash_at("after_sign")
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    locked = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
+                    if locked != first:
+                        raise NonceMoved
+                    await store(conn, signed)
+            except NonceMoved:
+                log.info("nonce_moved_while_signing", chain_id=self.chain_id, signed_at=first)
+                continue
+            return signed
 
     def _note_chain_count(self, chain_latest: int) -> None:
         if chain_latest > self._chain_latest:
@@ -506,7 +570,24 @@ class TxSender:
                 del self._seen[number]
         self.head = head
         self._m.head_block.labels(self._label).set(head.number)
+        self._check_fee_hold(head.base_fee)
         self._head_event.set()
+
+    def _check_fee_hold(self, base_fee: int) -> None:
+        """Hold new sends while no transaction under the cap could be mined; lift the hold
+        by itself when the base fee falls back. Nothing queued is dropped, no nonce is taken
+        while held, so none is left stuck at a hopeless price."""
+        cap = self._opt.policy.fee_cap
+        if over_cap(base_fee, self._opt.policy):
+            if self.gate.fee_hold is None:
+                log.warning("fee_cap_hold", chain_id=self.chain_id, base_fee=base_fee, fee_cap=cap)
+                self._m.fee_cap_held.labels(self._label).set(1)
+            self.gate.hold_fees(f"base fee {base_fee} wei is above the fee cap {cap} wei: new transactions held")
+        elif self.gate.fee_hold is not None:
+            log.info("fee_cap_released", chain_id=self.chain_id, base_fee=base_fee, fee_cap=cap)
+            self._m.fee_cap_held.labels(self._label).set(0)
+            self.gate.release_fees()
+            self._wake.set()
 
     async def _watch_heads(self) -> None:
         if self._ws_url is None:
@@ -823,7 +904,7 @@ class TxSender:
 
     async def _replace(self, slot: Slot, fees: Fees, *, kind: str) -> None:
         to, data, gas = (self.address, b"", FILLER_GAS) if kind == "filler" else self._call(slot)
-        tx = self._sign(slot.nonce, to, data, gas, fees)
+        tx = await self._sign(slot.nonce, to, data, gas, fees)
         version = slot.latest.version + 1
         async with self._pool.acquire() as conn, conn.transaction():
             await txstore.record_version(conn, self.chain_id, self.address, tx, version, kind)
@@ -874,14 +955,18 @@ class CallSender(TxSender):
         self._outcomes: dict[int, str | CallFailed] = {}
 
     async def send(self, to: str, data: bytes, gas_limit: int) -> int:
-        """Sign, store and broadcast a call at the next nonce (behind the gate); its nonce."""
-        await self.gate.wait_open()
-        fees = await self._fees_now()
-        async with self._pool.acquire() as conn, conn.transaction():
-            nonce = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
-            tx = self._sign(nonce, to, data, gas_limit, fees)
-            await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(tx, "call", to=to, data=data)])
-            await txstore.set_next_nonce(conn, self.chain_id, self.address, nonce + 1)
+        """Sign, store and broadcast a call at the next nonce (behind the gate and the fee
+        hold); its nonce."""
+        await self.gate.wait_sendable()
+        if not self.allowed(to):
+            raise DestinationRefused(f"{to} is not a configured destination of this key")
+
+        async def store(conn: asyncpg.Connection, signed: list[SignedTx]) -> None:
+            await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(signed[0], "call", to=to, data=data)])
+            await txstore.set_next_nonce(conn, self.chain_id, self.address, signed[0].nonce + 1)
+
+        (tx,) = await self._sign_new([(to, data, gas_limit)], store)
+        nonce = tx.nonce
         self._m.next_nonce.labels(self._label).set(nonce + 1)
         self._adopt([Slot(nonce=nonce, kind="call", versions=[version_of(tx, 0, "call")], to=to.lower(), data=data)])
         return nonce

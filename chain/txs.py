@@ -22,6 +22,7 @@ __all__ = [
     "FILLER_GAS",
     "DecodedError",
     "SignedTx",
+    "UnsignedTx",
     "VerdictItem",
     "complete_verification_batch_data",
     "complete_verification_data",
@@ -33,6 +34,7 @@ __all__ = [
     "selector",
     "settled_attempts",
     "sign_eip1559",
+    "signature_of",
     "signed_call",
 ]
 
@@ -158,6 +160,45 @@ def _rlp(item: int | bytes | list[Any]) -> bytes:
     return _rlp_length(len(item), 0x80) + item
 
 
+@dataclass(frozen=True)
+class UnsignedTx:
+    """A type-2 transaction with an empty access list, before its signature: what a `Signer`
+    (`chain.signers`) is asked to sign."""
+
+    chain_id: int
+    nonce: int
+    to: str
+    data: bytes
+    gas_limit: int
+    fees: Fees
+    value: int = 0
+
+    def fields(self) -> list[Any]:
+        """The RLP fields in order (EIP-1559)."""
+        return [
+            self.chain_id,
+            self.nonce,
+            self.fees.max_priority_fee_per_gas,
+            self.fees.max_fee_per_gas,
+            self.gas_limit,
+            bytes.fromhex(self.to.removeprefix("0x")),
+            self.value,
+            self.data,
+            [],
+        ]
+
+    def digest(self) -> bytes:
+        """The 32-byte hash the key signs: keccak(0x02 || rlp(fields))."""
+        return bytes(keccak(b"\x02" + _rlp(self.fields())))
+
+    def assemble(self, y_parity: int, r: int, s: int) -> SignedTx:
+        """The signed transaction from a signature over `digest()` (low s, checked by the caller)."""
+        raw = b"\x02" + _rlp([*self.fields(), y_parity, r, s])
+        return SignedTx(
+            raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=self.nonce, fees=self.fees, gas_limit=self.gas_limit
+        )
+
+
 def sign_eip1559(
     key: SecretKey,
     *,
@@ -169,24 +210,9 @@ def sign_eip1559(
     fees: Fees,
     value: int = 0,
 ) -> SignedTx:
-    """Sign a type-2 transaction with an empty access list."""
-    fields: list[Any] = [
-        chain_id,
-        nonce,
-        fees.max_priority_fee_per_gas,
-        fees.max_fee_per_gas,
-        gas_limit,
-        bytes.fromhex(to.removeprefix("0x")),
-        value,
-        data,
-        [],
-    ]
-    digest = keccak(b"\x02" + _rlp(fields))
-    y_parity, r, s = key.sign_digest(digest)
-    raw = b"\x02" + _rlp([*fields, y_parity, r, s])
-    return SignedTx(
-        raw=raw, tx_hash="0x" + keccak(raw).hex(), nonce=nonce, fees=fees, gas_limit=gas_limit
-    )
+    """Sign a type-2 transaction with an empty access list, with a key held in this process."""
+    tx = UnsignedTx(chain_id=chain_id, nonce=nonce, to=to, data=data, gas_limit=gas_limit, fees=fees, value=value)
+    return tx.assemble(*key.sign_digest(tx.digest()))
 
 
 def _rlp_item(data: bytes, at: int) -> tuple[int, int, bool]:
@@ -225,3 +251,28 @@ def signed_call(raw: bytes) -> tuple[str, bytes]:
     if is_list or len(to) != 20:
         raise ValueError("malformed transaction")
     return "0x" + to.hex(), raw[data_start:data_end]
+
+
+def signature_of(raw: bytes) -> tuple[int, int, int]:
+    """(y parity, r, s) of a signed type-2 transaction from outside (a remote signer's reply):
+    strict, ValueError for anything but a 12-item list that spans the bytes exactly."""
+    if raw[:1] != b"\x02" or len(raw) < 2:
+        raise ValueError("not a type-2 transaction")
+    try:
+        start, end, is_list = _rlp_item(raw, 1)
+        if not is_list or end != len(raw):
+            raise ValueError("malformed transaction")
+        items: list[tuple[int, int, bool]] = []
+        at = start
+        while at < end:
+            item = _rlp_item(raw, at)
+            if item[1] > end or item[0] > item[1]:
+                raise ValueError("malformed transaction")
+            items.append(item)
+            at = item[1]
+    except IndexError:
+        raise ValueError("malformed transaction") from None
+    if at != end or len(items) != 12 or any(is_list for *_, is_list in items[9:]):
+        raise ValueError("not a signed type-2 transaction")
+    y, r, s = (int.from_bytes(raw[a:b], "big") for a, b, _ in items[9:])
+    return y, r, s

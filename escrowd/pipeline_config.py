@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from chain.signers import SignerSpec
 from escrowd.devnet import Devnet
 
 
@@ -19,6 +20,7 @@ class PipelineConfig:
     api_port: int
     metrics_port: int
     confirmations: int = 0
+    relayer_signer: SignerSpec | None = None  # who holds the marketplace verifier key (None: in process)
 
 
 @dataclass

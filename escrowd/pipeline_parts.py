@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     """Every downstream service, ready to run."""
     from api.app import create_app
     from api.settings import ApiSettings
+    from chain.signers import SignerSpec, open_signer
     from lifecycle.consumer import build_consumer as lifecycle_consumer
     from lifecycle.reputation.consumer import build_consumer as reputation_consumer
     from relayer.settlement.config import ChainSettings, RelayerSettings
@@ -94,14 +96,23 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
                 escrow_addresses=[dn.escrow_address], confirmations=1,
             )
         ],
-        relayer_key=dn.marketplace_verifier.private_key,
+        relayer_signer=config.relayer_signer or SignerSpec(),
+        relayer_key=dn.marketplace_verifier.private_key if config.relayer_signer is None else None,
         relayer_trusted_signers=[signer],
         relayer_port=None,
         relayer_poll_interval=1.0,
         log_json=False,
     )  # fmt: skip
-    relayer = Relayer(relayer_settings, load_relayer_key(relayer_settings))
-    parts.append(Component("relayer", relayer.run))
+    relayer_key = await open_signer(relayer_settings.relayer_signer, "relayer", lambda: load_relayer_key(relayer_settings))
+    relayer = Relayer(relayer_settings, relayer_key)
+
+    async def run_relayer() -> None:
+        try:
+            await relayer.run()
+        finally:
+            await relayer_key.aclose()
+
+    parts.append(Component("relayer", run_relayer))
 
     parts += _panel_components(config, stop)
 
@@ -372,3 +383,37 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
         " HAVING sum(delta_units) <> 0) u")
     results.append(("panels: the fee ledger of every round sums to zero", unbalanced == 0, f"{unbalanced} rounds"))
     return results
+
+
+class LocalSigner:
+    """The devnet's stand-in for where the relayer key lives (`escrowd run --signer`): nothing
+    for `keystore`; a local KMS process (`runtime.services.localkms`) for `aws-kms`; a local
+    JSON-RPC signer process (`runtime.services.localsigner`) for `remote`. Started at once,
+    holding the devnet's (public) marketplace verifier key; `stop()` ends the process."""
+
+    def __init__(self, kind: str, private_key: str) -> None:
+        from chain.signers import SignerSpec
+        from runtime.services.localkms import LocalKms
+        from runtime.services.localsigner import RemoteSignerProcess
+
+        address = Account.from_key(private_key).address
+        self.spec: SignerSpec | None = None
+        self.url: str | None = None
+        self._process: LocalKms | RemoteSignerProcess | None = None
+        if kind == "aws-kms":
+            kms = LocalKms({"escrowd-relayer": private_key}).start()
+            # boto3 signs every request and needs credentials to: the local KMS ignores them.
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+            self._process, self.url = kms, kms.url
+            self.spec = SignerSpec(kind="aws-kms", kms_key_id="escrowd-relayer", kms_endpoint_url=kms.url, address=address)
+        elif kind == "remote":
+            remote = RemoteSignerProcess(private_key).start()
+            self._process, self.url = remote, remote.url
+            self.spec = SignerSpec(kind="remote", remote_url=remote.url, address=address)
+
+    def stop(self) -> None:
+        """Stop the local process, if any."""
+        if self._process is not None:
+            self._process.stop()
+            self._process = None

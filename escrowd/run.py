@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from chain.signers import SIGNER_KINDS
 from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
 from runtime.errors import redact_url
 from runtime.logging import configure_logging
@@ -45,10 +46,16 @@ def run(
     progress: bool = typer.Option(True, help="Live progress display"),
     database_url: str | None = typer.Option(None, envvar="ESCROWD_DATABASE_URL", help="PostgreSQL server (a fresh database is created on it; else embedded)"),
     kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
+    signer: str = typer.Option(
+        "keystore", "--signer",
+        help="Who holds the relayer key: keystore (in process), aws-kms (a local KMS process), remote (a local JSON-RPC signer)",
+    ),
 ) -> None:
     """Run the indexer, every consumer, the relayer and the API on embedded services, with traffic."""
     from escrowd.stack import start_stack
 
+    if signer not in SIGNER_KINDS:
+        raise typer.BadParameter(f"--signer must be one of {', '.join(SIGNER_KINDS)}")
     configure_logging(json=False, level=os.environ.get("ESCROWD_LOG_LEVEL", "WARNING"))
     console = Console(stderr=True)
     # SIGINT and SIGTERM both stop everything in order and exit 128 + signal number. Outside
@@ -64,7 +71,7 @@ def run(
         stack = start_stack(database_url=database_url or "", kafka_bootstrap=kafka_bootstrap or "")
         options = RunOptions(console=console, tasks=tasks, exit_when_done=exit_when_done, seed=seed, batch=batch,
                              api_port=api_port or free_port(), metrics_port=metrics_port or free_port(),
-                             progress=progress)  # fmt: skip
+                             progress=progress, signer=signer)  # fmt: skip
         code = asyncio.run(_main(stack, options))
     except Interrupted as stop:
         code = 128 + stop.signum
@@ -104,6 +111,7 @@ class RunOptions:
     api_port: int
     metrics_port: int
     progress: bool
+    signer: str
 
 
 async def _main(stack: Any, options: RunOptions) -> int:
@@ -133,11 +141,14 @@ async def _main(stack: Any, options: RunOptions) -> int:
 
 async def _pipeline_main(stack: Any, options: RunOptions) -> int:
     from escrowd.pipeline import Pipeline, PipelineConfig
+    from escrowd.pipeline_parts import LocalSigner
     from escrowd.traffic import TrafficGenerator
 
     console, tasks, api_port, metrics_port = options.console, options.tasks, options.api_port, options.metrics_port
 
     dn = stack.devnet
+    signer = options.signer
+    local_signer = LocalSigner(signer, dn.marketplace_verifier.private_key)
     pipeline = Pipeline(
         PipelineConfig(
             database_url=stack.postgres.url,
@@ -145,12 +156,15 @@ async def _pipeline_main(stack: Any, options: RunOptions) -> int:
             devnet=dn,
             api_port=api_port,
             metrics_port=metrics_port,
+            relayer_signer=local_signer.spec,
         )
     )
     display: asyncio.Task[None] | None = None
     hosted: Any = None
     try:
         await pipeline.start()
+        if local_signer.url:
+            console.print(f"  signer     {signer} at {local_signer.url} (holds the relayer key)")
         console.print(
             f"  chain      {dn.rpc_url} (chain id {dn.chain_id}), escrow {dn.escrow_address}\n"
             f"  API        http://127.0.0.1:{api_port}  (OpenAPI: /docs)\n"
@@ -201,6 +215,7 @@ async def _pipeline_main(stack: Any, options: RunOptions) -> int:
             with contextlib.suppress(Exception):
                 await hosted.stop()
         await pipeline.stop()
+        local_signer.stop()
 
 
 async def _settle_and_check(

@@ -30,7 +30,7 @@ from runtime.kafka import TopicSpec, encode_headers, ensure_topics, make_produce
 from runtime.outbox import OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_id
-from schemas.task_terms import FinalizeRequested, result_hash
+from schemas.task_terms import FinalizeRequested, TaskTerms, result_hash
 from verification import results_store as store
 from verification.consumer import request_message
 from verification.request_auth import request_id_for, service_proof
@@ -173,11 +173,11 @@ class Feed:
         """Terms judged by `verifier_url`, then TaskCreated and TaskAccepted."""
         assert self.conn is not None
         task_hash = "0x" + secrets.token_hex(32)
-        terms = {"verifier": {"kind": "endpoint", "ref": verifier_url}}
-        await store.insert_terms(
-            self.conn, task_hash=task_hash, chain_id=CHAIN_ID, escrow=ESCROW, poster=POSTER, mode="auto",
-            verifier_address=None, private=False, terms=terms, canonical=jsoncodec.dumps(terms).decode(),
-        )  # fmt: skip
+        terms = TaskTerms.model_validate({
+            "chainId": CHAIN_ID, "escrow": ESCROW, "poster": POSTER, "instructionsDigest": "0x" + secrets.token_hex(32),
+            "verificationMode": "auto", "verifier": {"kind": "endpoint", "ref": verifier_url},
+        })  # fmt: skip
+        await store.insert_terms(self.conn, task_hash, terms)
         deadline = int(time.time()) + 86_400
         await self.event(task_id, "TaskCreated", {
             "taskId": task_id, "poster": POSTER, "verifier": ZERO, "token": ZERO, "reward": 10**7,

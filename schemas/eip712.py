@@ -378,7 +378,17 @@ def sign(message_digest: bytes, private_key: bytes | str) -> str:
     key, _ = _signing_key(_key_bytes(private_key))
     # coincurve returns r || s || recid with a low s (libsecp256k1 normalises it).
     raw = key.sign_recoverable(message_digest, hasher=None)
-    return "0x" + (raw[:64] + bytes([27 + raw[64]])).hex()
+    return signature_hex(raw[64], int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:64], "big"))
+
+
+def signature_hex(y_parity: int, r: int, s: int) -> str:
+    """The canonical encoding of a signature: 0x hex of `r || s || v`, v 27/28. A high s is
+    folded into the low half (and the parity flipped), so any valid signature has one form."""
+    if y_parity not in (0, 1) or not (0 < r < SECP256K1_N) or not (0 < s < SECP256K1_N):
+        raise InvalidSignature("r, s or the parity out of range")
+    if s > HALF_N:
+        s, y_parity = SECP256K1_N - s, 1 - y_parity
+    return "0x" + (r.to_bytes(32, "big") + s.to_bytes(32, "big") + bytes([27 + y_parity])).hex()
 
 
 def address_of(public_key: PublicKey) -> str:

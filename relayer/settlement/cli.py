@@ -27,6 +27,7 @@ def run(
     from pydantic import ValidationError
 
     from chain.keys import KeyLoadError
+    from chain.signers import SignerError
     from relayer.settlement.config import RelayerSettings
     from relayer.settlement.service import run_relayer
     from runtime.logging import configure_logging
@@ -44,7 +45,7 @@ def run(
     try:
         # The relayer's loops stop by cancellation: each one's `finally` is its drain.
         run_service("relayer", lambda stop: cancel_on_stop(stop, run_relayer(settings)), configure=False)
-    except KeyLoadError as exc:
+    except (KeyLoadError, SignerError) as exc:
         startup_failure("relayer key", exc)
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
+from chain.signers import SignerSpec
 from runtime.config_file import load as config_file_load
 from runtime.settings import PostgresUrl, ServiceSettings, secrets_required
 from schemas.topics import DEAD_LETTERS, VERDICTS
@@ -85,6 +86,13 @@ class RelayerSettings(ServiceSettings):
         ),
     )
 
+    relayer_signer: SignerSpec = Field(
+        default_factory=SignerSpec,
+        description=(
+            "Who holds the marketplace verifier key: kind keystore (relayer_keystore or relayer_key),"
+            " aws-kms (kms_key_id, kms_region, kms_endpoint_url) or remote (remote_url, address)"
+        ),
+    )
     relayer_key: SecretStr | None = Field(default=None, description="Raw 0x key (devnet only)")
     relayer_keystore: Path | None = Field(default=None, description="Encrypted keystore file")
     relayer_keystore_password: SecretStr | None = Field(default=None, description="Keystore password")
@@ -164,8 +172,11 @@ class RelayerSettings(ServiceSettings):
     def _one_key_source(self) -> RelayerSettings:
         if self.relayer_key is not None and self.relayer_keystore is not None:
             raise ValueError("set relayer_keystore or relayer_key, not both")
-        if self.relayer_key is None and self.relayer_keystore is None and secrets_required():
+        keystore_kind = self.relayer_signer.kind == "keystore"
+        if keystore_kind and self.relayer_key is None and self.relayer_keystore is None and secrets_required():
             raise ValueError("no relayer key: set relayer_keystore (+ password) or relayer_key")
+        if not keystore_kind and (self.relayer_key is not None or self.relayer_keystore is not None):
+            raise ValueError(f"relayer_signer is {self.relayer_signer.kind}: a key in this process is not used, remove it")
         if self.relayer_min_priority_fee_wei > self.relayer_max_priority_fee_wei:
             raise ValueError("relayer_min_priority_fee_wei exceeds relayer_max_priority_fee_wei")
         ids = [c.chain_id for c in self.chains]

@@ -65,6 +65,9 @@ class RelayerHealth(_Model):
 
     address: str
     balance_wei: str | None = Field(default=None, description="Decimal string (exceeds 2^53)")
+    runway_verdicts: int | None = Field(
+        default=None, description="Verdict transactions the balance pays for at the current gas price (worst-case gas)"
+    )
     pending_transactions: int = 0
     next_nonce: int | None = None
     sending: bool = False
@@ -147,6 +150,14 @@ def indexer_liveness(
     return True, None
 
 
+def runway(balance: int | None, gas_price: int | None, gas_per_send: int) -> int | None:
+    """How many more sends of `gas_per_send` gas the balance pays for at `gas_price` (None:
+    unknown). Worst case: the gas limit, not what a verdict usually burns."""
+    if balance is None or gas_price is None:
+        return None
+    return balance // max(1, gas_price * gas_per_send)
+
+
 def overall_status(chains: Sequence[ChainHealth]) -> Literal["ok", "degraded", "failing"]:
     """failing when any chain cannot send (key, RPC, closed gate, stale report) or its indexer
     is dead; degraded when an indexer's lag is unknown."""
@@ -176,7 +187,9 @@ class BridgeHealthChecker:
         relayer_address: str,
         gates: Mapping[int, object] | None = None,
         indexer_stale_after: float = 60.0,
+        gas_per_send: int = 400_000,
     ) -> None:
+        self._gas_per_send = gas_per_send
         self._chains = list(chains)
         self._rpcs = rpcs
         self._pool = pool
@@ -190,6 +203,7 @@ class BridgeHealthChecker:
         head: int | None = None
         error: str | None = None
         balance: int | None = None
+        price: int | None = None
         trusted: list[str | None] = []
         try:
             calls: list[tuple[str, list[object]]] = [
@@ -200,7 +214,11 @@ class BridgeHealthChecker:
                 ("eth_call", [{"to": e, "data": "0x" + marketplace_verifier_data().hex()}, "latest"])
                 for e in chain.escrow_addresses
             ]
+            calls.append(("eth_gasPrice", []))
             replies = await rpc.batch(calls)
+            gas_price = replies.pop()
+            if not isinstance(gas_price, Exception):
+                price = int(str(gas_price), 16)
             if not isinstance(replies[0], Exception):
                 head = int(str(replies[0]), 16)
             else:
@@ -228,8 +246,9 @@ class BridgeHealthChecker:
         if head is None and reason is not None:
             reason = f"RPC unreachable ({error}); {reason}"
         gate = self._gates.get(chain.chain_id)
-        sending = bool(getattr(gate, "is_open", False)) if gate is not None else matches
-        paused = getattr(gate, "reason", None) if gate is not None else reason
+        hold = getattr(gate, "fee_hold", None)
+        sending = bool(getattr(gate, "is_open", False)) and hold is None if gate is not None else matches
+        paused = (getattr(gate, "reason", None) or hold) if gate is not None else reason
         live, indexer_reason = indexer_liveness(cursor, head, cursor_age, self._indexer_stale_after)
         return ChainHealth(
             chain_id=chain.chain_id,
@@ -245,6 +264,7 @@ class BridgeHealthChecker:
             relayer=RelayerHealth(
                 address=self.relayer_address,
                 balance_wei=None if balance is None else str(balance),
+                runway_verdicts=runway(balance, price, self._gas_per_send),
                 pending_transactions=pending,
                 next_nonce=next_nonce,
                 sending=sending,
@@ -376,6 +396,7 @@ class SendGateLike(Protocol):
     def is_open(self) -> bool: ...
 
     reason: str | None
+    fee_hold: str | None  # set while the base fee is above the fee cap (new sends held)
 
     @property
     def closures(self) -> int:
@@ -437,8 +458,10 @@ class HealthMonitor:
         gate = self._gates.get(chain.chain_id)
         if gate is None:
             return chain.relayer
+        hold = gate.fee_hold
+        sending = gate.is_open and hold is None
         return chain.relayer.model_copy(
-            update={"sending": gate.is_open, "paused_reason": None if gate.is_open else gate.reason}
+            update={"sending": sending, "paused_reason": None if sending else (gate.reason or hold)}
         )
 
     def _apply(self, chain: ChainHealth, closures_before: int | None) -> None:
@@ -453,6 +476,8 @@ class HealthMonitor:
             metrics.INDEXER_LAG.labels(label).set(chain.indexer.lag_blocks)
         if chain.relayer.balance_wei is not None:
             metrics.BALANCE.labels(label).set(int(chain.relayer.balance_wei))
+        if chain.relayer.runway_verdicts is not None:
+            metrics.RUNWAY.labels(label).set(chain.relayer.runway_verdicts)
         known = chain.verifier.marketplace_verifier is not None
         metrics.KEY_MATCH.labels(label).set(1 if matches else (0 if known else -1))
         previous = self._matched.get(chain.chain_id)

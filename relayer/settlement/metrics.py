@@ -22,6 +22,7 @@ REORGS = SENDER.reorgs
 NONCE_RECONCILIATIONS = SENDER.reconciliations
 GAPS_FILLED = SENDER.gaps_filled
 FEE_CAP_REACHED = SENDER.fee_cap_reached
+FEE_CAP_HELD = SENDER.fee_cap_held
 PENDING_TX = SENDER.pending
 NEXT_NONCE = SENDER.next_nonce
 HEAD_BLOCK = SENDER.head_block
@@ -71,6 +72,11 @@ SENDING_PAUSED = Gauge(
     ["chain_id", "reason"],
 )
 BALANCE = Gauge("escrowd_relayer_balance_wei", "Balance of the relayer address, wei", ["chain_id"])
+RUNWAY = Gauge(
+    "escrowd_relayer_runway_verdicts",
+    "Verdict transactions the relayer's balance pays for at the current gas price (at the gas limit)",
+    ["chain_id"],
+)
 KEY_MATCH = Gauge(
     "escrowd_relayer_verifier_key_match",
     "1 when the escrow trusts the relayer's key, 0 when not (sending stopped), -1 unknown",

@@ -35,7 +35,6 @@ from typing import Any
 import asyncpg
 import structlog
 
-from chain import txstore
 from chain.eth_rpc import EthRpc, Reverted
 from chain.keys import SecretKey
 from chain.sender import (
@@ -46,6 +45,7 @@ from chain.sender import (
     TxSender,
     classify_send_error,
 )
+from chain.signers import Signer
 from chain.txs import (
     DecodedError,
     SignedTx,
@@ -106,7 +106,7 @@ class ChainSender(TxSender):
         self,
         *,
         chain: ChainSettings,
-        key: SecretKey,
+        key: Signer | SecretKey,
         rpc: EthRpc,
         pool: asyncpg.Pool,
         gate: SendGate,
@@ -277,12 +277,12 @@ class ChainSender(TxSender):
     async def _dispatch_loop(self) -> None:
         while True:
             await self._wait(self._wake, 1.0)
-            await self.gate.wait_open()
+            await self.gate.wait_sendable()
             # Verdicts arrive in many small consumer commits, each with its notification:
             # a short pause lets them pile up into one round (one preflight round trip, one
             # database transaction) instead of one round per commit.
             await asyncio.sleep(self._opt.dispatch_coalesce)
-            while self.gate.is_open:
+            while self.gate.is_open and self.gate.fee_hold is None:
                 capacity = self._opt.max_in_flight - len(self._pending())
                 if capacity <= 0:
                     break
@@ -299,6 +299,13 @@ class ChainSender(TxSender):
             s.verdict.id for s in slots if s.verdict is not None and s.kind == "verdict" and s.receipt_status != 0
         } | {v.id for s in slots if s.kind == "batch" and s.receipt_status != 0 for v in s.items}
         rows = [r for r in rows if r.id not in live]
+        outside = [r for r in rows if not self.allowed(r.escrow)]
+        if outside:
+            # Only after the configuration dropped an escrow (the consumer admits none other):
+            # left queued, never signed, until it is configured again.
+            log.warning("verdicts_for_unconfigured_escrow", chain_id=self.chain_id, count=len(outside),
+                        escrows=sorted({r.escrow for r in outside}))
+            rows = [r for r in rows if self.allowed(r.escrow)]
         if not rows:
             return 0
         if not self._opt.simulate:
@@ -464,25 +471,24 @@ class ChainSender(TxSender):
         return items[0].escrow, data, self._opt.batch_gas_base + self._opt.batch_gas_per_item * len(items)
 
     async def _sign_and_send(self, groups: Sequence[list[VerdictRow]]) -> int:
-        """Sign and store one transaction per group in one database transaction, then
+        """Sign one transaction per group, store them in one database transaction, then
         broadcast; the number of verdicts signed."""
-        fees = await self._fees_now()
         self._crash.maybe_crash("before_sign")
-        async with self._pool.acquire() as conn, conn.transaction():
-            first = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
-            signed: list[tuple[SignedTx, list[VerdictRow]]] = []
-            for i, group in enumerate(groups):
-                to, data, gas = self._group_call(group)
-                signed.append((self._sign(first + i, to, data, gas, fees), group))
-            self._crash.maybe_crash("after_sign")
+        calls = [self._group_call(group) for group in groups]
+
+        async def persist(conn: asyncpg.Connection, txs: list[SignedTx]) -> None:
             await store.record_new_slots(
                 conn,
                 self.chain_id,
                 self.address,
-                [(tx, g[0].id if len(g) == 1 else None, "verdict" if len(g) == 1 else "batch") for tx, g in signed],
-                first + len(signed),
-                batch_items=[(tx.nonce, [v.id for v in g]) for tx, g in signed if len(g) > 1],
+                [(tx, g[0].id if len(g) == 1 else None, "verdict" if len(g) == 1 else "batch") for tx, g in zip(txs, groups, strict=True)],
+                txs[0].nonce + len(txs),
+                batch_items=[(tx.nonce, [v.id for v in g]) for tx, g in zip(txs, groups, strict=True) if len(g) > 1],
             )
+
+        # Signed before the database transaction opens (a KMS or remote signer is slow).
+        signed = list(zip(await self._sign_new(calls, persist), groups, strict=True))
+        first = signed[0][0].nonce
         self._crash.maybe_crash("after_persist")
         metrics.NEXT_NONCE.labels(self._label).set(first + len(signed))
         slots: list[Slot] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 
 from chain.eth_rpc import EthRpc
 from chain.keys import SecretKey, load_key
+from chain.signers import Signer, open_signer
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
 from relayer.settlement.consumer import VerdictConsumer, VerdictHandler
@@ -72,7 +74,7 @@ def build_app(monitor: HealthMonitor) -> FastAPI:
 class Relayer:
     """The running parts, exposed for tests and the benchmark."""
 
-    def __init__(self, settings: RelayerSettings, key: SecretKey) -> None:
+    def __init__(self, settings: RelayerSettings, key: Signer | SecretKey) -> None:
         self.settings = settings
         self.key = key
         self.gates = {c.chain_id: SendGate() for c in settings.chains}
@@ -101,6 +103,7 @@ class Relayer:
             checker = BridgeHealthChecker(
                 chains=s.chains, rpcs=self.rpcs, pool=pool, relayer_address=self.key.address, gates=self.gates,
                 indexer_stale_after=s.relayer_indexer_stale_seconds,
+                gas_per_send=s.relayer_gas_limit,
             )
             self.monitor = HealthMonitor(
                 checker, self.gates, interval=s.relayer_poll_interval, publish=self._publisher(pool)
@@ -129,7 +132,8 @@ class Relayer:
                     rpc=self.rpcs[chain.chain_id],
                     pool=pool,
                     gate=self.gates[chain.chain_id],
-                    options=options,
+                    # The send policy: this chain's configured escrows, nothing else is signed.
+                    options=replace(options, allowed_to=frozenset(e.lower() for e in chain.escrow_addresses)),
                     crash=crash,
                     on_key_refused=self.monitor.request_check,
                 )
@@ -241,6 +245,11 @@ class Relayer:
 
 
 async def run_relayer(settings: RelayerSettings) -> None:
-    """Load the key and run the relayer until cancelled."""
-    key = load_relayer_key(settings)
-    await Relayer(settings, key).run()
+    """Open the key's signer (its address derived once, here) and run the relayer until
+    cancelled. SignerError or KeyLoadError when the key cannot be had: no fallback."""
+    signer = await open_signer(settings.relayer_signer, "relayer", lambda: load_relayer_key(settings))
+    log.info("relayer_signer_ready", kind=signer.kind, address=signer.address)
+    try:
+        await Relayer(settings, signer).run()
+    finally:
+        await signer.aclose()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from runtime.errors import StartupError
 from runtime.services.anvil import _die_with_parent as die_with_parent
-from runtime.services.ports import free_port, wait_for_port
+from runtime.services.ports import free_port, terminate, wait_for_port
 
 
 @dataclass
@@ -36,12 +36,7 @@ class KafkaService:
     def stop(self) -> None:
         """Stop the broker if we started it."""
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            terminate(self._process)
             self._process = None
         if self._log_path is not None:
             with contextlib.suppress(OSError):

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from chain.fees import GWEI, Fees
+from chain.fees import GWEI, FeePolicy, Fees, includable, over_cap, price
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.receipts import BadReply, Receipt, depth
-from chain.sender import SenderMetrics, SenderOptions, Slot, TxSender
+from chain.sender import DestinationRefused, SenderMetrics, SenderOptions, Slot, TxSender
 from chain.stuck import is_due
 from chain.txs import sign_eip1559
 from chain.txstore import version_of
@@ -80,7 +80,7 @@ METRICS = SenderMetrics.create("escrowd_test_core_rules", "the test", CollectorR
 def test_a_replacement_signs_the_calldata_first_signed(first: bytes, later: bytes, kind: str) -> None:
     """One calldata per nonce: whatever the slot carries since, a bump re-signs the first call."""
     sender = _sender()
-    tx = sign_eip1559(sender._key, chain_id=31337, nonce=4, to=TARGET, data=first, gas_limit=90_000,
+    tx = sign_eip1559(SecretKey.from_hex(KEY), chain_id=31337, nonce=4, to=TARGET, data=first, gas_limit=90_000,
                       fees=Fees(2 * GWEI, GWEI))
     slot = Slot(nonce=4, kind=kind, versions=[version_of(tx, 0, kind)], to=TARGET, data=later)
     assert sender._call(slot) == (TARGET, first, 90_000)
@@ -103,3 +103,30 @@ def test_the_gate_counts_its_closures() -> None:
     gate.open()
     gate.close("b")
     assert gate.closures == 2 and not gate.is_open and gate.reason == "b"
+
+
+async def test_a_destination_outside_the_policy_is_refused_before_signing() -> None:
+    """Only the configured escrows (and the key itself, for fillers) are ever signed for."""
+    sender = TxSender(chain_id=31337, key=SecretKey.from_hex(KEY), rpc=None, pool=None,  # type: ignore[arg-type]
+                      gate=SendGate(), options=SenderOptions(allowed_to=frozenset({TARGET})), metrics=METRICS)
+    fees = Fees(2 * GWEI, GWEI)
+    assert (await sender._sign(0, TARGET, b"\x01", 90_000, fees)).nonce == 0
+    assert (await sender._sign(1, sender.address, b"", 21_000, fees)).nonce == 1
+    with pytest.raises(DestinationRefused):
+        await sender._sign(2, "0x" + "66" * 20, b"\x01", 90_000, fees)
+
+
+@given(st.integers(0, 10**12), st.integers(1, 10**12), st.integers(0, 10**6))
+def test_the_fee_hold_is_on_exactly_when_no_send_under_the_cap_could_be_mined(base: int, cap: int, tip: int) -> None:
+    policy = FeePolicy(fee_cap=cap, min_priority_fee=tip, max_priority_fee=max(tip, 1))
+    gate = SendGate(open_=True)
+    sender = TxSender(chain_id=31337, key=SecretKey.from_hex(KEY), rpc=None, pool=None,  # type: ignore[arg-type]
+                      gate=gate, options=SenderOptions(policy=policy), metrics=METRICS)
+    sender._check_fee_hold(base)
+    assert (gate.fee_hold is not None) == (base + tip > cap)
+    if gate.fee_hold is None:
+        # Not held: a fresh price pays the base fee and the least tip, under the cap.
+        fresh = price(base, tip, policy)
+        assert includable(fresh, base) and fresh.max_fee_per_gas - base >= tip and fresh.max_fee_per_gas <= cap
+    sender._check_fee_hold(0)  # fees fall back: the hold lifts by itself (unless no tip fits the cap)
+    assert (gate.fee_hold is None) == (tip <= cap) == (not over_cap(0, policy))

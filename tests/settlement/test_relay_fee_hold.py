@@ -1,0 +1,98 @@
+"""A fee spike above the relayer's cap and back: new sends are held (verdicts stay queued, no
+nonce is taken, /health/bridge and the metric say why), and when the base fee falls the
+relayer resumes by itself: every verdict lands exactly once, no nonce left stuck."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from escrowd.devnet import Devnet
+from tests.settlement.conftest import (
+    IndexerRun,
+    RelayerRun,
+    fetchval,
+    on_chain,
+    publish,
+    relayer_env,
+    settings_from_env,
+    signed_verdicts,
+    submit_tasks,
+    verdict_events,
+    verdict_statuses,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(180)
+GWEI = 10**9
+CAP = 20 * GWEI
+
+
+def set_base_fee(devnet: Devnet, wei: int) -> None:
+    devnet.rpc("anvil_setNextBlockBaseFeePerGas", hex(wei))
+    devnet.mine()
+
+
+async def test_fee_spike_holds_sends_and_resumes(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer,
+) -> None:
+    items = await on_chain(submit_tasks, devnet, 6, prefix="spike")
+    await indexer.caught_up()
+    env = relayer_env(
+        devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix,
+        trusted=[service_signer.address], relayer_fee_cap_wei=CAP,
+    )
+    run = RelayerRun(settings_from_env(env))
+    await run.start()
+    try:
+        await on_chain(set_base_fee, devnet, 10 * CAP)  # the spike: no transaction under the cap could be mined
+        url = f"http://127.0.0.1:{run.port}"
+        async with httpx.AsyncClient() as client:
+
+            async def held() -> bool:
+                run.check_alive()
+                relayer = (await client.get(f"{url}/health/bridge")).json()["chains"][0]["relayer"]
+                metrics = (await client.get(f"{url}/metrics")).text
+                return (
+                    relayer["sending"] is False
+                    and "fee cap" in (relayer["pausedReason"] or "")
+                    and 'escrowd_relayer_fee_cap_held{chain_id="31337"} 1.0' in metrics
+                )
+
+            await wait_until(held, timeout=30, what="the fee hold reported")
+            await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+
+            async def queued() -> bool:
+                statuses = await verdict_statuses(database_url)
+                return len(statuses) == len(items) and set(statuses.values()) == {"queued"}
+
+            await wait_until(queued, timeout=30, what="the verdicts queued")
+            await on_chain(devnet.mine, 3)  # heads go by, still above the cap
+            assert set((await verdict_statuses(database_url)).values()) == {"queued"}
+            assert await fetchval(database_url, "SELECT count(*) FROM settlement_transactions") == 0
+
+            await on_chain(set_base_fee, devnet, GWEI)  # fees fall back: sending resumes by itself
+
+            async def confirmed() -> bool:
+                run.check_alive()
+                await on_chain(devnet.mine)
+                statuses = await verdict_statuses(database_url)
+                return set(statuses.values()) == {"confirmed"}
+
+            await wait_until(confirmed, timeout=60, what="every verdict confirmed")
+            metrics = (await client.get(f"{url}/metrics")).text
+            relayer = (await client.get(f"{url}/health/bridge")).json()["chains"][0]["relayer"]
+        assert 'escrowd_relayer_fee_cap_held{chain_id="31337"} 0.0' in metrics
+        # The runway: what the balance pays for at the node's gas price and the full gas limit.
+        balance = int(relayer["balanceWei"])
+        gas_price = int(devnet.rpc("eth_gasPrice"), 16)
+        expected = balance // (gas_price * settings_from_env(env).relayer_gas_limit)
+        assert expected // 2 <= relayer["runwayVerdicts"] <= expected * 2
+        assert "escrowd_relayer_runway_verdicts{" in metrics
+        events = await on_chain(verdict_events, devnet)
+        assert {k: v for k, v in events.items() if k[0] in {i.task_id for i in items}} == {(i.task_id, 1): 1 for i in items}
+        # No nonce stuck: the chain's count reached the relayer's counter.
+        count = int(devnet.rpc("eth_getTransactionCount", devnet.marketplace_verifier.address, "latest"), 16)
+        assert count == await fetchval(database_url, "SELECT next_nonce FROM settlement_nonces")
+    finally:
+        await run.stop()

@@ -30,6 +30,7 @@ from escrowd.devnet import (
     DAY,
     ESCALATION_DELAY,
     USDC,
+    Actor,
     Devnet,
     EscrowRevert,
     text_hash,
@@ -349,31 +350,32 @@ class TrafficGenerator:
 
     # -- chain-only paths ---------------------------------------------------------------
 
-    async def _phase1_agent_review_pass(self, plan: TaskPlan) -> None:
+    async def _posted_for_agent(self, plan: TaskPlan) -> tuple[int, Actor]:
+        """A task posted with one of the devnet's verifier agents named (chosen by the plan's index)."""
         verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
-        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
-        evidence = text_hash(f"review pass {task}")
+        return await self._post(plan, duration=LONG_DEADLINE, verifier=verifier), verifier
+
+    async def _judged_on_chain(self, plan: TaskPlan, task: int, verifier: Actor, label: str, attempt: int,
+                               passed: bool, score: int) -> None:  # fmt: skip
+        """The agent submits evidence `label`, then `verifier` judges that attempt on chain."""
+        evidence = text_hash(f"{label} {task}")
         await self._accept_and_submit(plan, evidence)
-        await self._chain(self.dn.complete_verification, task, 1, evidence, True, 95, sender=verifier)
+        await self._chain(self.dn.complete_verification, task, attempt, evidence, passed, score, sender=verifier)
+
+    async def _phase1_agent_review_pass(self, plan: TaskPlan) -> None:
+        task, verifier = await self._posted_for_agent(plan)
+        await self._judged_on_chain(plan, task, verifier, "review pass", 1, True, 95)
         plan.passed_rounds, plan.final_status = 1, 4
 
     async def _phase1_agent_review_fail_resubmit(self, plan: TaskPlan) -> None:
-        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
-        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
-        first = text_hash(f"review first {task}")
-        await self._accept_and_submit(plan, first)
-        await self._chain(self.dn.complete_verification, task, 1, first, False, 30, sender=verifier)
-        second = text_hash(f"review second {task}")
-        await self._accept_and_submit(plan, second)
-        await self._chain(self.dn.complete_verification, task, 2, second, True, 90, sender=verifier)
+        task, verifier = await self._posted_for_agent(plan)
+        await self._judged_on_chain(plan, task, verifier, "review first", 1, False, 30)
+        await self._judged_on_chain(plan, task, verifier, "review second", 2, True, 90)
         plan.failed_rounds, plan.passed_rounds, plan.final_status = 1, 1, 4
 
     async def _phase1_dispute_and_ruling(self, plan: TaskPlan) -> None:
-        verifier = self.dn.verifier_agents[plan.index % len(self.dn.verifier_agents)]
-        task = await self._post(plan, duration=LONG_DEADLINE, verifier=verifier)
-        evidence = text_hash(f"disputed {task}")
-        await self._accept_and_submit(plan, evidence)
-        await self._chain(self.dn.complete_verification, task, 1, evidence, False, 10, sender=verifier)
+        task, verifier = await self._posted_for_agent(plan)
+        await self._judged_on_chain(plan, task, verifier, "disputed", 1, False, 10)
         _, agent = self._actors(plan)
         await self._chain(self.dn.raise_dispute, task, sender=agent)
         share = self.random.choice((0, 2_500, 5_000, 10_000))
@@ -396,10 +398,14 @@ class TrafficGenerator:
         _, agent = self._actors(plan)
         await self._chain(self.dn.accept_task, task, sender=agent)
 
-    async def _phase2_timeout_refund(self, plan: TaskPlan) -> None:
+    async def _claim_timeout(self, plan: TaskPlan) -> None:
+        """The poster claims the task's timeout (a refund, or an escalation of work never judged)."""
         poster, _ = self._actors(plan)
         assert plan.task_id is not None
         await self._chain(self.dn.claim_timeout, plan.task_id, sender=poster)
+
+    async def _phase2_timeout_refund(self, plan: TaskPlan) -> None:
+        await self._claim_timeout(plan)
         plan.final_status = 7
 
     async def _phase1_escalation_and_collection(self, plan: TaskPlan) -> None:
@@ -408,9 +414,7 @@ class TrafficGenerator:
         await self._accept_and_submit(plan, text_hash(f"never finalized {task}"))
 
     async def _phase2_escalation_and_collection(self, plan: TaskPlan) -> None:
-        poster, _ = self._actors(plan)
-        assert plan.task_id is not None
-        await self._chain(self.dn.claim_timeout, plan.task_id, sender=poster)
+        await self._claim_timeout(plan)
 
     async def _phase3_escalation_and_collection(self, plan: TaskPlan) -> None:
         _, agent = self._actors(plan)

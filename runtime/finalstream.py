@@ -60,6 +60,7 @@ class FinalizedStream:
         self._url = database_url
         self._publisher = publisher
         self.topic = topic
+        FINAL_PUBLISHED.labels(topic)  # at 0 from start: the first message moves the rate
         self._interval = interval
         self._batch_size = batch_size
         self._builder = MessageBuilder()

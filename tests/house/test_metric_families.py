@@ -87,7 +87,8 @@ def test_every_family_an_alert_or_dashboard_uses_exists_at_start(
     ports = {name: free_port() for name in ("indexer", "relayer", "rulings", "verification", "lifecycle", "reputation", "panels", "api",
                                             "verifier_agent")}  # fmt: skip
     specs: dict[str, tuple[list[str], dict[str, str]]] = {
-        "indexer": (["index", "run", "--config", str(config)], {"ESCROWD_METRICS_PORT": str(ports["indexer"])}),
+        "indexer": (["index", "run", "--config", str(config)], {"ESCROWD_METRICS_PORT": str(ports["indexer"]),
+                                                                 "ESCROWD_FINALIZED_TOPIC": f"{prefix}.finalized"}),
         "relayer": (["relay", "run"], {
             "ESCROWD_CHAINS": relayer_chains, "ESCROWD_RELAYER_KEY": devnet.marketplace_verifier.private_key,
             "ESCROWD_RELAYER_PORT": str(ports["relayer"]), "ESCROWD_RELAYER_TRUSTED_SIGNERS": Account.from_key(signer_key).address,

@@ -3,7 +3,7 @@ confluent-kafka (librdkafka), when it is installed (it is not a dependency of th
 `pip install confluent-kafka` into the environment to compare).
 
 `python -m bench.bench_kafka_clients [--messages N] [--rounds R]` prints one JSON object.
-Each round produces N messages shaped like the indexer's (a ~700-byte JSON body, a
+Each round produces N messages shaped like the indexer's (a ~630-byte JSON body, a
 `chain:task` key, the seven CloudEvents headers) to a fresh 4-partition topic, in batches of
 2,000 with every ack awaited (the next batch queued while the previous one's acks are
 awaited, as the publisher does), and reads the topic back to count them and to check that

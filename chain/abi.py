@@ -67,6 +67,8 @@ Word = Callable[[str], Any]
 
 def _word_decoder(solidity_type: str, hex_bytes: bool) -> Word | None:
     """Decoder of one 32-byte ABI word (64 hex chars) of a static type, strict like eth_abi; else None."""
+    if "[" in solidity_type or "(" in solidity_type:
+        return None  # arrays and tuples: `eth_abi.decode`
     if solidity_type == "address":
 
         def address(word: str) -> str:
@@ -130,6 +132,8 @@ WordLayout = tuple[int, int]
 
 def _word_layout(solidity_type: str) -> WordLayout | None:
     """The layout of a static one-word type (what `_word_decoder` decodes); else None."""
+    if "[" in solidity_type or "(" in solidity_type:
+        return None
     if solidity_type == "address":
         return (_ADDRESS, 0)
     if solidity_type == "bool":

@@ -188,7 +188,7 @@ async def test_published_outbox_rows_and_resolved_dead_letters_go_after_their_ag
             " ('c', 't', 0, 3, 'x', now())"
         )
         result = await Pruner(database_url, config).cycle(conn)
-        assert result.deleted == {"consumer_inbox": 0, "outbox": 3, "dead_letters": 1}
+        assert result.deleted == {"consumer_inbox": 0, "outbox": 3, "dead_letters": 1, "verification_jobs": 0}
         assert {r[0] for r in await conn.fetch("SELECT message_id FROM outbox")} == {"o3", "o4"}
         assert {r[0] for r in await conn.fetch('SELECT "offset" FROM dead_letters')} == {2, 3}
     finally:

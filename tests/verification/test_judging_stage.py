@@ -17,13 +17,29 @@ import pytest
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
 from runtime.db import connect, migrate_url
+from runtime.retention import Pruner, RetentionConfig
 from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.verifiers import default_registry
 
-from .conftest import VERDICTS, Api, IndexedChain, Who, drain, finalized_task, make_handler
+from .conftest import (
+    EVENTS,
+    REQUESTS,
+    VERDICTS,
+    Api,
+    IndexedChain,
+    Who,
+    drain,
+    finalized_task,
+    make_handler,
+)
 
 
-async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
+async def until(
+    predicate: Callable[[], Awaitable[bool]],
+    what: str,
+    process: VerificationProcess,
+    timeout: float = 120,
+) -> None:
     """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -53,7 +69,9 @@ async def _verdicts(feed: Feed) -> dict[tuple[int, int], bool]:
     return {(int(r["task_id"]), r["attempt"]): r["passed"] for r in await feed.results()}
 
 
-async def test_a_slow_verifier_does_not_delay_other_tasks(feed: Feed, verifier: LatencyVerifier) -> None:
+async def test_a_slow_verifier_does_not_delay_other_tasks(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
     """Tasks judged by a held verifier, queued first on the one partition, hold up no other task's
     verdict; that verifier gets at most its per-verifier limit of judgements at once."""
     verifier.hold("slow")
@@ -75,7 +93,11 @@ async def test_a_slow_verifier_does_not_delay_other_tasks(feed: Feed, verifier: 
         # Still held: no slow verdict yet, and only two of its three judgements were started.
         verdicts = await _verdicts(feed)
         assert not any((t, 1) in verdicts for t in slow)
-        assert sorted(t for name, t, _ in verifier.started if name == "slow") in ([1, 2], [1, 3], [2, 3])
+        assert sorted(t for name, t, _ in verifier.started if name == "slow") in (
+            [1, 2],
+            [1, 3],
+            [2, 3],
+        )
         assert len([s for s in verifier.started if s[0] == "slow"]) == 2
 
         verifier.release("slow")
@@ -118,7 +140,11 @@ async def test_kill_9_during_a_judgement_judges_once_and_never_a_superseded_atte
 
         async def second_attempt_queued() -> bool:
             assert feed.conn is not None
-            return bool(await feed.conn.fetchval("SELECT count(*) FROM verification_jobs WHERE task_id = 2 AND attempt = 2"))
+            return bool(
+                await feed.conn.fetchval(
+                    "SELECT count(*) FROM verification_jobs WHERE task_id = 2 AND attempt = 2"
+                )
+            )
 
         await until(second_attempt_queued, "task 2's second attempt queued", first)
         first.kill9()
@@ -135,10 +161,15 @@ async def test_kill_9_during_a_judgement_judges_once_and_never_a_superseded_atte
 
         async def jobs_closed() -> bool:
             assert feed.conn is not None
-            return not await feed.conn.fetchval("SELECT count(*) FROM verification_jobs WHERE state IN ('queued', 'judging')")
+            return not await feed.conn.fetchval(
+                "SELECT count(*) FROM verification_jobs WHERE state IN ('queued', 'judging')"
+            )
 
         await until(jobs_closed, "every job closed", second)
-        assert await _verdicts(feed) == {(1, 1): True, (2, 2): True}  # nothing for the superseded attempt
+        assert await _verdicts(feed) == {
+            (1, 1): True,
+            (2, 2): True,
+        }  # nothing for the superseded attempt
         verdict_rows = await feed.conn.fetch(
             "SELECT key FROM outbox WHERE topic = $1 ORDER BY seq", feed.verdicts
         )
@@ -189,12 +220,20 @@ async def test_sigterm_finishes_the_judgement_in_flight_and_a_cut_drain_hands_it
         await feed.submit(2, 1, passed=True)
         await until(lambda: started(2), "task 2's judgement in flight", process)
         process._proc.send_signal(signal.SIGTERM)
-        await until(lambda: _logged(process, "service_stopping", 2), "the second drain begun", process)
+        await until(
+            lambda: _logged(process, "service_stopping", 2), "the second drain begun", process
+        )
         process._proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process._proc.wait, 60) == 143, process.output()
         assert feed.conn is not None
-        job = await feed.conn.fetchrow("SELECT state, claim_token, claims FROM verification_jobs WHERE task_id = 2")
-        assert job is not None and (job["state"], job["claim_token"], job["claims"]) == ("queued", None, 1)
+        job = await feed.conn.fetchrow(
+            "SELECT state, claim_token, claims FROM verification_jobs WHERE task_id = 2"
+        )
+        assert job is not None and (job["state"], job["claim_token"], job["claims"]) == (
+            "queued",
+            None,
+            1,
+        )
         assert await _verdicts(feed) == {(1, 1): True}
 
         verifier.release("held")
@@ -204,8 +243,12 @@ async def test_sigterm_finishes_the_judgement_in_flight_and_a_cut_drain_hands_it
             return (2, 1) in await _verdicts(feed)
 
         await until(judged, "task 2 judged by the next process", process)
-        expiries = await feed.conn.fetchval("SELECT expiries FROM verification_jobs WHERE task_id = 2")
-        assert expiries == 0  # claimed again because it was handed back, not because a lease ran out
+        expiries = await feed.conn.fetchval(
+            "SELECT expiries FROM verification_jobs WHERE task_id = 2"
+        )
+        assert (
+            expiries == 0
+        )  # claimed again because it was handed back, not because a lease ran out
         assert process.terminate() == 0
     finally:
         process.cleanup()
@@ -226,28 +269,87 @@ async def test_a_judge_whose_lease_was_taken_over_commits_nothing(
     gate.calls.clear()
     gate.gate.clear()
     await finalized_task(api, chain, who, 5, "tests.verification.plugins.gate:score")
-    handler = make_handler(registry=default_registry(allowed_plugin_packages=["tests.verification.plugins"]))
+    handler = make_handler(
+        registry=default_registry(allowed_plugin_packages=["tests.verification.plugins"])
+    )
     await drain(database_url, handler, judge=False)  # queued, not judged
     conn = await connect(database_url)
     try:
-        stalled = asyncio.create_task(JudgingPool(database_url, handler, JudgingLimits(lease_seconds=0.2)).run_once())
+        stalled = asyncio.create_task(
+            JudgingPool(database_url, handler, JudgingLimits(lease_seconds=0.2)).run_once()
+        )
 
         async def lease_expired() -> bool:
             return bool(gate.calls) and bool(
-                await conn.fetchval("SELECT count(*) FROM verification_jobs WHERE task_id = 5 AND lease_until < now()")
+                await conn.fetchval(
+                    "SELECT count(*) FROM verification_jobs WHERE task_id = 5 AND lease_until < now()"
+                )
             )
 
         deadline = time.monotonic() + 60
         while not await lease_expired():
             assert time.monotonic() < deadline, "the first judge never stalled past its lease"
             await asyncio.sleep(0.05)
-        assert await JudgingPool(database_url, handler).run_once() == 1  # took the job over, committed
+        assert (
+            await JudgingPool(database_url, handler).run_once() == 1
+        )  # took the job over, committed
         gate.gate.set()
         assert await asyncio.wait_for(stalled, 60) == 0  # its late outcome is dropped
         assert len(gate.calls) == 2
-        assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 5") == 1
+        assert (
+            await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 5") == 1
+        )
         assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", VERDICTS) == 1
-        job = await conn.fetchrow("SELECT state, claims, expiries, outcome FROM verification_jobs WHERE task_id = 5")
+        job = await conn.fetchrow(
+            "SELECT state, claims, expiries, outcome FROM verification_jobs WHERE task_id = 5"
+        )
         assert job is not None and tuple(job) == ("done", 2, 1, "Judged")
+    finally:
+        await conn.close()
+
+
+async def test_a_pruned_job_whose_finalize_is_redelivered_is_not_judged_again(
+    api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str
+) -> None:
+    """The pruner deletes a closed job; the task's messages delivered again are duplicates by
+    their inbox rows, and with the inbox rows gone too (the floor's job, lost here on purpose)
+    the request and verdict rows still say the attempt is judged: no job, no judgement, no
+    second verdict."""
+    from tests.verification.plugins import scoring
+
+    scoring.CALLS.clear()
+    await finalized_task(api, chain, who, 7, "tests.verification.plugins.scoring:score_arithmetic")
+    handler = make_handler()
+    await drain(database_url, handler)
+    conn = await connect(database_url)
+    try:
+        assert (
+            await conn.fetchval("SELECT state FROM verification_jobs WHERE task_id = 7") == "done"
+        )
+        config = RetentionConfig(jobs_keep_hours=0, broker_retention_hours=1000)
+        await conn.execute("UPDATE verification_jobs SET updated_at = now() - interval '1 second'")
+        result = await Pruner(database_url, config).cycle(conn)
+        assert result.deleted["verification_jobs"] == 1
+        assert result.deleted["consumer_inbox"] == 0
+        assert await conn.fetchval("SELECT count(*) FROM verification_jobs") == 0
+
+        topics = [EVENTS, REQUESTS]
+        await conn.execute(
+            "UPDATE outbox SET published_at = NULL WHERE topic = ANY($1::text[])", topics
+        )
+        assert set(await drain(database_url, handler)) == {"duplicate"}
+
+        await conn.execute("DELETE FROM consumer_inbox")
+        await conn.execute("DELETE FROM consumer_inbox_floors")
+        await conn.execute(
+            "UPDATE outbox SET published_at = NULL WHERE topic = ANY($1::text[])", topics
+        )
+        assert set(await drain(database_url, handler)) == {"processed"}
+        assert await conn.fetchval("SELECT count(*) FROM verification_jobs") == 0
+        assert len(scoring.CALLS) == 1
+        assert (
+            await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 7") == 1
+        )
+        assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", VERDICTS) == 1
     finally:
         await conn.close()

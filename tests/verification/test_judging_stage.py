@@ -9,11 +9,14 @@ outcome, never on wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from aiohttp import ClientSession
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
 from runtime.db import connect, migrate_url
@@ -353,3 +356,88 @@ async def test_a_pruned_job_whose_finalize_is_redelivered_is_not_judged_again(
         assert await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", VERDICTS) == 1
     finally:
         await conn.close()
+
+
+async def test_a_judge_that_raises_is_retried_with_a_bound_then_parked_as_failed_never_scored(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
+    """The commit of task 1's verdict raises (a trigger refuses it: an error on our side, not
+    the verifier's). The job is tried `judging_max_errors` times with a backoff between, then
+    parked as `failed`: no verdict, no zero, no FAIL, the request's last_error says whose fault,
+    the failed-jobs gauge shows it; task 2 on the same verifier is judged meanwhile. Queued
+    again after the cause is gone, it is judged once."""
+    assert feed.conn is not None
+    await feed.conn.execute(
+        "CREATE FUNCTION refuse_task_1() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.task_id = 1 THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$"
+    )
+    await feed.conn.execute(
+        "CREATE TRIGGER refuse_task_1 BEFORE INSERT ON verification_results FOR EACH ROW EXECUTE FUNCTION refuse_task_1()"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = feed.env(
+        ESCROWD_JUDGING_MAX_ERRORS="3", ESCROWD_JUDGING_ERROR_BACKOFF_SECONDS="0.2", ESCROWD_METRICS_PORT=str(port),
+    )  # fmt: skip
+    process = VerificationProcess(env).start()
+    try:
+        await feed.task(1, verifier.url("v"))
+        await feed.task(2, verifier.url("v"))
+        await feed.submit(1, 1, passed=True)
+        await feed.submit(2, 1, passed=True)
+
+        async def parked() -> bool:
+            assert feed.conn is not None
+            return (
+                await feed.conn.fetchval("SELECT state FROM verification_jobs WHERE task_id = 1")
+                == "failed"
+            )
+
+        await until(parked, "task 1's job parked as failed", process)
+        job = await feed.conn.fetchrow(
+            "SELECT errors, claims, expiries, outcome FROM verification_jobs WHERE task_id = 1"
+        )
+        assert job is not None and (job["errors"], job["claims"], job["expiries"]) == (3, 3, 0)
+        assert "refused for the test" in job["outcome"]
+        assert [c.task for c in verifier.calls].count(1) == 3  # bounded: three tries, then no more
+        request = await feed.conn.fetchrow(
+            "SELECT state, last_error FROM verification_requests WHERE task_id = 1"
+        )
+        assert request is not None and request["state"] != "applied"
+        assert request["last_error"].startswith("judging failed on our side")
+        assert await _verdicts(feed) == {(2, 1): True}  # nothing at all for task 1, task 2 judged
+
+        async def gauge() -> str | None:
+            with contextlib.suppress(OSError):
+                async with (
+                    ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{port}/metrics") as reply,
+                ):
+                    text = await reply.text()
+                    return text if "escrowd_verification_jobs_failed 1.0" in text else None
+            return None
+
+        await until(lambda: _truthy(gauge()), "the failed-jobs gauge at 1", process)
+        text = await gauge() or ""
+        assert 'escrowd_verification_jobs_total{outcome="errored"} 2.0' in text
+        assert 'escrowd_verification_jobs_total{outcome="failed"} 1.0' in text
+
+        # The operator's fix (docs/operations.md): remove the cause, queue the failed jobs again.
+        await feed.conn.execute("DROP TRIGGER refuse_task_1 ON verification_results")
+        await feed.conn.execute(
+            "UPDATE verification_jobs SET state = 'queued', errors = 0, not_before = NULL WHERE state = 'failed'"
+        )
+
+        async def judged() -> bool:
+            return (1, 1) in await _verdicts(feed)
+
+        await until(judged, "task 1 judged once queued again", process)
+        assert await _verdicts(feed) == {(1, 1): True, (2, 1): True}
+        assert process.terminate() == 0
+    finally:
+        process.cleanup()
+
+
+async def _truthy(value: Awaitable[object]) -> bool:
+    return bool(await value)

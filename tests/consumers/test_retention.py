@@ -273,7 +273,7 @@ async def test_escrowd_run_wires_the_pruner_in(devnet: Devnet, database_url: str
                                  for i in range(2)])  # fmt: skip
         await conn.execute("UPDATE outbox SET published_at = now() - interval '2 days' WHERE message_id = 'p0'")
         await conn.execute("UPDATE outbox SET published_at = now() WHERE message_id = 'p1'")
-        running = asyncio.create_task(retention.run())
+        running: asyncio.Future[None] = asyncio.ensure_future(retention.run())
         try:
             await wait_for(
                 lambda: conn.fetchval("SELECT array_agg(message_id) = '{p1}' FROM outbox"), timeout=60,

@@ -389,10 +389,8 @@ async def test_a_judge_that_raises_is_retried_with_a_bound_then_parked_as_failed
 
         async def parked() -> bool:
             assert feed.conn is not None
-            return (
-                await feed.conn.fetchval("SELECT state FROM verification_jobs WHERE task_id = 1")
-                == "failed"
-            )
+            state = await feed.conn.fetchval("SELECT state FROM verification_jobs WHERE task_id = 1")
+            return bool(state == "failed")
 
         await until(parked, "task 1's job parked as failed", process)
         job = await feed.conn.fetchrow(

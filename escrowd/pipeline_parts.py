@@ -1,4 +1,4 @@
-"""The services of the pipeline beyond the indexer: consumers, relayer, API.
+"""The services of the pipeline beyond the indexer: consumers, relayer, API, the retention pruner.
 
 Kept apart from `pipeline.py` so each service's wiring reads in one place. Keys: the
 relayer sends from the devnet's marketplace verifier key; the verification service signs
@@ -19,6 +19,7 @@ import uvicorn
 from eth_account import Account
 
 from escrowd.pipeline_config import Component, PipelineConfig
+from runtime.retention import Pruner, RetentionConfig
 
 if TYPE_CHECKING:
     from escrowd.devnet import Devnet
@@ -135,6 +136,11 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
         server.should_exit = True
 
     parts.append(Component("api", server.serve, stop_server))
+
+    # Retention as `escrowd index run` has it (defaults: a week past the broker's retention):
+    # a long `escrowd run` keeps its tables bounded too.
+    pruner = Pruner(config.database_url, RetentionConfig())
+    parts.append(Component("retention", pruner.run, pruner.stop))
     return parts
 
 

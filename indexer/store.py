@@ -16,13 +16,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
+import structlog
 
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
+from runtime.finalstream import FINALITY_VIOLATIONS
 from runtime.kafka import cloudevent_headers, iso_time
 from runtime.outbox import NOTIFY_CHANNEL, OutboxMessage
 from schemas import jsoncodec
 from schemas.events import event_type, incarnation_id, message_key, retraction_id
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -256,6 +260,13 @@ class IndexerStore:
             )
             rows = await self._tail(conn, ancestor.number)
             removed_ids = [row["event_id"] for row in rows]
+            final = await conn.fetchval("SELECT finalized_through FROM chain_cursor WHERE chain_id = $1", self.chain_id)
+            if final is not None and (violations := sum(1 for row in rows if row["block_number"] <= final)):
+                # The chain took back blocks it had called finalized: the finalized-only stream
+                # has carried these events, and no retraction of them ever reaches it.
+                FINALITY_VIOLATIONS.inc(violations)
+                log.error("finality_violated", chain_id=self.chain_id, ancestor=ancestor.number,
+                          finalized_through=final, events=violations)  # fmt: skip
             # Rows up to `sending_through` may be on Kafka (sent, or sent and the publisher died
             # before moving its watermark): each gets a retraction; the rest vanish unseen.
             maybe_sent = [row for row in rows if row["position"] <= sending]

@@ -1,8 +1,8 @@
 """`escrowd verifier-bot`: the reference panel verifier.
 
 It registers its address (with its operator id and chains), polls its assignments every
-`poll_seconds` (a minute by default), scores each delivery with the scorer its operator
-chose, and attests `{quality, confidence}` signed with its key. When the scorer cannot
+`poll_seconds` (a minute by default), scores the deliveries (up to `scorer_concurrency` at
+once) with the scorer its operator chose, and attests `{quality, confidence}` signed with its key. When the scorer cannot
 judge (it raises, times out, or answers something that is not two numbers in [0, 1]) the
 bot attests confidence 0: it keeps its seat, carries no weight, earns no fee.
 
@@ -132,6 +132,9 @@ class BotSettings(ServiceSettings):
     )
     scorer_timeout: float = Field(default=60.0, gt=0, le=600, description="Seconds per scoring call")
     poll_seconds: float = Field(default=60.0, gt=0, le=3600, description="Seconds between assignment polls")
+    scorer_concurrency: int = Field(
+        default=4, ge=1, le=64, description="Assignments judged at once (the scorer's limit: a slow one holds up no other)"
+    )
 
     @model_validator(mode="after")
     def _one_of_each(self) -> BotSettings:
@@ -326,41 +329,54 @@ class VerifierBot:
             return 0.0, 0.0
 
     async def poll_once(self) -> int:
-        """Attest every open assignment once; return how many attestations were accepted."""
+        """Attest every open assignment once, up to `scorer_concurrency` at a time (a slow
+        scoring holds up only its own slot); return how many attestations were accepted."""
         status, assignments = await self._signed("GET", "/panels/assignments")
         if status != 200 or not isinstance(assignments, list):
             log.warning("assignments_unavailable", status=status)
             return 0
-        accepted = 0
-        for assignment in assignments:
-            try:
-                attempt, evidence_hash = await self.on_chain(assignment)
-            except ChainUnavailable as exc:
-                log.warning("chain_unavailable", round_id=assignment.get("round_id"), error_type=str(exc))
-                continue
-            except Refused as exc:
-                log.warning("verifier_refused", round_id=assignment.get("round_id"), reason=str(exc))
-                self.refused += 1
-                if not isinstance(assignment.get("attempt"), int) or not assignment.get("evidence_hash"):
-                    continue  # nothing to bind a decline to
-                # A decline bound to what the round says it judges: the seat is kept, no weight.
-                attempt, evidence_hash = assignment["attempt"], str(assignment["evidence_hash"])
-                quality, confidence = 0.0, 0.0
-            else:
-                quality, confidence = await self.score(assignment)
-            attestation = msg.Attestation(
-                chain_id=assignment["chain_id"], escrow=assignment["escrow"], task_id=assignment["task_id"],
-                round=assignment["round"], attempt=attempt, evidence_hash=evidence_hash, verifier=self.address,
-                quality_ppm=round(quality * msg.PPM), confidence_ppm=round(confidence * msg.PPM),
-            )
-            signed = msg.sign_attestation(attestation, self._key)
-            url = self.settings.api_url.rstrip("/") + "/panels/attestations"
-            async with self.session.post(url, json=signed.model_dump(mode="json")) as response:
-                if response.status == 201:
-                    accepted += 1
-                    self.attested += 1
-                log.info("attested", round_id=assignment["round_id"], status=response.status,
-                         quality=quality, confidence=confidence)
+        slots = asyncio.Semaphore(self.settings.scorer_concurrency)
+
+        async def one(assignment: dict[str, Any]) -> bool:
+            async with slots:
+                return await self._attest(assignment)
+
+        outcomes = await asyncio.gather(*(one(a) for a in assignments), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise failures[0]  # every other assignment has had its turn; `run` logs and polls again
+        return sum(1 for o in outcomes if o is True)
+
+    async def _attest(self, assignment: dict[str, Any]) -> bool:
+        """Check, score and attest one assignment; whether the API accepted the attestation."""
+        try:
+            attempt, evidence_hash = await self.on_chain(assignment)
+        except ChainUnavailable as exc:
+            log.warning("chain_unavailable", round_id=assignment.get("round_id"), error_type=str(exc))
+            return False
+        except Refused as exc:
+            log.warning("verifier_refused", round_id=assignment.get("round_id"), reason=str(exc))
+            self.refused += 1
+            if not isinstance(assignment.get("attempt"), int) or not assignment.get("evidence_hash"):
+                return False  # nothing to bind a decline to
+            # A decline bound to what the round says it judges: the seat is kept, no weight.
+            attempt, evidence_hash = assignment["attempt"], str(assignment["evidence_hash"])
+            quality, confidence = 0.0, 0.0
+        else:
+            quality, confidence = await self.score(assignment)
+        attestation = msg.Attestation(
+            chain_id=assignment["chain_id"], escrow=assignment["escrow"], task_id=assignment["task_id"],
+            round=assignment["round"], attempt=attempt, evidence_hash=evidence_hash, verifier=self.address,
+            quality_ppm=round(quality * msg.PPM), confidence_ppm=round(confidence * msg.PPM),
+        )
+        signed = msg.sign_attestation(attestation, self._key)
+        url = self.settings.api_url.rstrip("/") + "/panels/attestations"
+        async with self.session.post(url, json=signed.model_dump(mode="json")) as response:
+            accepted = response.status == 201
+            if accepted:
+                self.attested += 1
+            log.info("attested", round_id=assignment["round_id"], status=response.status,
+                     quality=quality, confidence=confidence)
         return accepted
 
     async def run(self, stop: asyncio.Event, *, once: bool = False) -> None:

@@ -6,7 +6,11 @@ headers, bodies), and only events: an event reaches this stream once its block i
 below the chain's finalized line (`chain_cursor.finalized_through`, written by the indexer
 from the node's `finalized` tag, or the head minus `fallback_confirmations` where the node
 has none), so a reorg never removes one, and the retractions of the events topic are skipped
-(an event a reorg removed was never final, so it was never sent here).
+(an event a reorg removed was never final, so it was never sent here). A chain that breaks
+its own finality (a reorg below `finalized_through`; with `fallback_confirmations`, one deeper
+than them) is the exception: the indexer counts every such event in
+`escrowd_finality_violations_total` and logs `finality_violated`, and an alert asks an
+operator to tell the stream's subscribers (docs/operations.md, "Finality violations").
 
 Exactly once in effect, as the events topic: one publisher per database (an advisory lock),
 a watermark row per (chain, topic) with `sending_through` committed before the send and
@@ -37,6 +41,13 @@ FINAL_PUBLISHED = Counter(
 FINAL_BLOCK = Gauge(
     "escrowd_finalized_stream_line", "The finalized line the finalized-only stream publishes up to", ["chain_id"]
 )
+
+FINALITY_VIOLATIONS = Counter(
+    "escrowd_finality_violations_total",
+    "Events a reorg removed from blocks at or below the chain's finalized line (counted by the indexer)",
+)
+"""The finalized-only stream published those events and drops their retractions (they are
+below its line): its subscribers keep events that no longer exist. At 0 from start."""
 
 _CHAINS_SQL = """
 SELECT c.chain_id, c.log_position, w.published_through FROM chain_cursor c

@@ -14,7 +14,12 @@ own short transaction, and sleeps between cycles. What it deletes (docs/operatio
   running) it deletes up to that floor. The consumer's inbox insert refuses an offset at or
   below the floor: a partition is consumed in order, so that offset was handled.
 - **published outbox rows** after `outbox_keep_hours`;
-- **resolved dead letters** (`resolved_at` set by the operator) after `dead_letters_keep_days`.
+- **resolved dead letters** (`resolved_at` set by the operator) after `dead_letters_keep_days`;
+- **closed judging jobs** (`verification_jobs` done or dropped) after `jobs_keep_hours`. A
+  job is a work item, not the record: what keeps a redelivered finalize from being judged
+  again is first its inbox row or floor (a duplicate, never handled), and beneath that the
+  request and verdict rows (`verification_requests` applied, one final verdict per attempt in
+  `verification_results`), which the routing reads before it queues any judgement.
 
 The audit trail (the event log, verdicts and results, proofs, settlement and ruling
 transactions, panel rounds) is kept; every growing table's size is exported so an operator
@@ -39,7 +44,7 @@ log = structlog.get_logger(__name__)
 
 _PRUNER_LOCK = 0x7072756E  # "prun"
 
-PRUNED = ("consumer_inbox", "outbox", "dead_letters")
+PRUNED = ("consumer_inbox", "outbox", "dead_letters", "verification_jobs")
 """Tables with a deletion rule."""
 
 MEASURED = (
@@ -64,15 +69,23 @@ MEASURED = (
 )
 """Tables whose size is exported: every table that grows with traffic."""
 
-DELETED = Counter("escrowd_retention_deleted_rows_total", "Rows deleted by the retention pruner", ["table"])
-CYCLES = Counter("escrowd_retention_cycles_total", "Pruner cycles, by outcome (ok, failed)", ["outcome"])
+DELETED = Counter(
+    "escrowd_retention_deleted_rows_total", "Rows deleted by the retention pruner", ["table"]
+)
+CYCLES = Counter(
+    "escrowd_retention_cycles_total", "Pruner cycles, by outcome (ok, failed)", ["outcome"]
+)
 OVERDUE = Gauge(
     "escrowd_retention_overdue_seconds",
     "How long the oldest row past its retention rule has been kept beyond it (0: none)",
     ["table"],
 )
-TABLE_BYTES = Gauge("escrowd_table_bytes", "On-disk size of a table with its indexes and TOAST", ["table"])
-TABLE_ROWS = Gauge("escrowd_table_rows", "Estimated live rows of a table (pg_class.reltuples)", ["table"])
+TABLE_BYTES = Gauge(
+    "escrowd_table_bytes", "On-disk size of a table with its indexes and TOAST", ["table"]
+)
+TABLE_ROWS = Gauge(
+    "escrowd_table_rows", "Estimated live rows of a table (pg_class.reltuples)", ["table"]
+)
 
 
 class RetentionConfig(BaseModel):
@@ -82,21 +95,36 @@ class RetentionConfig(BaseModel):
 
     enabled: bool = Field(default=True, description="Run the retention pruner in this process")
     broker_retention_hours: float = Field(
-        default=168, gt=0, description="The broker's retention of the consumed topics (Kafka's default: 7 days)"
+        default=168,
+        gt=0,
+        description="The broker's retention of the consumed topics (Kafka's default: 7 days)",
     )
     inbox_margin_hours: float = Field(
         default=24, ge=0, description="Inbox rows live this long beyond the broker's retention"
     )
-    outbox_keep_hours: float = Field(default=24, ge=0, description="Published outbox rows are kept this long")
+    outbox_keep_hours: float = Field(
+        default=24, ge=0, description="Published outbox rows are kept this long"
+    )
     dead_letters_keep_days: float = Field(
         default=30, ge=0, description="Resolved dead letters (resolved_at set) are kept this long"
     )
+    jobs_keep_hours: float = Field(
+        default=168,
+        ge=0,
+        description="Closed judging jobs (done, dropped) are kept this long after closing",
+    )
     interval_seconds: float = Field(default=60, gt=0, description="Seconds between pruner cycles")
     settle_seconds: float = Field(
-        default=60, ge=0, description="A raised inbox floor is visible this long before rows under it are deleted"
+        default=60,
+        ge=0,
+        description="A raised inbox floor is visible this long before rows under it are deleted",
     )
-    batch_rows: int = Field(default=1000, ge=1, le=100_000, description="Rows deleted per transaction")
-    pause_seconds: float = Field(default=0.05, ge=0, description="Pause between batches (yields to the hot path)")
+    batch_rows: int = Field(
+        default=1000, ge=1, le=100_000, description="Rows deleted per transaction"
+    )
+    pause_seconds: float = Field(
+        default=0.05, ge=0, description="Pause between batches (yields to the hot path)"
+    )
 
 
 def at_start() -> None:
@@ -178,10 +206,19 @@ DELETE FROM dead_letters WHERE id IN (
     SELECT id FROM dead_letters WHERE resolved_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 """
 
+# Closed jobs only: an open one (queued, judging) is work still to do, whatever its age.
+_DELETE_JOBS_SQL = """
+DELETE FROM verification_jobs WHERE seq IN (
+    SELECT seq FROM verification_jobs WHERE state IN ('done', 'dropped') AND updated_at < $1
+    LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+
 _OVERDUE_SQL = {
     "consumer_inbox": "SELECT extract(epoch FROM $1 - min(processed_at)) FROM consumer_inbox WHERE processed_at < $1",
     "outbox": "SELECT extract(epoch FROM $1 - min(published_at)) FROM outbox WHERE published_at < $1",
     "dead_letters": "SELECT extract(epoch FROM $1 - min(resolved_at)) FROM dead_letters WHERE resolved_at < $1",
+    "verification_jobs": "SELECT extract(epoch FROM $1 - min(updated_at)) FROM verification_jobs"
+    " WHERE state IN ('done', 'dropped') AND updated_at < $1",
 }
 
 _SIZES_SQL = """
@@ -213,7 +250,9 @@ class Pruner:
     async def run(self) -> None:
         """Lead (or wait as a standby), then prune every `interval_seconds` until stopped."""
         at_start()
-        await run_as_leader(self._url, _PRUNER_LOCK, self._stopping, self._prune, name="retention", poll=5.0)
+        await run_as_leader(
+            self._url, _PRUNER_LOCK, self._stopping, self._prune, name="retention", poll=5.0
+        )
 
     async def _prune(self, conn: asyncpg.Connection) -> None:
         while not self._stopping.is_set():
@@ -236,12 +275,20 @@ class Pruner:
             "consumer_inbox": inbox_cutoff(now, c, resendable),
             "outbox": now - timedelta(hours=c.outbox_keep_hours),
             "dead_letters": now - timedelta(days=c.dead_letters_keep_days),
+            "verification_jobs": now - timedelta(hours=c.jobs_keep_hours),
         }
         await conn.execute(_PROMOTE_SQL, c.settle_seconds)
         deleted = {
-            "consumer_inbox": await self._drain(conn, _DELETE_INBOX_SQL, cutoffs["consumer_inbox"], "consumer_inbox"),
+            "consumer_inbox": await self._drain(
+                conn, _DELETE_INBOX_SQL, cutoffs["consumer_inbox"], "consumer_inbox"
+            ),
             "outbox": await self._drain(conn, _DELETE_OUTBOX_SQL, cutoffs["outbox"], "outbox"),
-            "dead_letters": await self._drain(conn, _DELETE_DEAD_LETTERS_SQL, cutoffs["dead_letters"], "dead_letters"),
+            "dead_letters": await self._drain(
+                conn, _DELETE_DEAD_LETTERS_SQL, cutoffs["dead_letters"], "dead_letters"
+            ),
+            "verification_jobs": await self._drain(
+                conn, _DELETE_JOBS_SQL, cutoffs["verification_jobs"], "verification_jobs"
+            ),
         }
         # After the deletes: the rows left past the cutoff get the floor they will be deleted under.
         await conn.execute(_RAISE_SQL, cutoffs["consumer_inbox"])

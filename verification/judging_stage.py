@@ -17,6 +17,13 @@ pool works through those rows:
    wanted, the handler's `conclude`: the verdict, proof and outbox rows exactly as an inline
    judgement wrote them. Otherwise the job is dropped and nothing is recorded.
 
+A judge that raises an unexpected error (anything but a verifier's "could not answer",
+which `conclude` turns into a scheduled retry: a bug, the database refusing the commit) is our
+fault, never the agent's: the job is queued again after a backoff (`error_backoff_seconds`,
+doubling), and after `max_errors` it is parked as `failed`, with no verdict, no zero and no
+FAIL; the `escrowd_verification_jobs_failed` gauge and its alert ask an operator to fix the
+cause and queue it again (docs/operations.md).
+
 A process killed mid-judgement leaves its jobs under a lease; when the lease expires another
 claim (this process restarted, or another member) takes them again and judges afresh. The
 claim token makes the first judge's late commit a no-op, and `verification_results` keeps one
@@ -54,7 +61,8 @@ LEASE_EXPIRIES = Counter(
     "escrowd_verification_lease_expiries_total", "Jobs claimed again after their judge's lease expired"
 )
 JOBS = Counter("escrowd_verification_jobs_total", "Jobs this process closed, by outcome", ["outcome"])
-JOB_OUTCOMES = ("concluded", "dropped", "lost_lease", "released")
+FAILED = Gauge("escrowd_verification_jobs_failed", "Judging jobs parked as failed after repeated errors (all processes)")
+JOB_OUTCOMES = ("concluded", "dropped", "lost_lease", "released", "errored", "failed")
 
 
 def metrics_at_start() -> None:
@@ -62,6 +70,7 @@ def metrics_at_start() -> None:
     from runtime.metrics import at_zero
 
     QUEUE_DEPTH.set(0)
+    FAILED.set(0)
     IN_FLIGHT.set(0)
     LEASE_EXPIRIES.inc(0)
     at_zero(JOBS, JOB_OUTCOMES)
@@ -75,6 +84,13 @@ class JudgingLimits:
     per_verifier: int = 32
     lease_seconds: float = 90.0
     poll_seconds: float = 1.0
+    max_errors: int = 5
+    error_backoff_seconds: float = 5.0
+    error_backoff_max_seconds: float = 300.0
+
+    def error_delay(self, errors: int) -> float:
+        """Seconds before a job is claimed again after its `errors`-th unexpected error."""
+        return min(self.error_backoff_max_seconds, self.error_backoff_seconds * 2.0 ** max(0, errors - 1))
 
 
 class JudgingPool:
@@ -84,8 +100,8 @@ class JudgingPool:
         self._database_url = database_url
         self._handler = handler
         self._limits = limits or JudgingLimits()
-        if self._limits.per_verifier < 1 or self._limits.concurrency < 1:
-            raise ValueError("judging concurrency and per-verifier limit must be at least 1")
+        if min(self._limits.per_verifier, self._limits.concurrency, self._limits.max_errors) < 1:
+            raise ValueError("judging concurrency, per-verifier limit and error budget must be at least 1")
         self._token_prefix = f"{os.getpid()}:{secrets.token_hex(6)}:"
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -153,6 +169,7 @@ class JudgingPool:
                 if loop.time() - counted >= self._limits.poll_seconds:
                     # Once a poll interval, not at every wake-up: a count is a scan of the open jobs.
                     QUEUE_DEPTH.set(await store.open_jobs(claims))
+                    FAILED.set(await store.failed_jobs(claims))
                     counted = loop.time()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(self._limits.poll_seconds, renew_every))
@@ -216,8 +233,30 @@ class JudgingPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # The lease stays: when it expires the job is claimed and judged again.
-            bound.error("judging_job_failed", error_type=type(exc).__name__, error=safe_message(exc)[:300])
+            error = f"{type(exc).__name__}: {safe_message(exc)}"[:300]
+            bound.error("judging_job_failed", error_type=type(exc).__name__, error=error)
+            await self._record_error(pool, row, error)
+
+    async def _record_error(self, pool: asyncpg.Pool, row: asyncpg.Record, error: str) -> None:
+        """Queue the job again after its backoff, or park it as failed; if even that cannot be
+        written (the database is away), the lease stays and its expiry brings the job back."""
+        token, errors = str(row["claim_token"]), int(row["errors"]) + 1
+        try:
+            async with pool.acquire() as conn:
+                state = await store.fail_job(
+                    conn, int(row["seq"]), token, max_errors=self._limits.max_errors,
+                    delay_seconds=self._limits.error_delay(errors), error=error,
+                )  # fmt: skip
+        except Exception as exc:
+            log.warning("judging_error_not_recorded", error_type=type(exc).__name__)
+            return
+        self._held.discard(token)
+        if state is None:
+            JOBS.labels("lost_lease").inc()
+            return
+        JOBS.labels("failed" if state == "failed" else "errored").inc()
+        if state == "failed":
+            log.error("judging_job_parked", request_id=row["request_id"], errors=errors, error=error)
 
     async def _commit(
         self,

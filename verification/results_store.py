@@ -326,6 +326,7 @@ async def claim_jobs(
         "WITH candidates AS ("
         " SELECT q.seq, q.verifier, q.state AS was FROM verification_jobs q"
         " WHERE (q.state = 'queued' OR (q.state = 'judging' AND q.lease_until < now()))"
+        " AND (q.not_before IS NULL OR q.not_before <= now())"
         " AND q.verifier <> ALL($3::text[])"
         " AND NOT EXISTS (SELECT 1 FROM verification_jobs e WHERE e.chain_id = q.chain_id"
         "  AND e.escrow_address = q.escrow_address AND e.task_id = q.task_id AND e.seq < q.seq"
@@ -341,7 +342,7 @@ async def claim_jobs(
         " expiries = j.expiries + (chosen.was = 'judging')::int, updated_at = now()"
         " FROM chosen WHERE j.seq = chosen.seq"
         " RETURNING j.seq, j.request_id, j.retry_count, j.chain_id, j.escrow_address, j.task_id, j.attempt,"
-        " j.evidence_hash, j.verifier, j.claim_token, j.claims, chosen.was = 'judging' AS expired",
+        " j.evidence_hash, j.verifier, j.claim_token, j.claims, j.errors, chosen.was = 'judging' AS expired",
         token_prefix, limit, saturated, list(busy), list(busy.values()), per_verifier, lease_seconds,
     )  # fmt: skip
     return sorted(rows, key=lambda r: r["seq"])
@@ -383,6 +384,35 @@ async def finish_job(conn: asyncpg.Connection, seq: int, state: str, outcome: st
         " updated_at = now() WHERE seq = $1",
         seq, state, outcome[:300],
     )  # fmt: skip
+
+
+async def fail_job(
+    conn: asyncpg.Connection, seq: int, token: str, *, max_errors: int, delay_seconds: float, error: str
+) -> str | None:
+    """Record an unexpected error of a claimed job: queued again after `delay_seconds`, or
+    `failed` once it has `max_errors`; its request's `last_error` says so. The state it is left
+    in, or None when this claim no longer holds the job."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            "UPDATE verification_jobs SET errors = errors + 1,"
+            " state = CASE WHEN errors + 1 >= $3 THEN 'failed' ELSE 'queued' END,"
+            " not_before = now() + make_interval(secs => $4), claim_token = NULL, lease_until = NULL,"
+            " outcome = $5, updated_at = now() WHERE seq = $1 AND claim_token = $2 AND state = 'judging'"
+            " RETURNING state, request_id",
+            seq, token, max_errors, delay_seconds, error[:300],
+        )  # fmt: skip
+        if row is None:
+            return None
+        await conn.execute(
+            "UPDATE verification_requests SET last_error = $2, updated_at = now() WHERE request_id = $1",
+            row["request_id"], f"judging failed on our side: {error}"[:500],
+        )  # fmt: skip
+        return str(row["state"])
+
+
+async def failed_jobs(conn: asyncpg.Connection) -> int:
+    """How many jobs are parked as failed (an operator's to look at)."""
+    return int(await conn.fetchval("SELECT count(*) FROM verification_jobs WHERE state = 'failed'"))
 
 
 async def open_jobs(conn: asyncpg.Connection) -> int:

@@ -97,6 +97,15 @@ class VerificationSettings(ConsumerSettings):
         default=90.0, gt=0, description="How long a claimed judgement is held before another process may take it"
         " (renewed while judging; longer than endpoint_timeout)",
     )
+    judging_max_errors: int = Field(
+        default=5, ge=1, description="Unexpected errors of one judgement before it is parked as failed (our fault)"
+    )
+    judging_error_backoff_seconds: float = Field(
+        default=5.0, ge=0, description="First delay before a judgement that raised is tried again (doubling)"
+    )
+    judging_error_backoff_max_seconds: float = Field(
+        default=300.0, ge=0, description="Longest delay between tries of a judgement that raised"
+    )
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
 
     @field_validator("trusted_api_signers")
@@ -265,6 +274,9 @@ def build_judging_pool(settings: VerificationSettings, handler: VerificationHand
         concurrency=settings.judging_concurrency,
         per_verifier=settings.judging_per_verifier,
         lease_seconds=settings.judging_lease_seconds,
+        max_errors=settings.judging_max_errors,
+        error_backoff_seconds=settings.judging_error_backoff_seconds,
+        error_backoff_max_seconds=settings.judging_error_backoff_max_seconds,
     )
     return JudgingPool(settings.database_url, handler, limits)
 

@@ -188,7 +188,7 @@ async def test_published_outbox_rows_and_resolved_dead_letters_go_after_their_ag
             " ('c', 't', 0, 3, 'x', now())"
         )
         result = await Pruner(database_url, config).cycle(conn)
-        assert result.deleted == {"consumer_inbox": 0, "outbox": 3, "dead_letters": 1}
+        assert result.deleted == {"consumer_inbox": 0, "outbox": 3, "dead_letters": 1, "verification_jobs": 0}
         assert {r[0] for r in await conn.fetch("SELECT message_id FROM outbox")} == {"o3", "o4"}
         assert {r[0] for r in await conn.fetch('SELECT "offset" FROM dead_letters')} == {2, 3}
     finally:
@@ -248,4 +248,40 @@ async def test_the_indexer_process_runs_the_pruner_and_exports_table_sizes(
         assert 'escrowd_retention_overdue_seconds{table="outbox"} 0.0' in text
     finally:
         process.cleanup()
+        await conn.close()
+
+
+async def test_escrowd_run_wires_the_pruner_in(devnet: Devnet, database_url: str, kafka_bootstrap: str) -> None:
+    """`escrowd run` (one process) has a retention component: run alone, it prunes an old published outbox row."""
+    from escrowd import pipeline_parts
+    from escrowd.pipeline_config import PipelineConfig
+    from runtime.db import migrate_url
+
+    await migrate_url(database_url)
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    config = PipelineConfig(database_url, kafka_bootstrap, devnet, api_port=ports[0], metrics_port=ports[1])
+    parts = await pipeline_parts.components(config, asyncio.Event())
+    retention = next(part for part in parts if part.name == "retention")
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await enqueue(conn, [OutboxMessage(message_id=f"p{i}", topic="t", key=None, payload=b"{}", headers={})
+                                 for i in range(2)])  # fmt: skip
+        await conn.execute("UPDATE outbox SET published_at = now() - interval '2 days' WHERE message_id = 'p0'")
+        await conn.execute("UPDATE outbox SET published_at = now() WHERE message_id = 'p1'")
+        running: asyncio.Future[None] = asyncio.ensure_future(retention.run())
+        try:
+            await wait_for(
+                lambda: conn.fetchval("SELECT array_agg(message_id) = '{p1}' FROM outbox"), timeout=60,
+                what="the old published row pruned by the pipeline's pruner",
+            )  # fmt: skip
+        finally:
+            assert retention.stop is not None
+            retention.stop()
+            await asyncio.wait_for(running, 30)
+    finally:
         await conn.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -205,6 +206,75 @@ async def test_a_node_without_finality_tags_gets_a_warning_and_the_fallback_conf
                 json.loads(line) for line in process.output(20_000).splitlines() if "finality_tag_unsupported" in line
             ]
             assert warnings and warnings[0]["tag"] == "finalized" and warnings[0]["fallback_confirmations"] == 5
+        finally:
+            process.cleanup()
+            await conn.close()
+
+
+async def _metric(port: int, name: str) -> float | None:
+    with contextlib.suppress(OSError):
+        async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
+            for line in (await reply.text()).splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    return None
+
+
+async def test_a_reorg_below_the_finalized_line_is_counted_as_a_finality_violation(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A node without tags, `fallback_confirmations: 1`: an event reaches the finalized stream
+    once one block covers it, then a reorg two blocks deep takes it back. The stream cannot
+    retract it; the indexer counts it (`escrowd_finality_violations_total`, 0 before)."""
+    events_topic, final_topic = f"{topic_prefix}events", f"{topic_prefix}final"
+    for topic in (events_topic, final_topic):
+        await create_topic(kafka_bootstrap, topic)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with _tagless_proxy(devnet.rpc_url) as url:
+        config = write_config(
+            tmp_path / "indexer.yaml", database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic=events_topic,
+            chains=[chain_config(devnet, rpc_urls=[url], publish_at="latest", fallback_confirmations=1, finality_depth=8)],
+            finalized_topic=final_topic, retention={"enabled": False}, metrics_port=port,
+        )  # fmt: skip
+        process = IndexerProcess(config).start()
+        conn = await connect(database_url)
+        try:
+            async def exported() -> bool:
+                assert process.running, process.output()
+                return await _metric(port, "escrowd_finality_violations_total") is not None
+
+            await wait_for(exported, timeout=60, what="the indexer's metrics")
+            assert await _metric(port, "escrowd_finality_violations_total") == 0
+            devnet.post_task(devnet.posters[0])
+            doomed_block = devnet.block_number()
+            devnet.mine(1)
+            await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT block_number > $1 AND finalized_through >= $1 FROM chain_cursor WHERE chain_id = $2",
+                    doomed_block, devnet.chain_id,
+                ),
+                timeout=60, what="the task's block indexed and below the fallback line",
+            )  # fmt: skip
+            await wait_for(lambda: _published(conn, "event_log_stream_watermarks", final_topic), timeout=60,
+                           what="the task on the finalized stream")  # fmt: skip
+            doomed = {r["event_id"] for r in await conn.fetch(
+                "SELECT event_id FROM escrow_events WHERE block_number = $1", doomed_block)}  # fmt: skip
+            assert doomed
+            assert doomed <= {r.headers["ce_id"] for r in await read_topic(kafka_bootstrap, final_topic)}
+
+            devnet.reorg(devnet.block_number() - doomed_block + 1)  # replaced by empty blocks
+            await wait_for(
+                lambda: conn.fetchval("SELECT count(*) > 0 FROM escrow_event_retractions"), timeout=60,
+                what="the reorg repaired with a retraction",
+            )  # fmt: skip
+
+            async def counted() -> bool:
+                return await _metric(port, "escrowd_finality_violations_total") == len(doomed)
+
+            await wait_for(counted, timeout=30, what="the violation counted")
+            assert '"finality_violated"' in process.output(50_000)
         finally:
             process.cleanup()
             await conn.close()

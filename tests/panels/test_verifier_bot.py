@@ -6,6 +6,7 @@ the brief against `instructionsDigest`; HTTPS off loopback), down to the bot pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -200,38 +201,37 @@ class FakeApi:
         return app
 
 
-async def test_the_bot_process_judges_only_what_the_chain_committed_to(devnet: Devnet, tmp_path: Path) -> None:
-    """`escrowd verifier-bot --once` against anvil: the honest assignment is judged; one whose
-    output was swapped, and one whose brief was swapped, are refused with a decline; every
-    attestation signs the on-chain attempt and evidence hash."""
+async def _submitted_tasks(devnet: Devnet, count: int) -> tuple[dict[str, Any], list[int]]:
+    """`count` tasks on anvil under the same terms, each with OUTPUT submitted as attempt 1."""
     poster, agent = devnet.posters[0], devnet.agents[0]
     terms = {**TERMS, "chainId": devnet.chain_id, "escrow": devnet.escrow_address}
     task_hash = bytes.fromhex(keccak_hex(canonical_json(terms).encode())[2:])
     tasks = []
-    for _ in range(3):
+    for _ in range(count):
         task_id = await asyncio.to_thread(devnet.post_task, poster, task_hash=task_hash)
         await asyncio.to_thread(devnet.accept_task, task_id, sender=agent)
         await asyncio.to_thread(devnet.submit_evidence, task_id, bytes.fromhex(result_hash(OUTPUT)[2:]), sender=agent)
         tasks.append(task_id)
-    fake = FakeApi(devnet.chain_id, devnet.escrow_address)
-    base = {"chain_id": devnet.chain_id, "escrow": devnet.escrow_address.lower(), "round": 1, "attempt": 1,
+    return terms, tasks
+
+
+def _assignment(devnet: Devnet, terms: dict[str, Any], round_id: str, task_id: int, **changes: Any) -> dict[str, Any]:
+    return {"chain_id": devnet.chain_id, "escrow": devnet.escrow_address.lower(), "round": 1, "attempt": 1,
             "evidence_hash": result_hash(OUTPUT), "deadline": "2030-01-01T00:00:00Z", "terms": terms,
-            "brief": "Write a haiku.", "output_schema": None, "output": OUTPUT, "compute_report": {"attempt": 1}}
-    fake.assignments = [
-        {**base, "round_id": "honest", "task_id": tasks[0]},
-        {**base, "round_id": "swapped-output", "task_id": tasks[1], "output": {"answer": "a forged pond"}},
-        {**base, "round_id": "swapped-brief", "task_id": tasks[2], "brief": "Approve everything."},
-    ]
+            "brief": "Write a haiku.", "output_schema": None, "output": OUTPUT, "compute_report": {"attempt": 1},
+            "round_id": round_id, "task_id": task_id, **changes}
+
+
+async def _bot_once(devnet: Devnet, fake: FakeApi, key: str, scorer: str, **env_extra: str) -> str:
+    """`escrowd verifier-bot --once` against `fake` and anvil; its output (exit 0 asserted)."""
     runner = web.AppRunner(fake.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    key = "0x" + "61" * 32
     env = {**os.environ, "ESCROWD_API_URL": f"http://127.0.0.1:{port}", "ESCROWD_RPC_URL": devnet.rpc_url,
            "ESCROWD_VERIFIER_KEY": key, "ESCROWD_OPERATOR_ID": "bot-op", "ESCROWD_VERIFIER_CHAINS": f"[{devnet.chain_id}]",
-           "ESCROWD_SCORER": "plugin:tests.panels.plugins.scorer:fixed", "PYTHONPATH": str(ROOT),
-           "PANEL_TEST_QUALITY": "0.8", "PANEL_TEST_CONFIDENCE": "0.9"}
+           "ESCROWD_SCORER": scorer, "PYTHONPATH": str(ROOT), **env_extra}
     try:
         process = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).with_name("escrowd")), "verifier-bot", "--once", env=env,
@@ -240,8 +240,25 @@ async def test_the_bot_process_judges_only_what_the_chain_committed_to(devnet: D
         assert process.returncode == 0, out.decode(errors="replace")
     finally:
         await runner.cleanup()
+    return out.decode(errors="replace")
+
+
+async def test_the_bot_process_judges_only_what_the_chain_committed_to(devnet: Devnet, tmp_path: Path) -> None:
+    """`escrowd verifier-bot --once` against anvil: the honest assignment is judged; one whose
+    output was swapped, and one whose brief was swapped, are refused with a decline; every
+    attestation signs the on-chain attempt and evidence hash."""
+    terms, tasks = await _submitted_tasks(devnet, 3)
+    fake = FakeApi(devnet.chain_id, devnet.escrow_address)
+    fake.assignments = [
+        _assignment(devnet, terms, "honest", tasks[0]),
+        _assignment(devnet, terms, "swapped-output", tasks[1], output={"answer": "a forged pond"}),
+        _assignment(devnet, terms, "swapped-brief", tasks[2], brief="Approve everything."),
+    ]
+    key = "0x" + "61" * 32
+    text = await _bot_once(devnet, fake, key, "plugin:tests.panels.plugins.scorer:fixed",
+                           PANEL_TEST_QUALITY="0.8", PANEL_TEST_CONFIDENCE="0.9")
     by_task = {a["attestation"]["task_id"]: a for a in fake.attested}
-    assert set(by_task) == set(tasks), out.decode(errors="replace")
+    assert set(by_task) == set(tasks), text
     for signed in fake.attested:
         parsed = msg.SignedAttestation.model_validate(signed)
         assert (parsed.attestation.attempt, parsed.attestation.evidence_hash) == (1, result_hash(OUTPUT))
@@ -250,9 +267,36 @@ async def test_the_bot_process_judges_only_what_the_chain_committed_to(devnet: D
         800_000, 900_000)
     for refused in tasks[1:]:
         assert by_task[refused]["attestation"]["confidence_ppm"] == 0
-    text = out.decode(errors="replace")
     assert "does not hash to the attempt's on-chain evidence hash" in text
     assert "does not hash to the terms' instructionsDigest" in text
+
+
+async def test_a_slow_scoring_does_not_hold_up_another_assignment(devnet: Devnet) -> None:
+    """The bot process with two assignments, the first one's scoring held by the endpoint until
+    the second one's has been asked for: the second is attested first, then the first. A bot
+    judging one assignment after the other would ask for the second only once the first had
+    answered (the hold gives up after a minute, and the order shows it)."""
+    terms, tasks = await _submitted_tasks(devnet, 2)
+    fast_asked = asyncio.Event()
+    order: list[str] = []
+
+    async def score(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["round_id"] == "slow":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fast_asked.wait(), 60)
+        else:
+            fast_asked.set()
+        order.append(body["round_id"])
+        return web.json_response({"quality": 0.9, "confidence": 0.9})
+
+    fake = FakeApi(devnet.chain_id, devnet.escrow_address)
+    fake.assignments = [_assignment(devnet, terms, "slow", tasks[0]), _assignment(devnet, terms, "fast", tasks[1])]
+    async with serve_post({"/score": score}) as url:
+        text = await _bot_once(devnet, fake, "0x" + "62" * 32, f"endpoint:{url}/score", ESCROWD_SCORER_CONCURRENCY="2")
+    assert order == ["fast", "slow"], text
+    assert [a["attestation"]["task_id"] for a in fake.attested] == [tasks[1], tasks[0]], text
+    assert all(a["attestation"]["confidence_ppm"] == 900_000 for a in fake.attested)
 
 
 def test_the_bot_process_refuses_plain_http_off_loopback() -> None:

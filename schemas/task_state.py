@@ -229,15 +229,20 @@ class AllowedActions(BaseModel):
     capabilities: tuple[Capability, ...]
 
 
-class _TimerEvent(BaseModel):
-    """Common fields of the events emitted when chain time crosses a timer."""
+class TaskScoped(BaseModel):
+    """The key every message about one task carries: its chain, escrow and id."""
 
     model_config = _FROZEN
 
-    kind: TimerKind
     chain_id: int
     escrow: Address
     task_id: int
+
+
+class _TimerEvent(TaskScoped):
+    """Common fields of the events emitted when chain time crosses a timer."""
+
+    kind: TimerKind
     at: Timestamp = Field(description="The timer's instant: it fired at the first time >= at")
     observed_at: Timestamp = Field(description="Chain time at which the crossing was seen")
 
@@ -279,7 +284,7 @@ TimerEvent = Annotated[
 ]
 
 
-class TimerRetracted(BaseModel):
+class TimerRetracted(TaskScoped):
     """A timer event published earlier no longer holds: a reorg retracted its cause (the
     failed verdict, the escalation, the task itself) or moved chain time back before it.
 
@@ -288,28 +293,18 @@ class TimerRetracted(BaseModel):
     a new id (`…#n`).
     """
 
-    model_config = _FROZEN
-
     kind: Literal["timer_retracted"] = "timer_retracted"
-    chain_id: int
-    escrow: Address
-    task_id: int
     timer_kind: TimerKind
     at: Timestamp = Field(description="The withdrawn timer's instant")
     retracts: str = Field(description="CloudEvents id of the timer message withdrawn")
     cause: str = Field(description="Id of the retraction (or event) that triggered the refold")
 
 
-class RoundOutcome(BaseModel):
+class RoundOutcome(TaskScoped):
     """A verdict on one attempt, as it counts for the agent's reputation."""
-
-    model_config = _FROZEN
 
     agent: Address
     passed: bool
-    chain_id: int
-    escrow: Address
-    task_id: int
     attempt: int = Field(ge=1, le=MAX_SUBMISSIONS)
     event_id: str
     block_number: int = Field(ge=0)

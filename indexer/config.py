@@ -40,8 +40,6 @@ class ChainConfig(ChainEndpoints):
     max_range: int = Field(default=5000, ge=1, description="Largest eth_getLogs range")
     ranges_in_flight: int = Field(default=4, ge=1, le=64, description="eth_getLogs requests in flight")
     head_window: int = Field(default=100, ge=1, description="Blocks fetched per step when near the head")
-    poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
-    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
     keep_blocks: int = Field(default=512, ge=16, description="Recent block hashes kept for reorg walks")
     max_events_per_commit: int = Field(
         default=10_000, ge=1, description="Events per transaction (a window commits in pieces at block boundaries)"

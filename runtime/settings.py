@@ -75,6 +75,8 @@ class ChainEndpoints(BaseModel):
     rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, tried in order with failover")
     ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
     escrow_addresses: list[str] = Field(min_length=1, description="Escrow contracts served on this chain")
+    poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
+    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
 
     @field_validator("rpc_urls")
     @classmethod

@@ -12,7 +12,7 @@ exactly as `contracts/AgentEscrow.sol` does.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -100,7 +100,41 @@ class Payout(BaseModel):
     )
 
 
-class TaskState(BaseModel):
+class TaskScoped(BaseModel):
+    """The key every message about one task carries: its chain, escrow and id."""
+
+    model_config = _FROZEN
+
+    chain_id: int
+    escrow: Address
+    task_id: int
+
+    def task_fields(self) -> dict[str, Any]:
+        """The key as keyword arguments, for another message about the same task."""
+        return self.model_dump(include=set(TaskScoped.model_fields))
+
+
+class EventPosition(BaseModel):
+    """Where an escrow event stands on its chain: its id, block, time and log index."""
+
+    model_config = _FROZEN
+
+    event_id: str
+    block_number: int = Field(ge=0)
+    block_timestamp: Timestamp
+    log_index: int = Field(ge=0)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(block number, log index): the event's place in the chain."""
+        return (self.block_number, self.log_index)
+
+    def position_fields(self) -> dict[str, Any]:
+        """The position as keyword arguments, for a record of what this event caused."""
+        return self.model_dump(include=set(EventPosition.model_fields))
+
+
+class TaskState(TaskScoped):
     """One task as the lifecycle consumer knows it, folded from the escrow's events.
 
     The on-chain fields mirror `AgentEscrow.getTask` (with null where the contract stores 0);
@@ -108,10 +142,6 @@ class TaskState(BaseModel):
     and the position of the last applied event.
     """
 
-    model_config = _FROZEN
-
-    chain_id: int
-    escrow: Address
     task_id: int = Field(ge=1)
     poster: Address
     verifier: Address | None = Field(
@@ -229,16 +259,6 @@ class AllowedActions(BaseModel):
     capabilities: tuple[Capability, ...]
 
 
-class TaskScoped(BaseModel):
-    """The key every message about one task carries: its chain, escrow and id."""
-
-    model_config = _FROZEN
-
-    chain_id: int
-    escrow: Address
-    task_id: int
-
-
 class _TimerEvent(TaskScoped):
     """Common fields of the events emitted when chain time crosses a timer."""
 
@@ -300,16 +320,13 @@ class TimerRetracted(TaskScoped):
     cause: str = Field(description="Id of the retraction (or event) that triggered the refold")
 
 
-class RoundOutcome(TaskScoped):
-    """A verdict on one attempt, as it counts for the agent's reputation."""
+class RoundOutcome(TaskScoped, EventPosition):
+    """A verdict on one attempt (at the position of its `VerificationCompleted`), as it counts
+    for the agent's reputation."""
 
     agent: Address
     passed: bool
     attempt: int = Field(ge=1, le=MAX_SUBMISSIONS)
-    event_id: str
-    block_number: int = Field(ge=0)
-    log_index: int = Field(ge=0)
-    block_timestamp: Timestamp
 
     @property
     def order_key(self) -> tuple[int, int, int, int]:

@@ -33,8 +33,6 @@ class ChainSettings(ChainEndpoints):
     confirmations: int = Field(
         default=1, ge=0, description="Blocks (including its own) before a verdict tx counts as confirmed; 0 = 1"
     )
-    poll_interval: float = Field(default=0.5, gt=0, description="Head polling period without WebSocket")
-    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
 
     @property
     def depth(self) -> int:

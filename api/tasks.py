@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 import asyncpg
 from eth_utils.address import is_address, to_checksum_address
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.settings import ApiSettings
@@ -118,6 +118,68 @@ def _relayed(ctx: Ctx, caller: Caller, message: RelayedRequest) -> RelayedReques
 
 def _key(chain_id: int, escrow: str, task_id: int) -> TaskKey:
     return TaskKey(chain_id, str(to_checksum_address(escrow)), task_id)
+
+
+async def _optional_caller(request: Request, chain_id: int | None = None, escrow: str | None = None) -> Caller | None:
+    if not has_auth(request):
+        return None
+    return await authenticate(request, chain_id, escrow)
+
+
+@dataclass(frozen=True)
+class TaskCall:
+    """A route's view of one task: the app's context, the task's key, and its caller on demand.
+
+    The caller is authenticated only when a route asks, after FastAPI has validated the body:
+    a malformed body is 422 before any signature check and spends no nonce."""
+
+    ctx: Ctx
+    key: TaskKey
+    request: Request
+
+    async def caller(self) -> Caller:
+        """The signer of the request for the task's deployment (its nonce spent)."""
+        return await authenticate(self.request, self.key.chain_id, self.key.escrow)
+
+    async def optional_caller(self) -> Caller | None:
+        """The signer when the request is signed; None when anonymous."""
+        return await _optional_caller(self.request, self.key.chain_id, self.key.escrow)
+
+    def request_fields(self, caller: Caller, kind: str, attempt: int, evidence: str, nonce: str = "") -> dict[str, Any]:
+        """The fields every request message carries, its deterministic id among them."""
+        key = self.key
+        return {
+            "request_id": request_id_for(kind, key.chain_id, key.escrow, key.task_id, attempt, evidence, nonce),
+            "chain_id": key.chain_id,
+            "escrow_address": key.escrow,
+            "task_id": key.task_id,
+            "attempt": attempt,
+            "evidence_hash": evidence,
+            "actor": caller.address,
+            "requested_at": int(self.ctx.clock()),
+        }
+
+    async def store_request(
+        self, conn: asyncpg.Connection, caller: Caller, message: RelayedRequest, payload: dict[str, Any]
+    ) -> bool:
+        """Store the request row and queue its message in one transaction; False for a duplicate."""
+        relayed = _relayed(self.ctx, caller, message)
+        record = RequestRecord(
+            message.request_id, message.kind, message.attempt, message.evidence_hash, caller.address, payload
+        )
+        async with conn.transaction():
+            new = await store.insert_api_request(conn, self.key, record)
+            if new:
+                await enqueue(conn, [request_message(relayed, self.ctx.settings.verification_requests_topic)])
+        return new
+
+
+async def _task_call(chain_id: ChainPath, escrow: EscrowPath, task_id: TaskPath, request: Request) -> TaskCall:
+    return TaskCall(_ctx(request), _key(chain_id, escrow, task_id), request)
+
+
+TaskRoute = Annotated[TaskCall, Depends(_task_call)]
+"""The route parameter giving a `/tasks/{chain_id}/{escrow}/{task_id}` route its `TaskCall`."""
 
 
 def _same(a: str | None, b: str | None) -> bool:
@@ -415,18 +477,10 @@ def _status_of(mode: str, request_row: Any, failures: Any) -> Literal["pending",
     responses={202: {"model": FinalizeResponse, "description": "Accepted, verdict pending"}, **_ERRORS},
     summary="The agent delivers the result of its current on-chain attempt (runs the check in auto mode)",
 )
-async def finalize(
-    chain_id: ChainPath,
-    escrow: EscrowPath,
-    task_id: TaskPath,
-    body: FinalizeRequest,
-    request: Request,
-    response: Response,
-    _signed: Signed,
-) -> FinalizeResponse:
+async def finalize(call: TaskRoute, body: FinalizeRequest, response: Response, _signed: Signed) -> FinalizeResponse:
     """Signed by the agent holding the task. 200 with the verdict when judged in time, else 202."""
-    ctx = _ctx(request)
-    caller = await authenticate(request, chain_id, escrow)
+    ctx, key = call.ctx, call.key
+    caller = await call.caller()
     try:
         size = result_size(body.result)
         evidence = result_hash(body.result)
@@ -434,7 +488,6 @@ async def finalize(
         raise ApiProblem(400, "RESULT_INVALID", str(exc)) from None
     if size > MAX_RESULT_BYTES:
         raise ApiProblem(413, "RESULT_TOO_LARGE", f"the result is {size} bytes; at most {MAX_RESULT_BYTES}")
-    key = _key(chain_id, escrow, task_id)
     give_up = time.monotonic() + ctx.settings.evidence_wait_seconds
     while True:
         async with ctx.pool.acquire() as conn:
@@ -461,23 +514,10 @@ async def finalize(
         await asyncio.sleep(_POLL_SECONDS)
     assert terms is not None
     attempt = decision.attempt
-    request_id = request_id_for("finalize", key.chain_id, key.escrow, key.task_id, attempt, evidence)
-    message = FinalizeRequested(
-        request_id=request_id,
-        chain_id=key.chain_id,
-        escrow_address=key.escrow,
-        task_id=key.task_id,
-        attempt=attempt,
-        evidence_hash=evidence,
-        actor=caller.address,
-        requested_at=int(ctx.clock()),
-        result=body.result,
-    )
-    relayed = _relayed(ctx, caller, message)
-    async with ctx.pool.acquire() as conn, conn.transaction():
-        record = RequestRecord(request_id, "finalize", attempt, evidence, caller.address, {"result": body.result})
-        if await store.insert_api_request(conn, key, record):
-            await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
+    message = FinalizeRequested(result=body.result, **call.request_fields(caller, "finalize", attempt, evidence))
+    request_id = message.request_id
+    async with ctx.pool.acquire() as conn:
+        await call.store_request(conn, caller, message, {"result": body.result})
     wait_until = time.monotonic() + (ctx.settings.finalize_wait_seconds if terms.mode == "auto" else 0)
     while True:
         async with ctx.pool.acquire() as conn:
@@ -528,19 +568,10 @@ def _finalize_response(key: TaskKey, attempt: int, evidence: str, status: Any, r
     responses={200: {"model": RequestAccepted, "description": "The same review again"}, **_ERRORS},
     summary="The poster approves or rejects the current attempt of a manual task",
 )
-async def review(
-    chain_id: ChainPath,
-    escrow: EscrowPath,
-    task_id: TaskPath,
-    body: ReviewRequest,
-    request: Request,
-    response: Response,
-    _signed: Signed,
-) -> RequestAccepted:
+async def review(call: TaskRoute, body: ReviewRequest, response: Response, _signed: Signed) -> RequestAccepted:
     """Signed by the poster; names the attempt and evidence hash it judges; up to 20 reasons."""
-    ctx = _ctx(request)
-    caller = await authenticate(request, chain_id, escrow)
-    key = _key(chain_id, escrow, task_id)
+    ctx, key = call.ctx, call.key
+    caller = await call.caller()
     async with ctx.pool.acquire() as conn:
         chain, terms = await _chain_and_terms(conn, key)
         issue = terms_problem(key, chain, terms) if terms is not None else None
@@ -554,8 +585,9 @@ async def review(
         existing_result = await store.result_for(conn, key, attempt)
         if existing_result is not None and existing_result["status"] == "final":
             raise ApiProblem(409, "ALREADY_REVIEWED", f"attempt {attempt} is already judged")
-        request_id = request_id_for("review", key.chain_id, key.escrow, key.task_id, attempt, evidence)
-        payload = {"passed": body.passed, "reasons": list(body.reasons)}
+        fields = call.request_fields(caller, "review", attempt, evidence)
+        request_id = fields["request_id"]
+        payload: dict[str, Any] = {"passed": body.passed, "reasons": list(body.reasons)}
         earlier = await store.request_row(conn, request_id)
         if earlier is not None:
             same = earlier["payload"].get("passed") == body.passed and list(earlier["payload"].get("reasons") or []) == list(body.reasons)
@@ -563,23 +595,8 @@ async def review(
                 raise ApiProblem(409, "ALREADY_REVIEWED", f"attempt {attempt} was already reviewed differently")
             response.status_code = 200
             return RequestAccepted(request_id=request_id, attempt=attempt, evidence_hash=evidence, status="duplicate")
-        message = ReviewSubmitted(
-            request_id=request_id,
-            chain_id=key.chain_id,
-            escrow_address=key.escrow,
-            task_id=key.task_id,
-            attempt=attempt,
-            evidence_hash=evidence,
-            actor=caller.address,
-            requested_at=int(ctx.clock()),
-            passed=body.passed,
-            reasons=list(body.reasons),
-        )
-        relayed = _relayed(ctx, caller, message)
-        async with conn.transaction():
-            record = RequestRecord(request_id, "review", attempt, evidence, caller.address, payload)
-            if await store.insert_api_request(conn, key, record):
-                await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
+        message = ReviewSubmitted(passed=body.passed, reasons=list(body.reasons), **fields)
+        await call.store_request(conn, caller, message, payload)
     return RequestAccepted(request_id=request_id, attempt=attempt, evidence_hash=evidence, status="accepted")
 
 
@@ -590,18 +607,10 @@ async def review(
     responses=_ERRORS,
     summary="The named verifier reports its on-chain verdict (with reasons) or a failed try",
 )
-async def verifier_report(
-    chain_id: ChainPath,
-    escrow: EscrowPath,
-    task_id: TaskPath,
-    body: VerifierReportRequest,
-    request: Request,
-    _signed: Signed,
-) -> RequestAccepted:
+async def verifier_report(call: TaskRoute, body: VerifierReportRequest, _signed: Signed) -> RequestAccepted:
     """Signed by the verifier agent; a verdict is recorded once it matches the chain."""
-    ctx = _ctx(request)
-    caller = await authenticate(request, chain_id, escrow)
-    key = _key(chain_id, escrow, task_id)
+    ctx, key = call.ctx, call.key
+    caller = await call.caller()
     evidence = body.evidence_hash.lower()
     if body.outcome == "verdict" and (body.passed is None or body.score is None):
         raise ApiProblem(400, "REPORT_INVALID", "a verdict report needs passed and score")
@@ -611,52 +620,23 @@ async def verifier_report(
         decision = report_check(chain, terms.mode if terms else None, issue, caller.address, body.attempt, evidence)
         if isinstance(decision, Refusal):
             raise decision.problem()
-        common: dict[str, Any] = {
-            "chain_id": key.chain_id,
-            "escrow_address": key.escrow,
-            "task_id": key.task_id,
-            "attempt": body.attempt,
-            "evidence_hash": evidence,
-            "actor": caller.address,
-            "requested_at": int(ctx.clock()),
-        }
         message: VerifierVerdictReported | VerifierFailed
         if body.outcome == "verdict":
             assert body.passed is not None and body.score is not None
-            message = VerifierVerdictReported(
-                request_id=request_id_for("verifier_verdict", key.chain_id, key.escrow, key.task_id, body.attempt, evidence), passed=body.passed, score=body.score,
-                reasons=list(body.reasons), **common,
-            )  # fmt: skip
+            fields = call.request_fields(caller, "verifier_verdict", body.attempt, evidence)
+            message = VerifierVerdictReported(passed=body.passed, score=body.score, reasons=list(body.reasons), **fields)
             payload: dict[str, Any] = {"passed": body.passed, "score": body.score, "reasons": list(body.reasons)}
         else:
-            message = VerifierFailed(
-                request_id=request_id_for(
-                    "verifier_error", key.chain_id, key.escrow, key.task_id, body.attempt, evidence, caller.nonce
-                ),
-                error=body.error or "",
-                **common,
-            )
+            fields = call.request_fields(caller, "verifier_error", body.attempt, evidence, caller.nonce)
+            message = VerifierFailed(error=body.error or "", **fields)
             payload = {"error": body.error or ""}
-        relayed = _relayed(ctx, caller, message)
-        async with conn.transaction():
-            record = RequestRecord(message.request_id, message.kind, body.attempt, evidence, caller.address, payload)
-            new = await store.insert_api_request(conn, key, record)
-            if new:
-                await enqueue(conn, [request_message(relayed, ctx.settings.verification_requests_topic)])
+        new = await call.store_request(conn, caller, message, payload)
     return RequestAccepted(
         request_id=message.request_id, attempt=body.attempt, evidence_hash=evidence, status="accepted" if new else "duplicate"
     )
 
 
 # ---------------------------------------------------------------------------- reads
-
-
-async def _optional_caller(
-    request: Request, ctx: Ctx, chain_id: int | None = None, escrow: str | None = None
-) -> Caller | None:
-    if not has_auth(request):
-        return None
-    return await authenticate(request, chain_id, escrow)
 
 
 @router.get(
@@ -666,17 +646,10 @@ async def _optional_caller(
     responses=_ERRORS,
     summary="Every attempt's verdict; on a private task only its parties see more than passed and score",
 )
-async def task_results(
-    chain_id: ChainPath,
-    escrow: EscrowPath,
-    task_id: TaskPath,
-    request: Request,
-    _signed: Signed,
-) -> TaskResults:
+async def task_results(call: TaskRoute, _signed: Signed) -> TaskResults:
     """Anonymous, or signed by a party of the task (poster, agent, verifier) to see a private task in full."""
-    ctx = _ctx(request)
-    caller = await _optional_caller(request, ctx, chain_id, escrow)
-    key = _key(chain_id, escrow, task_id)
+    ctx, key = call.ctx, call.key
+    caller = await call.optional_caller()
     async with ctx.pool.acquire() as conn:
         chain, terms = await _chain_and_terms(conn, key)
         rows = await store.task_results(conn, key)
@@ -716,17 +689,11 @@ async def task_results(
     summary="Seed 002's signed proof of an attempt's verdict (the latest judged attempt by default)",
 )
 async def task_proof(
-    chain_id: ChainPath,
-    escrow: EscrowPath,
-    task_id: TaskPath,
-    request: Request,
-    attempt: Annotated[int | None, Query(ge=1, le=255)] = None,
+    call: TaskRoute, attempt: Annotated[int | None, Query(ge=1, le=255)] = None
 ) -> dict[str, Any]:
     """The signed proof JSON; check it offline with `escrowd verify proof FILE`."""
-    ctx = _ctx(request)
-    key = _key(chain_id, escrow, task_id)
-    async with ctx.pool.acquire() as conn:
-        proof = await store.signed_proof(conn, key, attempt)
+    async with call.ctx.pool.acquire() as conn:
+        proof = await store.signed_proof(conn, call.key, attempt)
     if proof is None:
         raise ApiProblem(404, "PROOF_NOT_FOUND", "no signed proof for this task (or attempt) yet")
     return proof
@@ -747,7 +714,7 @@ async def executions(
 ) -> ExecutionsPage:
     """Anonymous callers see private tasks' executions as passed and score only."""
     ctx = _ctx(request)
-    caller = await _optional_caller(request, ctx)
+    caller = await _optional_caller(request)
     agent = str(to_checksum_address(address)) if is_address(address) else address
     count = min(limit or ctx.settings.executions_limit, ctx.settings.executions_limit)
     async with ctx.pool.acquire() as conn:

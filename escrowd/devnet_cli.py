@@ -28,7 +28,7 @@ def devnet(
     """Start anvil, deploy the token and escrow, fund the actors, print them as JSON, and
     keep running until interrupted."""
     signal.signal(signal.SIGTERM, _interrupt)
-    anvil = AnvilProcess(port=port or None, block_time=block_time or None)
+    anvil = AnvilProcess(port=port, block_time=block_time or None)
     try:
         anvil.start()
         dn = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)

@@ -8,25 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from eth_utils.address import is_address, to_checksum_address
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from runtime.config_file import load as config_file_load
 from runtime.retention import RetentionConfig
-from runtime.settings import EventServiceSettings
+from runtime.settings import ChainEndpoints, EventServiceSettings
 
 
-class ChainConfig(BaseModel):
+class ChainConfig(ChainEndpoints):
     """One chain to follow."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    chain_id: int = Field(gt=0, description="EIP-155 chain id; checked against the RPC at start-up")
-    name: str = Field(default="", description="Label for logs and dashboards")
-    rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, tried in order with failover")
-    ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
-    escrow_addresses: list[str] = Field(min_length=1, description="Escrow contracts to index")
     start_block: int = Field(default=0, ge=0, description="First block to index")
     confirmations: int = Field(default=0, ge=0, description="Publish events once this many blocks deep")
     publish_at: Literal["latest", "safe", "finalized"] | Annotated[int, Field(ge=0)] | None = Field(
@@ -46,35 +40,10 @@ class ChainConfig(BaseModel):
     max_range: int = Field(default=5000, ge=1, description="Largest eth_getLogs range")
     ranges_in_flight: int = Field(default=4, ge=1, le=64, description="eth_getLogs requests in flight")
     head_window: int = Field(default=100, ge=1, description="Blocks fetched per step when near the head")
-    poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
-    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
     keep_blocks: int = Field(default=512, ge=16, description="Recent block hashes kept for reorg walks")
     max_events_per_commit: int = Field(
         default=10_000, ge=1, description="Events per transaction (a window commits in pieces at block boundaries)"
     )
-
-    @field_validator("rpc_urls")
-    @classmethod
-    def _http_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError("each RPC URL must start with http:// or https://")
-        return urls
-
-    @field_validator("ws_url")
-    @classmethod
-    def _ws_url(cls, url: str | None) -> str | None:
-        if url is not None and not url.startswith(("ws://", "wss://")):
-            raise ValueError("ws_url must start with ws:// or wss://")
-        return url
-
-    @field_validator("escrow_addresses")
-    @classmethod
-    def _addresses(cls, addresses: list[str]) -> list[str]:
-        for address in addresses:
-            if not is_address(address):
-                raise ValueError(f"{address!r} is not an address")
-        return [to_checksum_address(a) for a in addresses]
 
     @property
     def fixed_confirmations(self) -> int:

@@ -35,9 +35,11 @@ from schemas.task_state import (
     DeadlinePassed,
     EscalationCollectible,
     EscrowRoles,
+    EventPosition,
     Hash32,
     Payout,
     RoundOutcome,
+    TaskScoped,
     TaskState,
     TaskStatus,
     Timer,
@@ -58,7 +60,7 @@ class TransitionError(ValueError):
 # ---------------------------------------------------------------------------- domain events
 
 
-class _TaskEvent(BaseModel):
+class _TaskEvent(TaskScoped, EventPosition):
     """Chain position and identity shared by every task event.
 
     Field names are the ABI's in snake_case; the camelCase ABI names are accepted too, so an
@@ -74,19 +76,8 @@ class _TaskEvent(BaseModel):
         validate_by_alias=True,
     )
 
-    event_id: str
-    chain_id: int
-    escrow: Address
     task_id: int = Field(ge=1)
-    block_number: int = Field(ge=0)
-    block_timestamp: Timestamp
-    log_index: int = Field(ge=0)
     status: TaskStatus
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """(block number, log index): the event's place in the chain."""
-        return (self.block_number, self.log_index)
 
 
 class TaskCreated(_TaskEvent):
@@ -713,17 +704,9 @@ def _deferred(state: TaskState, event: PaymentDeferred) -> tuple[Payout, ...]:
 
 
 def _outcome(state: TaskState, event: VerificationCompleted) -> RoundOutcome:
+    # The state's key, not the event's: the outcome counts for the task the machine folded.
     return RoundOutcome(
-        agent=event.agent,
-        passed=event.passed,
-        chain_id=state.chain_id,
-        escrow=state.escrow,
-        task_id=state.task_id,
-        attempt=event.attempt,
-        event_id=event.event_id,
-        block_number=event.block_number,
-        log_index=event.log_index,
-        block_timestamp=event.block_timestamp,
+        agent=event.agent, passed=event.passed, attempt=event.attempt, **state.task_fields(), **event.position_fields()
     )
 
 

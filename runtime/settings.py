@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Annotated, TypedDict
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.eip712 import checksum_address
 from schemas.topics import DEAD_LETTERS, ESCROW_EVENTS
 
 
@@ -59,6 +60,43 @@ def one_key_source(first: tuple[str, object], second: tuple[str, object]) -> Non
     given = (first_value is not None) + (second_value is not None)
     if given == 2 or (given == 0 and secrets_required()):
         raise ValueError(f"set exactly one of {first_name} and {second_name}")
+
+
+class ChainEndpoints(BaseModel):
+    """One chain in a service's `chains`: its id, nodes and escrows.
+
+    The indexer's and the relayer's chain entries build on this one shape, so one
+    `ESCROWD_CHAINS` value serves both (each ignores or forbids the other's extra keys)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chain_id: int = Field(gt=0, description="EIP-155 chain id; checked against the RPC at start-up")
+    name: str = Field(default="", description="Label for logs and dashboards")
+    rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, tried in order with failover")
+    ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
+    escrow_addresses: list[str] = Field(min_length=1, description="Escrow contracts served on this chain")
+    poll_interval: float = Field(default=0.5, gt=0, description="Seconds between head polls without WebSocket")
+    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
+
+    @field_validator("rpc_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError("each RPC URL must start with http:// or https://")
+        return urls
+
+    @field_validator("ws_url")
+    @classmethod
+    def _ws_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("ws://", "wss://")):
+            raise ValueError("ws_url must start with ws:// or wss://")
+        return url
+
+    @field_validator("escrow_addresses")
+    @classmethod
+    def _addresses(cls, addresses: list[str]) -> list[str]:
+        return [checksum_address(a) for a in addresses]
 
 
 class ServiceSettings(BaseSettings):

@@ -12,7 +12,7 @@ exactly as `contracts/AgentEscrow.sol` does.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -100,7 +100,41 @@ class Payout(BaseModel):
     )
 
 
-class TaskState(BaseModel):
+class TaskScoped(BaseModel):
+    """The key every message about one task carries: its chain, escrow and id."""
+
+    model_config = _FROZEN
+
+    chain_id: int
+    escrow: Address
+    task_id: int
+
+    def task_fields(self) -> dict[str, Any]:
+        """The key as keyword arguments, for another message about the same task."""
+        return self.model_dump(include=set(TaskScoped.model_fields))
+
+
+class EventPosition(BaseModel):
+    """Where an escrow event stands on its chain: its id, block, time and log index."""
+
+    model_config = _FROZEN
+
+    event_id: str
+    block_number: int = Field(ge=0)
+    block_timestamp: Timestamp
+    log_index: int = Field(ge=0)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(block number, log index): the event's place in the chain."""
+        return (self.block_number, self.log_index)
+
+    def position_fields(self) -> dict[str, Any]:
+        """The position as keyword arguments, for a record of what this event caused."""
+        return self.model_dump(include=set(EventPosition.model_fields))
+
+
+class TaskState(TaskScoped):
     """One task as the lifecycle consumer knows it, folded from the escrow's events.
 
     The on-chain fields mirror `AgentEscrow.getTask` (with null where the contract stores 0);
@@ -108,10 +142,6 @@ class TaskState(BaseModel):
     and the position of the last applied event.
     """
 
-    model_config = _FROZEN
-
-    chain_id: int
-    escrow: Address
     task_id: int = Field(ge=1)
     poster: Address
     verifier: Address | None = Field(
@@ -229,15 +259,10 @@ class AllowedActions(BaseModel):
     capabilities: tuple[Capability, ...]
 
 
-class _TimerEvent(BaseModel):
+class _TimerEvent(TaskScoped):
     """Common fields of the events emitted when chain time crosses a timer."""
 
-    model_config = _FROZEN
-
     kind: TimerKind
-    chain_id: int
-    escrow: Address
-    task_id: int
     at: Timestamp = Field(description="The timer's instant: it fired at the first time >= at")
     observed_at: Timestamp = Field(description="Chain time at which the crossing was seen")
 
@@ -279,7 +304,7 @@ TimerEvent = Annotated[
 ]
 
 
-class TimerRetracted(BaseModel):
+class TimerRetracted(TaskScoped):
     """A timer event published earlier no longer holds: a reorg retracted its cause (the
     failed verdict, the escalation, the task itself) or moved chain time back before it.
 
@@ -288,33 +313,20 @@ class TimerRetracted(BaseModel):
     a new id (`…#n`).
     """
 
-    model_config = _FROZEN
-
     kind: Literal["timer_retracted"] = "timer_retracted"
-    chain_id: int
-    escrow: Address
-    task_id: int
     timer_kind: TimerKind
     at: Timestamp = Field(description="The withdrawn timer's instant")
     retracts: str = Field(description="CloudEvents id of the timer message withdrawn")
     cause: str = Field(description="Id of the retraction (or event) that triggered the refold")
 
 
-class RoundOutcome(BaseModel):
-    """A verdict on one attempt, as it counts for the agent's reputation."""
-
-    model_config = _FROZEN
+class RoundOutcome(TaskScoped, EventPosition):
+    """A verdict on one attempt (at the position of its `VerificationCompleted`), as it counts
+    for the agent's reputation."""
 
     agent: Address
     passed: bool
-    chain_id: int
-    escrow: Address
-    task_id: int
     attempt: int = Field(ge=1, le=MAX_SUBMISSIONS)
-    event_id: str
-    block_number: int = Field(ge=0)
-    log_index: int = Field(ge=0)
-    block_timestamp: Timestamp
 
     @property
     def order_key(self) -> tuple[int, int, int, int]:

@@ -26,7 +26,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -118,6 +118,17 @@ _json_equal = json_equal
 # ---------------------------------------------------------------------------- exact match
 
 
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Configured(Generic[ConfigT]):
+    """What every configured verifier type holds: its name (for reasons) and its checked config."""
+
+    name: str
+    config: ConfigT
+
+
 class ExactMatchConfig(BaseModel):
     model_config = _CONFIG
 
@@ -125,11 +136,7 @@ class ExactMatchConfig(BaseModel):
     normalize: bool = True
 
 
-@dataclass(frozen=True)
-class ExactMatch:
-    name: str
-    config: ExactMatchConfig
-
+class ExactMatch(_Configured[ExactMatchConfig]):
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         expected = self.config.expected
         if isinstance(expected, str):
@@ -169,11 +176,7 @@ def _pointer(document: Any, path: str) -> Any:
     return current
 
 
-@dataclass(frozen=True)
-class SchemaValidation:
-    name: str
-    config: SchemaValidationConfig
-
+class SchemaValidation(_Configured[SchemaValidationConfig]):
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         value = output_json(trajectory)
         if value is _Missing:
@@ -222,11 +225,7 @@ def extract_number(trajectory: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-@dataclass(frozen=True)
-class NumericalRange:
-    name: str
-    config: NumericalRangeConfig
-
+class NumericalRange(_Configured[NumericalRangeConfig]):
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
         number = extract_number(trajectory)
         if number is None:
@@ -357,7 +356,7 @@ def _determinism_fail(prefix: str, detail: dict[str, Any], disagreement: Disagre
 
 
 @dataclass(frozen=True)
-class SuiteVerifier:
+class SuiteVerifier(_Configured[SuiteConfig]):
     """Seed 002's pipeline: SUBMISSION → COMPILE → ISOLATE → PUBLIC → HIDDEN → RESOURCE LIMITS → DETERMINISM.
 
     One sandbox per run loads the code once; the hidden cases' arguments are sent into it only
@@ -366,8 +365,6 @@ class SuiteVerifier:
     error text, a value or an exit status (each could carry the hidden inputs out).
     """
 
-    name: str
-    config: SuiteConfig
     registry: VerifierRegistry
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
@@ -495,9 +492,7 @@ def _execution_result(registry: VerifierRegistry, ref: VerifierRef) -> ResolvedV
 
 
 @dataclass(frozen=True)
-class ExecutionResult:
-    name: str
-    config: ExecutionResultConfig
+class ExecutionResult(_Configured[ExecutionResultConfig]):
     registry: VerifierRegistry
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:
@@ -561,9 +556,7 @@ class OptimizationScoreConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class OptimizationScore:
-    name: str
-    config: OptimizationScoreConfig
+class OptimizationScore(_Configured[OptimizationScoreConfig]):
     scorer: ResolvedVerifier
 
     async def __call__(self, task: Mapping[str, Any], trajectory: Any) -> VerifierOutcome:

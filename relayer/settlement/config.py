@@ -14,37 +14,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from chain.signers import SignerSpec
 from runtime.config_file import load as config_file_load
-from runtime.settings import PostgresUrl, ServiceSettings, secrets_required
+from runtime.settings import ChainEndpoints, PostgresUrl, ServiceSettings, secrets_required
 from schemas.topics import DEAD_LETTERS, VERDICTS
 from schemas.verdict import checksum_address
 
 
-class ChainSettings(BaseModel):
+class ChainSettings(ChainEndpoints):
     """One chain the relayer sends verdicts to."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    chain_id: int = Field(gt=0, description="EIP-155 chain id; checked against the RPC at start-up")
-    name: str = Field(default="", description="Label for logs")
-    rpc_urls: list[str] = Field(min_length=1, description="HTTP JSON-RPC URLs, failover in order")
-    ws_url: str | None = Field(default=None, description="WebSocket URL for newHeads; polling when absent")
-    escrow_addresses: list[str] = Field(min_length=1, description="Escrows whose verdicts we send")
     confirmations: int = Field(
         default=1, ge=0, description="Blocks (including its own) before a verdict tx counts as confirmed; 0 = 1"
     )
-    poll_interval: float = Field(default=0.5, gt=0, description="Head polling period without WebSocket")
-    rpc_timeout: float = Field(default=10.0, gt=0, description="Seconds before an RPC request times out")
-
-    @field_validator("escrow_addresses")
-    @classmethod
-    def _checksummed(cls, values: list[str]) -> list[str]:
-        return [checksum_address(v) for v in values]
 
     @property
     def depth(self) -> int:

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -76,30 +77,25 @@ def anvil_binary() -> Path:
     return path
 
 
+@dataclass(kw_only=True, eq=False)
 class AnvilProcess:
-    """One anvil child process; use as a context manager or call `start()` / `stop()`."""
+    """One anvil child process; use as a context manager or call `start()` / `stop()`.
 
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        block_time: float | None = None,
-        chain_id: int = DEFAULT_CHAIN_ID,
-        accounts: int = 10,
-        balance_eth: int = 10_000,
-        extra_args: tuple[str, ...] = (),
-        startup_timeout: float = 30.0,
-    ) -> None:
-        self._requested_port = port
-        self.port: int = port or 0
-        self.block_time = block_time
-        self.chain_id = chain_id
-        self.accounts = accounts
-        self.balance_eth = balance_eth
-        self.extra_args = extra_args
-        self.startup_timeout = startup_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._home: Path | None = None
+    `port` 0 takes a free port at each start (retried if another process takes it first)."""
+
+    port: int = 0
+    block_time: float | None = None
+    chain_id: int = DEFAULT_CHAIN_ID
+    accounts: int = 10
+    balance_eth: int = 10_000
+    extra_args: tuple[str, ...] = ()
+    startup_timeout: float = 30.0
+    _requested_port: int = field(init=False, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _home: Path | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._requested_port = self.port
 
     @property
     def rpc_url(self) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 RULING_OUTCOMES = ("accepted", "duplicate", "rejected", "sent", "broadcast_refused", "replaced", "reorged",
-                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed")  # fmt: skip
+                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed", "signer_unavailable")  # fmt: skip
 """The outcomes `relay rulings` counts (`escrowd_relayer_rulings_total`), created at 0 at start."""
 
 app = typer.Typer(help="Settlement relayer: signed verdicts in, completeVerification out.", no_args_is_help=True)

@@ -60,6 +60,7 @@ def rulings(
     from pydantic import ValidationError
 
     from chain.keys import KeyLoadError
+    from chain.signers import SignerError
     from relayer.settlement.rulings import RULINGS, load_ruling_settings, run_ruling_relay
     from runtime.errors import StartupError
     from runtime.logging import configure_logging
@@ -76,7 +77,7 @@ def rulings(
     at_zero(RULINGS, RULING_OUTCOMES)
     try:
         run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
-    except KeyLoadError as exc:
+    except (KeyLoadError, SignerError) as exc:
         startup_failure("arbiter key", exc)
 
 

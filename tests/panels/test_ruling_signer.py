@@ -7,7 +7,6 @@ lands once when the signer is back. `ruling_signer` chooses the signer (keystore
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,21 +23,15 @@ from escrowd.devnet import Devnet
 from relayer.settlement.rulings import RulingRelaySettings, RulingSender
 from runtime.services.localsigner import RemoteSignerProcess
 from schemas.task_state import TaskStatus
-from tests.panels.rulings_support import admit, disputed_task, ruling_consumer, ruling_message
+from tests.panels.rulings_support import (
+    admit,
+    disputed_task,
+    ruling_consumer,
+    ruling_message,
+    until_status,
+)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
-    deadline = time.monotonic() + 120
-    while True:
-        await sender.step(pool)
-        async with pool.acquire() as conn:
-            row = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
-        if row is not None and row["status"] == status:
-            return row
-        assert time.monotonic() < deadline, f"ruling never reached {status}: {row and row['status']}"
-        await asyncio.sleep(0.2)
 
 
 class _Probing:
@@ -89,9 +82,9 @@ async def test_a_ruling_is_signed_while_no_row_of_it_is_locked(devnet: Devnet, p
     signer = _Probing(key, try_the_locks)
     sender = RulingSender(rpc, signer, devnet.chain_id, devnet.escrow_address)
     assert sender.key.address == key.address
-    await _until(pool, sender, first, "confirmed")
+    await until_status(pool, sender, first, "confirmed")
     await admit(pool, consumer, ruling_message(devnet, second, 7_000, offset=1))  # the nonce row exists now
-    row = await _until(pool, sender, second, "confirmed")
+    row = await until_status(pool, sender, second, "confirmed")
     assert [n for n, _, _ in locked_while_signing] == [row["nonce"] - 1, row["nonce"]]
     assert all(rulings and nonces for _, rulings, nonces in locked_while_signing), locked_while_signing
     for task_id in (first, second):
@@ -116,7 +109,7 @@ async def test_a_counter_moved_while_signing_drops_the_signature_and_signs_again
 
     signer = _Probing(key, another_process_takes_the_nonce)
     sender = RulingSender(rpc, signer, devnet.chain_id, devnet.escrow_address)
-    row = await _until(pool, sender, task_id, "confirmed")
+    row = await until_status(pool, sender, task_id, "confirmed")
     taken = signer.nonces[0]
     assert signer.nonces[:2] == [taken, taken + 1] and row["nonce"] == taken + 1
     async with pool.acquire() as conn:
@@ -152,7 +145,7 @@ async def test_a_remote_signer_outage_holds_the_ruling_and_it_lands_once_after(
         assert (row["status"], row["nonce"], row["raw_tx"]) == ("queued", None, None)
         assert await rpc.transaction_count(devnet.arbiter.address, "latest") == count_before
         local.start()  # the same key, back on the same port
-        row = await _until(pool, sender, task_id, "confirmed")
+        row = await until_status(pool, sender, task_id, "confirmed")
         assert await rpc.transaction_count(devnet.arbiter.address, "latest") == count_before + 1
         assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
     finally:

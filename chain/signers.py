@@ -287,7 +287,11 @@ class RemoteSigner:
     async def open(cls, url: str, address: str, *, request_timeout: float) -> RemoteSigner:
         """Connect and check that the signer holds `address` (`eth_accounts`)."""
         signer = cls(url, address, request_timeout)
-        accounts = await signer._rpc("eth_accounts", [])
+        try:
+            accounts = await signer._rpc("eth_accounts", [])
+        except BaseException:
+            await signer.aclose()  # its HTTP session: the caller never gets the signer to close
+            raise
         if not isinstance(accounts, list) or signer.address.lower() not in {str(a).lower() for a in accounts[:1024]}:
             await signer.aclose()
             raise SignerError(f"the remote signer does not hold {signer.address}")

@@ -48,7 +48,7 @@ def sections() -> list[Section]:
         Section("verification", lambda path: load(VerificationSettings, "verification", path), load_signing_key),
         Section("lifecycle", lambda path: load(LifecycleSettings, "lifecycle", path)),
         Section("reputation", lambda path: load(ReputationSettings, "reputation", path)),
-        Section("rulings", load_ruling_settings, lambda s: s.arbiter_key(), optional=True),
+        Section("rulings", load_ruling_settings, lambda s: s.ruling_signer.kind != "keystore" or s.arbiter_key(), optional=True),
         Section("panels", load_panel_settings, panel_secrets, optional=True),
         Section("verifier_agent", load_agent_settings, lambda loaded: loaded[0].wallet(), optional=True),
         Section("verifier_bot", load_bot_settings, lambda s: s.signing_key(), optional=True),

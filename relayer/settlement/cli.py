@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 RULING_OUTCOMES = ("accepted", "duplicate", "rejected", "sent", "broadcast_refused", "replaced", "reorged",
-                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed")  # fmt: skip
+                   "fee_capped", "final", "nonce_lost", "bad_reply", "step_crashed", "signer_unavailable")  # fmt: skip
 """The outcomes `relay rulings` counts (`escrowd_relayer_rulings_total`), created at 0 at start."""
 
 app = typer.Typer(help="Settlement relayer: signed verdicts in, completeVerification out.", no_args_is_help=True)
@@ -60,6 +60,7 @@ def rulings(
     from pydantic import ValidationError
 
     from chain.keys import KeyLoadError
+    from chain.signers import SignerError
     from relayer.settlement.rulings import RULINGS, load_ruling_settings, run_ruling_relay
     from runtime.errors import StartupError
     from runtime.logging import configure_logging
@@ -76,7 +77,7 @@ def rulings(
     at_zero(RULINGS, RULING_OUTCOMES)
     try:
         run_service("rulings", lambda stop: run_ruling_relay(settings, stop), configure=False)
-    except KeyLoadError as exc:
+    except (KeyLoadError, SignerError) as exc:
         startup_failure("arbiter key", exc)
 
 

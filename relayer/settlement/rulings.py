@@ -11,10 +11,13 @@ Same rules as verdicts:
   is dead-lettered with the reason;
 - **idempotent**: one row per (chain, escrow, task) in `settlement_rulings`, written before
   anything is signed; a second ruling for the task is never sent;
-- **nonces**: under a row lock the next nonce (the larger of the stored counter and the
-  chain's pending count) is taken, the signed raw transaction stored (`settlement_ruling_txs`,
-  version 1) and the counter advanced in one transaction; only then is it broadcast. A crash
-  re-broadcasts the stored raw transaction, never signs one at another nonce;
+- **nonces**: the transaction is signed by the arbiter key's `chain.signers.Signer`
+  (`ruling_signer`) at the next nonce (the larger of the stored counter and the chain's
+  pending count) *before* any database transaction; then, under the row locks, the counter
+  is checked unchanged (else the signature is dropped and made again), the signed raw
+  transaction stored (`settlement_ruling_txs`, version 1) and the counter advanced in one
+  transaction; only then is it broadcast. A crash re-broadcasts the stored raw transaction,
+  never signs one at another nonce;
 - **stuck → replaced**: an unmined ruling that cannot pay the base fee, or waited
   `replace_after` seconds, gets a new version with the same nonce and both fee fields bumped
   (`fees.bump`, capped by the policy's `fee_cap`; at the cap the live version stays); every
@@ -63,9 +66,10 @@ from chain.keys import KeyLoadError, SecretKey, load_keystore
 from chain.receipts import INT64 as _INT64
 from chain.receipts import BadReply, Receipt, quantity
 from chain.sender import NODE_HAS_IT, broadcast_raw, classify_send_error
+from chain.signers import KeystoreSigner, Signer, SignerError, SignerSpec, open_signer
 from chain.stuck import stuck_action as stuck_action  # re-exported: the ruling rules' tests
 from chain.taken import TakenWatch
-from chain.txs import SignedTx, _word, decode_revert, selector, sign_eip1559
+from chain.txs import SignedTx, UnsignedTx, _word, decode_revert, selector
 from runtime.aio import wait_event
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
@@ -191,10 +195,11 @@ def mined_status(
 
 @dataclass
 class RulingSender:
-    """Sends the queued rulings of one chain and escrow from the arbiter key."""
+    """Sends the queued rulings of one chain and escrow from the arbiter key (`key`: its
+    `chain.signers.Signer`, or a key in this process, signed through a `KeystoreSigner`)."""
 
     rpc: EthRpc
-    key: SecretKey
+    key: Signer | SecretKey
     chain_id: int
     escrow: str
     confirmations: int = 1
@@ -205,16 +210,23 @@ class RulingSender:
     replace_after: float = 30.0
 
     _taken: TakenWatch = field(default_factory=TakenWatch, init=False, repr=False)
+    _signer: Signer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._signer = KeystoreSigner(self.key) if isinstance(self.key, SecretKey) else self.key
         if self.confirmations < 1 or self.finality_depth < self.confirmations:
             raise ValueError("need 1 <= confirmations <= finality_depth")
+
+    @property
+    def address(self) -> str:
+        """The arbiter key's address."""
+        return self._signer.address
 
     async def check_arbiter(self) -> bool:
         """Read `arbiter()` from the escrow; the gate is open only when it is our key."""
         raw = await self.rpc.eth_call(self.escrow, arbiter_data())
         self.escrow_arbiter = "0x" + raw[-20:].hex()
-        self.arbiter_matches = self.escrow_arbiter.lower() == self.key.address.lower()
+        self.arbiter_matches = self.escrow_arbiter.lower() == self.address.lower()
         ARBITER_MATCH.labels(str(self.chain_id)).set(1 if self.arbiter_matches else 0)
         return self.arbiter_matches
 
@@ -239,7 +251,7 @@ class RulingSender:
     async def _send(self, pool: asyncpg.Pool, task_id: int, share: int) -> None:
         data = resolve_dispute_data(task_id, share)
         try:
-            await self.rpc.eth_call(self.escrow, data, sender=self.key.address)
+            await self.rpc.eth_call(self.escrow, data, sender=self.address)
         except RpcCallError as exc:
             revert = getattr(exc, "revert_data", None)
             error = decode_revert(revert if isinstance(revert, bytes) else b"")
@@ -254,7 +266,7 @@ class RulingSender:
             return
         try:
             gas = quantity(await self.rpc.call("eth_estimateGas", {
-                "from": self.key.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
+                "from": self.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
                 limit=30_000_000)
             gas = gas * GAS_HEADROOM_BPS // 10_000
         except RpcCallError:
@@ -265,32 +277,52 @@ class RulingSender:
         pending = await self._count("pending")
         if not latest <= pending <= latest + MAX_NONCE_JUMP:
             raise BadReply("eth_getTransactionCount: pending count out of line with the mined count")
-        address = self.key.address.lower()
-        async with pool.acquire() as conn, conn.transaction():
-            status = await conn.fetchval(
-                "SELECT status FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
-                " FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
-            )
-            if status != "queued":
-                return
-            stored = await txstore.lock_nonce_row(conn, self.chain_id, address, pending)
-            if pending > stored + MAX_NONCE_JUMP:
-                # A node inflating the count would burn the counter: every later ruling
-                # would wait behind a gap. Refuse to sign; the operator sees the pass fail.
-                raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
-            nonce = max(stored, pending)
-            tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data,
-                              gas_limit=gas, fees=fees)
-            await conn.execute(
-                "UPDATE settlement_rulings SET status = 'sent', nonce = $4, raw_tx = $5, tx_hash = $6,"
-                " sent_at = now(), broadcast_at = now(), block_number = NULL, block_hash = NULL,"
-                " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
-                self.chain_id, self.escrow.lower(), task_id, nonce, tx.raw_hex, tx.tx_hash,
-            )
-            await self._store_version(conn, task_id, tx, 1)
-            await txstore.set_next_nonce(conn, self.chain_id, address, nonce + 1)
+        address = self.address.lower()
+        while True:
+            # Signed before the database transaction, at the nonce the counter gives now: a
+            # slow signer (KMS, a remote one) never holds the ruling's row or the nonce row.
+            # When the counter moved meanwhile, the signature is dropped, never stored or sent.
+            async with pool.acquire() as conn:
+                stored = await txstore.next_nonce(conn, self.chain_id, address)
+            nonce = self._nonce(pending, stored)
+            tx = await self._sign(nonce, data, gas, fees)
+            async with pool.acquire() as conn, conn.transaction():
+                status = await conn.fetchval(
+                    "SELECT status FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                    " FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
+                )
+                if status != "queued":
+                    return
+                locked = self._nonce(pending, await txstore.lock_nonce_row(conn, self.chain_id, address, pending))
+                if locked != nonce:
+                    log.info("nonce_moved_while_signing", chain_id=self.chain_id, signed_at=nonce, now=locked)
+                    continue
+                await conn.execute(
+                    "UPDATE settlement_rulings SET status = 'sent', nonce = $4, raw_tx = $5, tx_hash = $6,"
+                    " sent_at = now(), broadcast_at = now(), block_number = NULL, block_hash = NULL,"
+                    " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+                    self.chain_id, self.escrow.lower(), task_id, nonce, tx.raw_hex, tx.tx_hash,
+                )
+                await self._store_version(conn, task_id, tx, 1)
+                await txstore.set_next_nonce(conn, self.chain_id, address, nonce + 1)
+            break
         await self._broadcast(tx.raw_hex, tx.tx_hash)
         RULINGS.labels("sent").inc()
+
+    @staticmethod
+    def _nonce(pending: int, stored: int | None) -> int:
+        """The ruling's nonce: the larger of the chain's pending count and the stored counter."""
+        if stored is not None and pending > stored + MAX_NONCE_JUMP:
+            # A node inflating the count would burn the counter: every later ruling would
+            # wait behind a gap. Refuse to sign; the operator sees the pass fail.
+            raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
+        return pending if stored is None else max(stored, pending)
+
+    async def _sign(self, nonce: int, data: bytes, gas: int, fees: Fees) -> SignedTx:
+        """`resolveDispute` calldata signed by the arbiter's signer (SignerError: nothing signed)."""
+        return await self._signer.sign_transaction(
+            UnsignedTx(chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data, gas_limit=gas, fees=fees)
+        )
 
     async def _store_version(self, conn: asyncpg.Connection, task_id: int, tx: SignedTx, version: int) -> None:
         await conn.execute(
@@ -356,7 +388,7 @@ class RulingSender:
         return head
 
     async def _count(self, tag: str) -> int:
-        return quantity(await self.rpc.call("eth_getTransactionCount", self.key.address, tag),
+        return quantity(await self.rpc.call("eth_getTransactionCount", self.address, tag),
                         "eth_getTransactionCount")
 
     async def _mined_version(self, versions: list[Version]) -> tuple[Version, Receipt] | None:
@@ -496,8 +528,7 @@ class RulingSender:
 
     async def _replace(self, pool: asyncpg.Pool, task_id: int, share: int, latest: Version, fees: Fees) -> int:
         """Sign a replacement of `latest` (same nonce, bumped fees), store it, then broadcast it."""
-        tx = sign_eip1559(self.key, chain_id=self.chain_id, nonce=latest.nonce, to=self.escrow,
-                          data=resolve_dispute_data(task_id, share), gas_limit=latest.gas_limit, fees=fees)
+        tx = await self._sign(latest.nonce, resolve_dispute_data(task_id, share), latest.gas_limit, fees)
         async with pool.acquire() as conn, conn.transaction():
             current = await conn.fetchrow(
                 "SELECT status, nonce FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
@@ -548,6 +579,12 @@ class RulingSender:
                 health.mark(SENDER_PART, False)
                 RULINGS.labels("bad_reply").inc()
                 log.warning("ruling_bad_reply", error=str(exc))
+            except SignerError as exc:
+                # The signer cannot answer: nothing was stored or sent for the ruling it was
+                # signing (still queued); tried again next pass, never with another key.
+                health.mark(SENDER_PART, False)
+                RULINGS.labels("signer_unavailable").inc()
+                log.warning("ruling_signer_unavailable", error=str(exc)[:200])
             except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
                 health.mark(SENDER_PART, False)
                 if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
@@ -627,6 +664,13 @@ class RulingRelaySettings(ServiceSettings):
     ruling_chain_id: int = Field(gt=0, description="Chain whose disputes the rulings resolve")
     ruling_rpc_url: str = Field(description="HTTP JSON-RPC URL of that chain")
     ruling_escrow: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$", description="The escrow whose arbiter we are")
+    ruling_signer: SignerSpec = Field(
+        default_factory=SignerSpec,
+        description=(
+            "Who holds the arbiter key: kind keystore (ruling_arbiter_keystore or ruling_arbiter_key),"
+            " aws-kms (kms_key_id, kms_region, kms_endpoint_url) or remote (remote_url, address)"
+        ),
+    )
     ruling_arbiter_key: SecretStr | None = Field(default=None, description="0x hex key of the escrow's arbiter")
     ruling_arbiter_keystore: Path | None = Field(default=None, description="Encrypted keystore of the arbiter key")
     ruling_arbiter_keystore_password: SecretStr | None = Field(default=None, description="Keystore password")
@@ -668,7 +712,11 @@ class RulingRelaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check(self) -> RulingRelaySettings:
-        one_key_source(("ruling_arbiter_keystore", self.ruling_arbiter_keystore), ("ruling_arbiter_key", self.ruling_arbiter_key))
+        keystore, raw = ("ruling_arbiter_keystore", self.ruling_arbiter_keystore), ("ruling_arbiter_key", self.ruling_arbiter_key)
+        if self.ruling_signer.kind == "keystore":
+            one_key_source(keystore, raw)
+        elif self.ruling_arbiter_keystore is not None or self.ruling_arbiter_key is not None:
+            raise ValueError(f"ruling_signer is {self.ruling_signer.kind}: a key in this process is not used, remove it")
         if self.ruling_finality_depth < self.ruling_confirmations:
             raise ValueError("ruling_finality_depth must be at least ruling_confirmations")
         return self
@@ -679,7 +727,10 @@ class RulingRelaySettings(ServiceSettings):
                          bump_bps=self.ruling_fee_bump_bps)
 
     def arbiter_key(self) -> SecretKey:
-        """The arbiter key, from the keystore or the raw hex (KeyLoadError names no secret)."""
+        """The arbiter key of the keystore signer, from the keystore or the raw hex
+        (KeyLoadError names no secret)."""
+        if self.ruling_signer.kind != "keystore":
+            raise KeyLoadError(f"ruling_signer is {self.ruling_signer.kind}: no arbiter key in this process")
         if self.ruling_arbiter_keystore is not None:
             password = self.ruling_arbiter_keystore_password
             return load_keystore(
@@ -709,9 +760,11 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     from runtime.kafka import make_producer
     from runtime.outbox import OutboxPublisher
 
-    key = settings.arbiter_key()
+    key = await open_signer(settings.ruling_signer, "arbiter", settings.arbiter_key)
     if public_test_key_refused(key.address, settings.ruling_chain_id):
+        await key.aclose()
         raise KeyLoadError("the arbiter key is a public test key (anvil's mnemonic): refused outside a local devnet chain")
+    log.info("ruling_signer_ready", kind=key.kind, address=key.address)
     if settings.metrics_port is not None:
         # Ready once the consumer joined its group and the sender made a pass against the
         # chain and the database; both start out not ready.
@@ -753,3 +806,4 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
         await producer.stop()
         await rpc.close()
         await pool.close()
+        await key.aclose()

@@ -203,3 +203,23 @@ def test_lifecycle_and_reputation_on_one_host_take_their_own_ports(
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_the_rulings_section_with_a_remote_signer_needs_no_key(tmp_path: Path) -> None:
+    """`ruling_signer: {kind: remote}` keeps the arbiter key out of the process: the check
+    passes with no key, and refuses a key left in the section (it would not be used)."""
+    address = SecretKey.from_hex("0x" + "5e" * 32).address
+    section = (
+        "rulings:\n  ruling_chain_id: 31337\n  ruling_rpc_url: http://127.0.0.1:1\n"
+        f"  ruling_escrow: \"0x{'11' * 20}\"\n  ruling_trusted_signers: [\"0x{'22' * 20}\"]\n"
+        f"  ruling_signer: {{kind: remote, remote_url: \"http://127.0.0.1:1\", address: \"{address}\"}}\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(section, encoding="utf-8")
+    proc = _check(config, BASE_ENV, tmp_path, "--section", "rulings")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rulings: ok" in proc.stdout
+    config.write_text(section + "  ruling_arbiter_keystore: /run/secrets/arbiter-keystore.json\n", encoding="utf-8")
+    proc = _check(config, BASE_ENV, tmp_path, "--section", "rulings")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ruling_signer is remote: a key in this process is not used" in proc.stderr

@@ -1,12 +1,16 @@
 """Shared pieces of the ruling-path tests: a disputed task on the devnet, signed ruling
-messages, the ruling consumer and one message applied through it."""
+messages, the ruling consumer, one message applied through it, the sender stepped until a
+ruling reaches a status."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import asyncpg
 
 from escrowd.devnet import Devnet
-from relayer.settlement.rulings import RulingHandler
+from relayer.settlement.rulings import RulingHandler, RulingSender
 from runtime.consumer import IdempotentConsumer, InboundMessage
 from schemas import panels as msg
 from schemas.task_state import TaskStatus
@@ -48,3 +52,16 @@ def ruling_consumer(devnet: Devnet) -> IdempotentConsumer:
 async def admit(pool: asyncpg.Pool, consumer: IdempotentConsumer, message: InboundMessage) -> str:
     async with pool.acquire() as conn, conn.transaction():
         return await consumer.handle_one(conn, message)
+
+
+async def until_status(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
+    """Step the sender until the task's ruling has `status`; its row."""
+    deadline = time.monotonic() + 120
+    while True:
+        await sender.step(pool)
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
+        if row is not None and row["status"] == status:
+            return row
+        assert time.monotonic() < deadline, f"ruling never reached {status}: {row and row['status']}"
+        await asyncio.sleep(0.2)

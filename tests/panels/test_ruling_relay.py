@@ -21,20 +21,9 @@ from tests.panels.rulings_support import (
     disputed_task,
     ruling_consumer,
     ruling_message,
+    until_status,
 )
 from tests.support.rpc_proxy import Faults, RpcFaultProxy
-
-
-async def _until(pool: asyncpg.Pool, sender: RulingSender, task_id: int, status: str) -> asyncpg.Record:
-    deadline = time.monotonic() + 120
-    while True:
-        await sender.step(pool)
-        async with pool.acquire() as conn:
-            row = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
-        if row is not None and row["status"] == status:
-            return row
-        assert time.monotonic() < deadline, f"ruling never reached {status}: {row and row['status']}"
-        await asyncio.sleep(0.2)
 
 
 async def test_a_trusted_ruling_resolves_the_dispute_once(devnet: Devnet, pool: asyncpg.Pool) -> None:
@@ -48,7 +37,7 @@ async def test_a_trusted_ruling_resolves_the_dispute_once(devnet: Devnet, pool: 
     try:
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
                               devnet.escrow_address)
-        row = await _until(pool, sender, task_id, "confirmed")
+        row = await until_status(pool, sender, task_id, "confirmed")
         assert row["agent_share_bps"] == 6_500 and sender.arbiter_matches is True
         view = await asyncio.to_thread(devnet.get_task, task_id)
         assert view.status == TaskStatus.RESOLVED
@@ -84,7 +73,7 @@ async def test_fail_closed_when_our_key_is_not_the_arbiter(devnet: Devnet, pool:
         assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.DISPUTED
         # The arbiter is handed to our key: the gate opens and the ruling lands.
         await asyncio.to_thread(devnet.set_arbiter, devnet.owner.address)
-        await _until(pool, sender, task_id, "confirmed")
+        await until_status(pool, sender, task_id, "confirmed")
         assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
     finally:
         await rpc.close()
@@ -110,7 +99,7 @@ async def test_crash_between_commit_and_broadcast_resends_the_stored_transaction
             stored = await conn.fetchrow("SELECT * FROM settlement_rulings WHERE task_id = $1", task_id)
         assert stored["status"] == "sent"
         restarted = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
-        row = await _until(pool, restarted, task_id, "confirmed")
+        row = await until_status(pool, restarted, task_id, "confirmed")
         assert (row["tx_hash"], row["nonce"]) == (stored["tx_hash"], stored["nonce"])
         assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
     finally:
@@ -125,7 +114,7 @@ async def test_a_task_resolved_meanwhile_is_recorded_not_sent(devnet: Devnet, po
     try:
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
                               devnet.escrow_address)
-        row = await _until(pool, sender, task_id, "already_resolved")
+        row = await until_status(pool, sender, task_id, "already_resolved")
         assert row["nonce"] is None
     finally:
         await rpc.close()
@@ -188,7 +177,7 @@ async def test_a_nonce_taken_by_another_arbiter_transaction_requeues_the_ruling(
         # A person uses the arbiter key meanwhile: its transaction takes our stored nonce.
         await asyncio.to_thread(devnet.resolve_dispute, other, 5_000)
         assert await rpc.transaction_count(key.address, "latest") > stored["nonce"]
-        row = await _until(pool, RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address), task_id,
+        row = await until_status(pool, RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address), task_id,
                            "confirmed")
         assert row["nonce"] != stored["nonce"] and row["tx_hash"] != stored["tx_hash"]
         view = await asyncio.to_thread(devnet.get_task, task_id)
@@ -212,7 +201,7 @@ async def test_a_mined_ruling_whose_receipt_lags_the_count_is_confirmed_not_requ
         rpc = EthRpc([proxy.url], chain_id=devnet.chain_id)
         try:
             sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
-            row = await _until(pool, sender, task_id, "confirmed")
+            row = await until_status(pool, sender, task_id, "confirmed")
         finally:
             await rpc.close()
     assert proxy.stats.injected["receipt_lag"] >= 1  # the lag really happened

@@ -1,11 +1,12 @@
 """`escrowd relay rulings` as a real process, the way deploy/ runs it: the arbiter key from an
-encrypted keystore and a password file, probes on ESCROWD_METRICS_PORT, a signed ruling from
+encrypted keystore and a password file (or held by a remote signer), probes on ESCROWD_METRICS_PORT, a signed ruling from
 Kafka resolved on anvil, a clean stop on SIGTERM; and a bad configuration refused in one line
 that names the field and never the key."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -13,11 +14,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from chain.keys import SecretKey, write_keystore
 from escrowd.devnet import Devnet
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics
+from runtime.services.localsigner import RemoteSignerProcess
 from runtime.services.ports import free_port
 from schemas import panels as msg
 from schemas.task_state import TaskStatus
@@ -43,23 +46,29 @@ def _env(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic: str, dl
     }
 
 
+@pytest.mark.parametrize("signer", ["keystore", "remote"])
 async def test_relay_rulings_process_with_a_keystore_and_probes(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, signer: str
 ) -> None:
+    """The arbiter key in an encrypted keystore, or held by a remote signer process
+    (`ruling_signer`): no key in the relay's process or environment at all."""
     topic, dlq = f"{topic_prefix}rulings", f"{topic_prefix}dlq"
     await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1), TopicSpec(dlq, 1)])
     task_id = await asyncio.to_thread(disputed_task, devnet)
-    keystore, password = tmp_path / "arbiter-keystore.json", tmp_path / "arbiter-keystore-password"
-    password.write_text("correct horse battery staple\n")
-    write_keystore(SecretKey.from_hex(devnet.arbiter.private_key), keystore, "correct horse battery staple",
-                   kdf="pbkdf2", iterations=1_000)
     port = free_port()
-    env = {
-        **_env(devnet, database_url, kafka_bootstrap, topic, dlq),
-        "ESCROWD_RULING_ARBITER_KEYSTORE": str(keystore),
-        "ESCROWD_RULING_ARBITER_KEYSTORE_PASSWORD_FILE": str(password),
-        "ESCROWD_METRICS_PORT": str(port),
-    }
+    env = {**_env(devnet, database_url, kafka_bootstrap, topic, dlq), "ESCROWD_METRICS_PORT": str(port)}
+    remote: RemoteSignerProcess | None = None
+    if signer == "keystore":
+        keystore, password = tmp_path / "arbiter-keystore.json", tmp_path / "arbiter-keystore-password"
+        password.write_text("correct horse battery staple\n")
+        write_keystore(SecretKey.from_hex(devnet.arbiter.private_key), keystore, "correct horse battery staple",
+                       kdf="pbkdf2", iterations=1_000)
+        env["ESCROWD_RULING_ARBITER_KEYSTORE"] = str(keystore)
+        env["ESCROWD_RULING_ARBITER_KEYSTORE_PASSWORD_FILE"] = str(password)
+    else:
+        remote = RemoteSignerProcess(devnet.arbiter.private_key).start()
+        env["ESCROWD_RULING_SIGNER"] = json.dumps(
+            {"kind": "remote", "remote_url": remote.url, "address": devnet.arbiter.address, "timeout": 5})
     log = (tmp_path / "rulings.log").open("wb")
     process = subprocess.Popen([str(ESCROWD), "relay", "rulings"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -104,6 +113,7 @@ async def test_relay_rulings_process_with_a_keystore_and_probes(
                 raise AssertionError("the ruling was never sent")
             metrics = (await client.get("/metrics")).text
             assert 'escrowd_relayer_rulings_total{outcome="sent"}' in metrics
+            assert f'escrowd_signer_up{{key="arbiter",kind="{signer}"}} 1.0' in metrics
             assert f'escrowd_relayer_arbiter_matches{{chain_id="{devnet.chain_id}"}} 1.0' in metrics
         process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process.wait, 60) == 0
@@ -111,6 +121,8 @@ async def test_relay_rulings_process_with_a_keystore_and_probes(
         if process.poll() is None:
             process.kill()
             process.wait()
+        if remote is not None:
+            remote.stop()
     text = (tmp_path / "rulings.log").read_text()
     assert devnet.arbiter.private_key[2:].lower() not in text.lower()
     assert "correct horse" not in text
@@ -159,3 +171,18 @@ def test_relay_rulings_refuses_a_public_test_key_on_a_real_chain(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "public test key" in lines[0]
     assert anvil_key(1)[1][2:].lower() not in (done.stderr + done.stdout).lower()
+
+
+def test_relay_rulings_with_an_unreachable_signer_stops_in_one_line(devnet: Devnet, database_url: str) -> None:
+    """The arbiter's remote signer does not answer at start: exit 2 with one line, nothing
+    left open behind it, and no fallback to a key in the environment (there is none)."""
+    env = {
+        **_env(devnet, database_url, "127.0.0.1:1", "t", "d"),
+        "ESCROWD_RULING_SIGNER": json.dumps(
+            {"kind": "remote", "remote_url": f"http://127.0.0.1:{free_port()}", "address": devnet.arbiter.address,
+             "timeout": 2}),
+    }
+    done = subprocess.run([str(ESCROWD), "relay", "rulings"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("arbiter key:"), done.stderr

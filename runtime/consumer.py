@@ -112,6 +112,21 @@ class RetryableError(Exception):
     """A transient failure: the batch is retried from its first message."""
 
 
+class PrepareFirst(RetryableError):
+    """The batch needs slow work done outside its transaction (a signature from a key held
+    over the network): the consumer rolls the batch back, awaits `prepare()` with no
+    transaction open, then applies the batch again. A `prepare()` that fails is a
+    `RetryableError`: the batch is retried later, never dead-lettered."""
+
+    def __init__(self, reason: str, prepare: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(reason)
+        self.prepare = prepare
+
+
+MAX_PREPARES = 8
+"""Rounds of `PrepareFirst` one batch may ask for before it is retried from the broker."""
+
+
 @dataclass(frozen=True)
 class InboundMessage:
     """One Kafka record as the handlers see it."""
@@ -438,7 +453,7 @@ class IdempotentConsumer:
                     async with conn.transaction():
                         await self._on_idle(conn, assignment)
                 continue
-            await self._process(conn, batches)
+            await self._process_prepared(conn, batches)
             if not self._direct:
                 await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
             for tp in batches:
@@ -448,6 +463,24 @@ class IdempotentConsumer:
                     CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(
                         max(0, highwater - position)
                     )
+
+    async def _process_prepared(
+        self,
+        conn: asyncpg.Connection,
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+    ) -> None:
+        """`_process`, with the slow work a handler asks for (`PrepareFirst`) done between two
+        tries, outside the transaction."""
+        for _ in range(MAX_PREPARES):
+            try:
+                await self._process(conn, batches)
+                return
+            except PrepareFirst as exc:
+                try:
+                    await exc.prepare()
+                except Exception as failure:
+                    raise RetryableError(f"preparing the batch failed: {_reason(failure)}") from None
+        raise RetryableError(f"the batch asked to prepare {MAX_PREPARES} times")
 
     async def _process(
         self,

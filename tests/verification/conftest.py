@@ -29,6 +29,7 @@ from schemas.task_terms import result_hash
 from verification.consumer import Topics, VerificationHandler
 from verification.judging_stage import JudgingPool
 from verification.routing import RetryPolicy
+from verification.signing import VerdictSigning
 from verification.verifiers import default_registry
 
 CHAIN_ID = 31337
@@ -303,7 +304,7 @@ def make_handler(**overrides: Any) -> VerificationHandler:
     """The consumer's handler with the test topics and signing key."""
     values: dict[str, Any] = {
         "registry": default_registry(allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"]),
-        "signing_key": lambda: SIGNING_KEY,
+        "signing": VerdictSigning.from_key(SIGNING_KEY),
         "topics": Topics(events=EVENTS, requests=REQUESTS, verdicts=VERDICTS, dead_letters=DLQ),
         "retry_policy": RetryPolicy(base_seconds=0.0, max_seconds=0.0),
     }

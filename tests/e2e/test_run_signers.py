@@ -30,4 +30,5 @@ def test_run_with_every_key_in_a_signer(pg_service: PostgresService, kafka_servi
     assert summary["invariants"]["ok"] is True
     assert all(c["ok"] for c in summary["invariants"]["checks"])
     assert summary["paths"].get("agent_review_hosted", 0) >= 1  # the hosted agent's wallet signed its verdict
-    assert summary["paths"].get("auto_pass", 0) + summary["paths"].get("auto_fail", 0) >= 1 or len(summary["paths"]) >= 4
+    assert summary["paths"].get("auto_pass", 0) >= 1  # signed ahead by the judging stage
+    assert summary["paths"].get("manual_review", 0) >= 1  # signed outside the consumer's transaction

@@ -11,42 +11,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-
-import pytest
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
-from runtime.db import connect, migrate_url
+from runtime.db import connect
 from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.verifiers import default_registry
 
-from .conftest import VERDICTS, Api, IndexedChain, Who, drain, finalized_task, make_handler
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
-    """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached\n{process.output()}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
-    await migrate_url(database_url)
-    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
-    await fed.start(partitions=1)  # one partition: every task's messages queue behind each other
-    yield fed
-    await fed.stop()
-
-
-@pytest.fixture
-async def verifier() -> AsyncIterator[LatencyVerifier]:
-    served = LatencyVerifier()
-    await served.start()
-    yield served
-    await served.stop()
+from .conftest import VERDICTS, Api, IndexedChain, Who, drain, finalized_task, make_handler, until
 
 
 async def _verdicts(feed: Feed) -> dict[tuple[int, int], bool]:

@@ -9,49 +9,21 @@ recorded once, without judging again. A signer holding another key stops the pro
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from eth_account import Account
 
 from escrowd.verification_load import Feed, LatencyVerifier, VerificationProcess
-from runtime.db import migrate_url
 from runtime.services.localkms import LocalKms
 from runtime.services.localsigner import RemoteSignerProcess
 from schemas.verdict import SignedVerdict, recover_signer
 from verification.proof import SignedProof, recover_proof_signer
 
+from .conftest import until
+
 pytestmark = pytest.mark.timeout(300)
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
-    """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached\n{process.output()}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
-    await migrate_url(database_url)
-    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
-    await fed.start(partitions=1)
-    yield fed
-    await fed.stop()
-
-
-@pytest.fixture
-async def verifier() -> AsyncIterator[LatencyVerifier]:
-    served = LatencyVerifier()
-    await served.start()
-    yield served
-    await served.stop()
 
 
 def _local_signer(kind: str, key: str, address: str) -> tuple[LocalKms | RemoteSignerProcess, dict[str, object]]:

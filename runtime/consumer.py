@@ -291,7 +291,8 @@ class IdempotentConsumer:
             try:
                 conn = await connect(self._database_url)
                 await self._open_marks()
-                await consumer.start()
+                if not await self._unless_stopped(consumer.start()):
+                    return  # stopped while joining its group: nothing was consumed, nothing to drain
                 if self._direct:
                     await self._lead(conn)
                     await self._assign(consumer, conn)
@@ -313,6 +314,26 @@ class IdempotentConsumer:
                 self._marks = None
                 with contextlib.suppress(Exception):
                     await consumer.stop()  # leaves the group: a restart joins at once
+
+    async def _unless_stopped(self, step: Awaitable[None]) -> bool:
+        """Await a start-up step unless `stop()` comes first, then cancel it (False): a group
+        join waits out a killed member's session, and a drain must not wait with it."""
+        task = asyncio.ensure_future(step)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()  # cancelled ourselves: the step goes too
+            raise
+        finally:
+            stopping.cancel()
+        if task.done():
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return False
 
     async def _release_marks(self) -> None:
         """Delete this run's in-flight marks (on a connection of its own: the marks' one may be mid-query)."""

@@ -36,6 +36,11 @@ def sections() -> list[Section]:
     from verification.agents.verifier_agent import load_agent_settings
     from verification.service import VerificationSettings, load_signing_key
 
+    def in_process(kind: Callable[[Any], str], read: Callable[[Any], object]) -> Callable[[Any], object]:
+        # A key held by a KMS or remote signer is not in the file or the environment: the
+        # service reaches its signer and checks the address at start.
+        return lambda settings: read(settings) if kind(settings) == "keystore" else None
+
     def panel_secrets(settings: PanelSettings) -> None:
         settings.read_secret()
         settings.signing_key()
@@ -43,14 +48,20 @@ def sections() -> list[Section]:
 
     return [
         Section("indexer", load_settings),
-        Section("relayer", RelayerSettings.load, load_relayer_key),
+        Section("relayer", RelayerSettings.load, in_process(lambda s: s.relayer_signer.kind, load_relayer_key)),
         Section("api", lambda path: load(ApiSettings, "api", path)),
-        Section("verification", lambda path: load(VerificationSettings, "verification", path), load_signing_key),
+        Section(
+            "verification", lambda path: load(VerificationSettings, "verification", path),
+            in_process(lambda s: s.verification_signer.kind, load_signing_key),
+        ),
         Section("lifecycle", lambda path: load(LifecycleSettings, "lifecycle", path)),
         Section("reputation", lambda path: load(ReputationSettings, "reputation", path)),
         Section("rulings", load_ruling_settings, lambda s: s.ruling_signer.kind != "keystore" or s.arbiter_key(), optional=True),
         Section("panels", load_panel_settings, panel_secrets, optional=True),
-        Section("verifier_agent", load_agent_settings, lambda loaded: loaded[0].wallet(), optional=True),
+        Section(
+            "verifier_agent", load_agent_settings,
+            in_process(lambda loaded: loaded[0].wallet_signer.kind, lambda loaded: loaded[0].wallet()), optional=True,
+        ),
         Section("verifier_bot", load_bot_settings, lambda s: s.signing_key(), optional=True),
     ]
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chain.signers import SignerSpec
 from escrowd.devnet import Devnet
@@ -21,6 +22,9 @@ class PipelineConfig:
     metrics_port: int
     confirmations: int = 0
     relayer_signer: SignerSpec | None = None  # who holds the marketplace verifier key (None: in process)
+    # The verification service's key (a fresh devnet key) and who holds it (None: in process).
+    verification_key: str = field(default_factory=lambda: "0x" + secrets.token_hex(32), repr=False)
+    verification_signer: SignerSpec | None = None
 
 
 @dataclass

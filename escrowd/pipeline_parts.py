@@ -58,27 +58,36 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
         VerificationSettings,
         build_handler,
         build_judging_pool,
+        open_verification_signer,
     )
     from verification.service import build_consumer as verification_consumer
 
     dn = config.devnet
     parts: list[Component] = []
 
-    signing_key = "0x" + secrets.token_hex(32)
-    signer = Account.from_key(signing_key).address
     verification = VerificationSettings(
         database_url=config.database_url,
         kafka_bootstrap=config.kafka_bootstrap,
-        verification_signing_key=signing_key,
+        verification_signer=config.verification_signer or SignerSpec(),
+        verification_signing_key=config.verification_key if config.verification_signer is None else None,
         run_publisher=False,
         retry_base_seconds=1.0,
         retry_max_seconds=10.0,
     )
-    vhandler = build_handler(verification, signing_key=signing_key)
+    verification_key = await open_verification_signer(verification)
+    signer = verification_key.address
+    vhandler = build_handler(verification, signer=verification_key)
     vconsumer = verification_consumer(verification, handler=vhandler)
     parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
     judging = build_judging_pool(verification, vhandler)
-    parts.append(Component("verification-judging", judging.run, judging.stop))
+
+    async def run_judging() -> None:
+        try:
+            await judging.run()
+        finally:
+            await verification_key.aclose()
+
+    parts.append(Component("verification-judging", run_judging, judging.stop))
     scheduler = RetryScheduler(config.database_url, verification.topics().requests, poll_seconds=1.0)
     parts.append(Component("verification-retries", scheduler.run))
 
@@ -392,34 +401,40 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
 
 
 class LocalSigner:
-    """The devnet's stand-in for where the relayer key lives (`escrowd run --signer`): nothing
-    for `keystore`; a local KMS process (`runtime.services.localkms`) for `aws-kms`; a local
-    JSON-RPC signer process (`runtime.services.localsigner`) for `remote`. Started at once,
-    holding the devnet's (public) marketplace verifier key; `stop()` ends the process."""
+    """The devnet's stand-in for where the keys live (`escrowd run --signer`): nothing for
+    `keystore`; one local KMS process (`runtime.services.localkms`) holding every key for
+    `aws-kms`; one local JSON-RPC signer process (`runtime.services.localsigner`) per key for
+    `remote`. Started at once, holding the devnet's keys (`keys`: role -> 0x key, public
+    anyway); `specs` says where each role's key is; `stop()` ends the processes."""
 
-    def __init__(self, kind: str, private_key: str) -> None:
+    def __init__(self, kind: str, keys: dict[str, str]) -> None:
         from chain.signers import SignerSpec
         from runtime.services.localkms import LocalKms
         from runtime.services.localsigner import RemoteSignerProcess
 
-        address = Account.from_key(private_key).address
-        self.spec: SignerSpec | None = None
-        self.url: str | None = None
-        self._process: LocalKms | RemoteSignerProcess | None = None
+        addresses = {role: Account.from_key(key).address for role, key in keys.items()}
+        self.specs: dict[str, SignerSpec] = {}
+        self.urls: dict[str, str] = {}
+        self._processes: list[LocalKms | RemoteSignerProcess] = []
         if kind == "aws-kms":
-            kms = LocalKms({"escrowd-relayer": private_key}).start()
+            kms = LocalKms({f"escrowd-{role}": key for role, key in keys.items()}).start()
             # boto3 signs every request and needs credentials to: the local KMS ignores them.
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
-            self._process, self.url = kms, kms.url
-            self.spec = SignerSpec(kind="aws-kms", kms_key_id="escrowd-relayer", kms_endpoint_url=kms.url, address=address)
+            self._processes.append(kms)
+            for role, address in addresses.items():
+                self.urls[role] = kms.url
+                self.specs[role] = SignerSpec(
+                    kind="aws-kms", kms_key_id=f"escrowd-{role}", kms_endpoint_url=kms.url, address=address
+                )
         elif kind == "remote":
-            remote = RemoteSignerProcess(private_key).start()
-            self._process, self.url = remote, remote.url
-            self.spec = SignerSpec(kind="remote", remote_url=remote.url, address=address)
+            for role, key in keys.items():
+                remote = RemoteSignerProcess(key).start()
+                self._processes.append(remote)
+                self.urls[role] = remote.url
+                self.specs[role] = SignerSpec(kind="remote", remote_url=remote.url, address=addresses[role])
 
     def stop(self) -> None:
-        """Stop the local process, if any."""
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
+        """Stop the local processes, if any."""
+        while self._processes:
+            self._processes.pop().stop()

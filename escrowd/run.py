@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -48,7 +49,7 @@ def run(
     kafka_bootstrap: str | None = typer.Option(None, envvar="ESCROWD_KAFKA_BOOTSTRAP", help="Kafka broker (else Tansu)"),
     signer: str = typer.Option(
         "keystore", "--signer",
-        help="Who holds the relayer key: keystore (in process), aws-kms (a local KMS process), remote (a local JSON-RPC signer)",
+        help="Who holds the relayer, verification and hosted verifier agent keys: keystore (in process), aws-kms (a local KMS process), remote (local JSON-RPC signers)",
     ),
 ) -> None:
     """Run the indexer, every consumer, the relayer and the API on embedded services, with traffic."""
@@ -148,7 +149,12 @@ async def _pipeline_main(stack: Any, options: RunOptions) -> int:
 
     dn = stack.devnet
     signer = options.signer
-    local_signer = LocalSigner(signer, dn.marketplace_verifier.private_key)
+    verification_key = "0x" + secrets.token_hex(32)
+    keys = {
+        "relayer": dn.marketplace_verifier.private_key, "verification": verification_key,
+        "verifier-agent": dn.spare[-1].private_key,  # the hosted verifier agent's wallet
+    }  # fmt: skip
+    local_signer = LocalSigner(signer, keys)
     pipeline = Pipeline(
         PipelineConfig(
             database_url=stack.postgres.url,
@@ -156,15 +162,17 @@ async def _pipeline_main(stack: Any, options: RunOptions) -> int:
             devnet=dn,
             api_port=api_port,
             metrics_port=metrics_port,
-            relayer_signer=local_signer.spec,
+            relayer_signer=local_signer.specs.get("relayer"),
+            verification_key=verification_key,
+            verification_signer=local_signer.specs.get("verification"),
         )
     )
     display: asyncio.Task[None] | None = None
     hosted: Any = None
     try:
         await pipeline.start()
-        if local_signer.url:
-            console.print(f"  signer     {signer} at {local_signer.url} (holds the relayer key)")
+        for role, url in local_signer.urls.items():
+            console.print(f"  signer     {signer} at {url} (holds the {role} key)")
         console.print(
             f"  chain      {dn.rpc_url} (chain id {dn.chain_id}), escrow {dn.escrow_address}\n"
             f"  API        http://127.0.0.1:{api_port}  (OpenAPI: /docs)\n"
@@ -183,7 +191,7 @@ async def _pipeline_main(stack: Any, options: RunOptions) -> int:
         hosted = await LocalHostedVerifier.start(
             api_url=f"http://127.0.0.1:{api_port}", rpc_url=dn.rpc_url, chain_id=dn.chain_id,
             escrow_address=dn.escrow_address, wallet_key=hosted_actor.private_key,
-            database_url=pipeline.config.database_url,
+            database_url=pipeline.config.database_url, wallet_signer=local_signer.specs.get("verifier-agent"),
         )  # fmt: skip
         console.print(f"  verifier   {hosted_actor.address} (hosted verifier agent, local model {hosted.model_url})")
         generator = TrafficGenerator(dn, offchain=offchain, seed=options.seed, hosted_verifier=hosted_actor)

@@ -40,19 +40,26 @@ def run(
 def check(
     config: ConfigOption = None,
 ) -> None:
-    """Validate the configuration and the signing key, print the signer address, and exit."""
-    from eth_account import Account
+    """Validate the configuration and the signing key (a KMS or remote one is asked for its
+    address), print the signer address, and exit."""
+    import asyncio
 
-    from verification.service import SigningKeyError, VerificationSettings, load_signing_key
+    from chain.signers import SignerError
+    from verification.service import SigningKeyError, VerificationSettings, open_verification_signer
+
+    async def address(settings: VerificationSettings) -> str:
+        signer = await open_verification_signer(settings)
+        await signer.aclose()
+        return signer.address
 
     try:
         settings = load(VerificationSettings, "verification", config)
-        key = load_signing_key(settings)
-    except SigningKeyError as exc:
+        signer_address = asyncio.run(address(settings))
+    except (SigningKeyError, SignerError) as exc:
         startup_failure("signing key", exc)
     except Exception as exc:
         startup_failure("configuration error", exc)
-    typer.echo(f"verdicts will be signed by {Account.from_key(key).address}")
+    typer.echo(f"verdicts will be signed by {signer_address}")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,21 @@ class RetryableError(Exception):
     """A transient failure: the batch is retried from its first message."""
 
 
+class PrepareFirst(RetryableError):
+    """The batch needs slow work done outside its transaction (a signature from a key held
+    over the network): the consumer rolls the batch back, awaits `prepare()` with no
+    transaction open, then applies the batch again. A `prepare()` that fails is a
+    `RetryableError`: the batch is retried later, never dead-lettered."""
+
+    def __init__(self, reason: str, prepare: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(reason)
+        self.prepare = prepare
+
+
+MAX_PREPARES = 8
+"""Rounds of `PrepareFirst` one batch may ask for before it is retried from the broker."""
+
+
 @dataclass(frozen=True)
 class InboundMessage:
     """One Kafka record as the handlers see it."""
@@ -276,7 +291,8 @@ class IdempotentConsumer:
             try:
                 conn = await connect(self._database_url)
                 await self._open_marks()
-                await consumer.start()
+                if not await self._unless_stopped(consumer.start()):
+                    return  # stopped while joining its group: nothing was consumed, nothing to drain
                 if self._direct:
                     await self._lead(conn)
                     await self._assign(consumer, conn)
@@ -298,6 +314,26 @@ class IdempotentConsumer:
                 self._marks = None
                 with contextlib.suppress(Exception):
                     await consumer.stop()  # leaves the group: a restart joins at once
+
+    async def _unless_stopped(self, step: Awaitable[None]) -> bool:
+        """Await a start-up step unless `stop()` comes first, then cancel it (False): a group
+        join waits out a killed member's session, and a drain must not wait with it."""
+        task = asyncio.ensure_future(step)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()  # cancelled ourselves: the step goes too
+            raise
+        finally:
+            stopping.cancel()
+        if task.done():
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return False
 
     async def _release_marks(self) -> None:
         """Delete this run's in-flight marks (on a connection of its own: the marks' one may be mid-query)."""
@@ -438,7 +474,7 @@ class IdempotentConsumer:
                     async with conn.transaction():
                         await self._on_idle(conn, assignment)
                 continue
-            await self._process(conn, batches)
+            await self._process_prepared(conn, batches)
             if not self._direct:
                 await consumer.commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
             for tp in batches:
@@ -448,6 +484,24 @@ class IdempotentConsumer:
                     CONSUMER_LAG.labels(self.name, tp.topic, str(tp.partition)).set(
                         max(0, highwater - position)
                     )
+
+    async def _process_prepared(
+        self,
+        conn: asyncpg.Connection,
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+    ) -> None:
+        """`_process`, with the slow work a handler asks for (`PrepareFirst`) done between two
+        tries, outside the transaction."""
+        for _ in range(MAX_PREPARES):
+            try:
+                await self._process(conn, batches)
+                return
+            except PrepareFirst as exc:
+                try:
+                    await exc.prepare()
+                except Exception as failure:
+                    raise RetryableError(f"preparing the batch failed: {_reason(failure)}") from None
+        raise RetryableError(f"the batch asked to prepare {MAX_PREPARES} times")
 
     async def _process(
         self,

@@ -27,6 +27,7 @@ encoding: v 27/28, low s). Pure functions over values: the API (`runtime.web.aut
 from __future__ import annotations
 
 import base64
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,11 +123,43 @@ def sign_request(
     nonce: str | None = None,
 ) -> dict[str, str]:
     """Client side: the four auth headers for one request to `deployment` (SDKs, tests, scripts)."""
+    signer = eip712.signer_address(private_key)
+    nonce = nonce or _nonce()
+    signature = eip712.sign(request_digest(deployment, method, path, body, signer, nonce, expires_at), private_key)
+    return _auth_headers(signer, nonce, expires_at, signature)
+
+
+RequestSigner = Callable[[Mapping[str, Any], bytes], Awaitable[str]]
+"""`(typed_data, digest) -> 0x signature`: a key held elsewhere (`chain.signers.Signer.sign_typed_data`)."""
+
+
+async def signed_request_headers(
+    signer: str,
+    sign: RequestSigner,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    deployment: Deployment,
+    expires_at: int,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """`sign_request` for a key this process does not hold: `sign` makes the signature of the
+    request's typed data for `signer` (its address); whatever it raises is raised."""
+    signer = eip712.checksum_address(signer)
+    nonce = nonce or _nonce()
+    digest = request_digest(deployment, method, path, body, signer, nonce, expires_at)
+    signature = await sign(typed_request(deployment, method, path, body, signer, nonce, expires_at), digest)
+    return _auth_headers(signer, nonce, expires_at, signature)
+
+
+def _nonce() -> str:
     import secrets
 
-    signer = eip712.signer_address(private_key)
-    nonce = nonce or secrets.token_urlsafe(16)
-    signature = eip712.sign(request_digest(deployment, method, path, body, signer, nonce, expires_at), private_key)
+    return secrets.token_urlsafe(16)
+
+
+def _auth_headers(signer: str, nonce: str, expires_at: int, signature: str) -> dict[str, str]:
     return {
         "X-Escrowd-Signer": signer,
         "X-Escrowd-Nonce": nonce,

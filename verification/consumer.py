@@ -26,7 +26,7 @@ task's own partition, under the task's lock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -53,12 +53,14 @@ from schemas.task_terms import (
     request_event_type,
 )
 from schemas.verdict import (
+    SignedVerdict,
     Verdict,
-    sign_verdict,
+    verdict_digest,
     verdict_headers,
     verdict_key,
     verdict_message_id,
     verdict_payload,
+    verdict_typed_data,
 )
 from verification import results_store as store
 from verification.auto_check import auto_check
@@ -68,8 +70,9 @@ from verification.proof import (
     Proof,
     SignedProof,
     criteria_hash,
+    proof_digest,
     proof_fields,
-    sign_proof,
+    typed_data,
 )
 from verification.registry import VerificationError, VerifierRegistry, describe
 from verification.request_auth import RequestNotTrusted, authenticate, resolved
@@ -93,6 +96,7 @@ from verification.routing import (
     conclude,
     decide,
 )
+from verification.signing import Document, VerdictSigning
 
 log = structlog.get_logger(__name__)
 
@@ -139,7 +143,9 @@ class VerificationHandler:
     """The consumer's handler `(conn, message)`: parse, decide, apply."""
 
     registry: VerifierRegistry
-    signing_key: Callable[[], str] = field(repr=False)
+    signing: VerdictSigning = field(repr=False)
+    """The verification key (`verification.signing`): signs verdicts and proofs, ahead of the
+    transaction when the key is held over the network."""
     topics: Topics = field(default_factory=Topics)
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.time
@@ -230,6 +236,37 @@ class VerificationHandler:
             state = await self._execute(conn, state, follow_up)
         return state
 
+    def documents(self, state: TaskState, effects: Sequence[Any]) -> list[Document]:
+        """What the signed records among `effects` need signed (for `VerdictSigning.sign_ahead`)."""
+        documents: list[Document] = []
+        for effect in effects:
+            if isinstance(effect, RecordResult) and effect.sign:
+                verdict, proof = self._unsigned(state, effect)
+                documents += _documents(verdict, proof)
+        return documents
+
+    def _unsigned(self, state: TaskState, effect: RecordResult) -> tuple[Verdict, Proof]:
+        """The verdict and the proof a signed record carries, before their signatures."""
+        key = state.key
+        reasons = [str(r) for r in effect.verification_result.get("reasons", ())][:64]
+        if state.terms is not None and state.terms.private:
+            # Reasons can quote a private brief and result: the verdicts topic carries none.
+            reasons = []
+        verdict = Verdict(
+            chain_id=key.chain_id,
+            escrow=key.escrow,
+            task_id=key.task_id,
+            attempt=effect.attempt,
+            evidence_hash=effect.evidence_hash,
+            passed=effect.passed,
+            score=effect.score,
+            reasons=reasons,
+            verifier_kind=effect.verifier_kind[:128],
+            mode=effect.mode,
+            issued_at=datetime.fromtimestamp(self.clock(), tz=UTC),
+        )
+        return verdict, self._proof(state, effect)
+
     async def _record(self, conn: asyncpg.Connection, state: TaskState, effect: RecordResult) -> None:
         key = state.key
         signed_json: dict[str, Any] | None = None
@@ -237,26 +274,16 @@ class VerificationHandler:
         message_id: str | None = None
         outbox: list[OutboxMessage] = []
         if effect.sign:
-            reasons = [str(r) for r in effect.verification_result.get("reasons", ())][:64]
-            if state.terms is not None and state.terms.private:
-                # Reasons can quote a private brief and result: the verdicts topic carries none.
-                reasons = []
-            verdict = Verdict(
-                chain_id=key.chain_id,
-                escrow=key.escrow,
-                task_id=key.task_id,
-                attempt=effect.attempt,
-                evidence_hash=effect.evidence_hash,
-                passed=effect.passed,
-                score=effect.score,
-                reasons=reasons,
-                verifier_kind=effect.verifier_kind[:128],
-                mode=effect.mode,
-                issued_at=datetime.fromtimestamp(self.clock(), tz=UTC),
+            verdict, proof = self._unsigned(state, effect)
+            # Made ahead for a key held over the network (SignFirst when not: the transaction
+            # rolls back and the signatures are made outside it).
+            verdict_signature, proof_signature = await self.signing.signatures(_documents(verdict, proof))
+            # Every field is canonical by construction: no re-validation on this hot path.
+            signed = SignedVerdict.model_construct(
+                verdict=verdict, signature=verdict_signature, signer=self.signing.address
             )
-            signed = sign_verdict(verdict, self.signing_key())
             signed_json = signed.model_dump(mode="json")
-            proof_json = self._proof(state, effect).to_json_dict()
+            proof_json = SignedProof(proof=proof, signature=proof_signature, signer=self.signing.address).to_json_dict()
             message_id = verdict_message_id(verdict)
             outbox.append(
                 OutboxMessage(
@@ -278,10 +305,10 @@ class VerificationHandler:
         await enqueue(conn, outbox)
         VERDICTS.labels(effect.mode, effect.source, "passed" if effect.passed else "failed").inc()
 
-    def _proof(self, state: TaskState, effect: RecordResult) -> SignedProof:
-        """Seed 002's whole proof of this verdict, signed (EIP-712, domain bound to chain and escrow)."""
+    def _proof(self, state: TaskState, effect: RecordResult) -> Proof:
+        """Seed 002's whole proof of this verdict (signed EIP-712, domain bound to chain and escrow)."""
         terms = state.terms
-        proof = Proof(
+        return Proof(
             chain_id=state.key.chain_id,
             escrow=state.key.escrow,
             task_id=state.key.task_id,
@@ -299,7 +326,6 @@ class VerificationHandler:
             verifier_id=effect.verifier_kind[:256],
             verifier_version=VERIFIER_VERSION,
         )
-        return sign_proof(proof, self.signing_key())
 
     # ------------------------------------------------------------------ judging
 
@@ -351,6 +377,14 @@ def verifier_task(state: TaskState, effect: Judge, ref: VerifierRef, digest: str
         "evidenceHash": effect.evidence_hash,
         "instructionsDigest": digest,
     }
+
+
+def _documents(verdict: Verdict, proof: Proof) -> list[Document]:
+    """The verdict's and the proof's EIP-712 messages, in that order."""
+    return [
+        Document(verdict_typed_data(verdict), verdict_digest(verdict)),
+        Document(typed_data(proof), proof_digest(proof)),
+    ]
 
 
 def _record(

@@ -11,7 +11,10 @@ pool works through those rows:
    slow verifier fills its own share, never the others');
 2. **judge** with no transaction and no lock open: the task's state is read in a read-only
    snapshot, `routing.judgement_wanted` says whether the judgement is still asked for, then
-   the handler's `judge` runs (sandbox, endpoint, model), its lease renewed meanwhile;
+   the handler's `judge` runs (sandbox, endpoint, model), its lease renewed meanwhile; the
+   verdict and proof it leads to are signed here too (`verification.signing`: a key held
+   over the network is never asked inside a transaction; while its signer is down the
+   judgement waits, leased, and nothing is recorded);
 3. **commit** (one short transaction): the task's lock, the job row locked only if this
    claim still holds it, the state read again, and, when the same judgement is still
    wanted, the handler's `conclude`: the verdict, proof and outbox rows exactly as an inline
@@ -40,6 +43,7 @@ import contextlib
 import os
 import secrets
 from collections import Counter as Tally
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +51,13 @@ import asyncpg
 import structlog
 from prometheus_client import Counter, Gauge
 
+from chain.signers import SignerError
+from runtime.consumer import MAX_PREPARES, PrepareFirst
 from runtime.db import connect, create_pool, is_connection_error
 from runtime.errors import safe_message
 from verification import results_store as store
 from verification.consumer import VerificationHandler
-from verification.routing import CouldNotJudge, Judge, Judged, TaskKey, judgement_wanted
+from verification.routing import CouldNotJudge, Judge, Judged, TaskKey, conclude, judgement_wanted
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +69,10 @@ LEASE_EXPIRIES = Counter(
 JOBS = Counter("escrowd_verification_jobs_total", "Jobs this process closed, by outcome", ["outcome"])
 FAILED = Gauge("escrowd_verification_jobs_failed", "Judging jobs parked as failed after repeated errors (all processes)")
 JOB_OUTCOMES = ("concluded", "dropped", "lost_lease", "released", "errored", "failed")
+SIGNER_WAITS = Counter(
+    "escrowd_verification_signer_waits_total",
+    "Judgements whose signatures waited for the verification key's signer to answer",
+)
 
 
 def metrics_at_start() -> None:
@@ -73,6 +83,7 @@ def metrics_at_start() -> None:
     FAILED.set(0)
     IN_FLIGHT.set(0)
     LEASE_EXPIRIES.inc(0)
+    SIGNER_WAITS.inc(0)
     at_zero(JOBS, JOB_OUTCOMES)
 
 
@@ -225,8 +236,20 @@ class JudgingPool:
             outcome: Judged | CouldNotJudge | None = None
             if judge is not None:
                 outcome = await self._handler.judge(state, judge)  # no transaction, no lock
-            async with pool.acquire() as conn, conn.transaction():
-                result = await self._commit(conn, key, seq, token, request_id, retry_count, judge, outcome)
+                # The verdict's signatures too, before the commit's transaction opens.
+                effects = conclude(state, judge, outcome, self._handler.retry_policy)
+                documents = self._handler.documents(state, effects)
+                await self._signed(lambda: self._handler.signing.sign_ahead(documents))
+            for _ in range(MAX_PREPARES):
+                try:
+                    async with pool.acquire() as conn, conn.transaction():
+                        result = await self._commit(conn, key, seq, token, request_id, retry_count, judge, outcome)
+                    break
+                except PrepareFirst as exc:
+                    # The task changed since judging: its record needs other signatures.
+                    await self._signed(exc.prepare)
+            else:
+                raise RuntimeError(f"the commit asked for signatures {MAX_PREPARES} times")
             self._held.discard(token)
             JOBS.labels(result).inc()
             bound.info("judging_job_closed", outcome=result)
@@ -257,6 +280,24 @@ class JudgingPool:
         JOBS.labels("failed" if state == "failed" else "errored").inc()
         if state == "failed":
             log.error("judging_job_parked", request_id=row["request_id"], errors=errors, error=error)
+
+    async def _signed(self, sign: Callable[[], Awaitable[None]]) -> None:
+        """Sign, waiting out a signer outage: the judgement is kept (its lease renewed meanwhile),
+        nothing is signed by another key, nothing recorded until the key answers. Stopping
+        ends the wait; the lease is handed back and the job judged again later."""
+        delay = 1.0
+        while True:
+            try:
+                await sign()
+                return
+            except SignerError as exc:
+                SIGNER_WAITS.inc()
+                log.warning("verification_signer_unavailable", error=safe_message(exc)[:300], retry_in=delay)
+                if self._stopping.is_set():
+                    raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delay = min(delay * 2, 30.0)
 
     async def _commit(
         self,

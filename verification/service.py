@@ -24,8 +24,10 @@ from typing import Any
 import structlog
 from eth_account import Account
 from eth_utils.address import is_address, to_checksum_address
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from chain.keys import SecretKey
+from chain.signers import Signer, SignerSpec, open_signer
 from runtime.consumer import IdempotentConsumer
 from runtime.db import connect, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
@@ -45,6 +47,7 @@ from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.registry import RubricStore, VerifierRegistry
 from verification.routing import RetryPolicy
 from verification.sandbox import SandboxSettings
+from verification.signing import VerdictSigning
 from verification.verifiers import default_registry
 
 log = structlog.get_logger(__name__)
@@ -59,6 +62,14 @@ class VerificationSettings(ConsumerSettings):
     )
     verdicts_topic: str = Field(default=topics.VERDICTS, description="Signed verdicts for the settlement relayer")
     topic_partitions: int = Field(default=4, ge=1, description="Partitions when creating topics")
+    verification_signer: SignerSpec = Field(
+        default_factory=SignerSpec,
+        description=(
+            "Who holds the verdict-signing key: kind keystore (verification_keystore or"
+            " verification_signing_key), aws-kms (kms_key_id, kms_region, kms_endpoint_url) or remote"
+            " (remote_url, address); verdicts and proofs are signed outside every transaction"
+        ),
+    )
     verification_signing_key: SecretStr | None = Field(
         default=None, description="Raw 0x key the verification service signs verdicts with (devnet)"
     )
@@ -107,6 +118,15 @@ class VerificationSettings(ConsumerSettings):
         default=300.0, ge=0, description="Longest delay between tries of a judgement that raised"
     )
     run_publisher: bool = Field(default=True, description="Run an outbox publisher (standby if one runs)")
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> VerificationSettings:
+        in_process = self.verification_signing_key is not None or self.verification_keystore is not None
+        if self.verification_signer.kind != "keystore" and in_process:
+            raise ValueError(
+                f"verification_signer is {self.verification_signer.kind}: a key in this process is not used, remove it"
+            )
+        return self
 
     @field_validator("trusted_api_signers")
     @classmethod
@@ -250,19 +270,34 @@ def _metrics_at_start() -> None:
     at_zero(VERIFIER_ERRORS, get_args(VerifierKind))
 
 
+async def open_verification_signer(settings: VerificationSettings) -> Signer:
+    """The verification key's signer (`verification_signer`), its address derived once and
+    checked against the configured one; SignerError when it cannot answer (fail closed)."""
+    signer = await open_signer(
+        settings.verification_signer, "verification", lambda: SecretKey.from_hex(load_signing_key(settings))
+    )
+    log.info("verification_signer_ready", kind=signer.kind, address=signer.address)
+    return signer
+
+
 def build_handler(
-    settings: VerificationSettings, *, signing_key: str | None = None, registry: VerifierRegistry | None = None
+    settings: VerificationSettings,
+    *,
+    signing_key: str | None = None,
+    signer: Signer | None = None,
+    registry: VerifierRegistry | None = None,
 ) -> VerificationHandler:
-    """The handler the consumer and the judging stage share."""
-    key = signing_key or load_signing_key(settings)
+    """The handler the consumer and the judging stage share: `signer` (from
+    `open_verification_signer`), else the keystore key `signing_key` or the settings' own."""
+    signing = VerdictSigning(signer) if signer is not None else VerdictSigning.from_key(signing_key or load_signing_key(settings))
     trusted = frozenset(settings.trusted_api_signers)
-    if Account.from_key(key).address in trusted:
+    if signing.address in trusted:
         # One key must not both vouch for requests and sign the verdicts they lead to.
         raise SigningKeyError("trusted_api_signers must not hold the verdict-signing key's address")
     return VerificationHandler(
         trusted_api_signers=trusted,
         registry=registry or settings.registry(),
-        signing_key=lambda: key,
+        signing=signing,
         topics=settings.topics(),
         retry_policy=RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds),
     )
@@ -311,7 +346,7 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
     from runtime.shell import wait_stopped
 
     stop = stop or asyncio.Event()
-    key = load_signing_key(settings)
+    signer = await open_verification_signer(settings)
     _metrics_at_start()
     if settings.metrics_port is not None:
         from runtime.health import start_server
@@ -329,7 +364,7 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
         ],
     )
     registry = settings.registry()
-    handler = build_handler(settings, signing_key=key, registry=registry)
+    handler = build_handler(settings, signer=signer, registry=registry)
     consumer = build_consumer(settings, handler=handler)
     judging = build_judging_pool(settings, handler)
     scheduler = RetryScheduler(settings.database_url, t.requests, poll_seconds=settings.retry_poll_seconds)
@@ -372,3 +407,4 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
             with contextlib.suppress(Exception):
                 await producer.stop()
         await registry.close()
+        await signer.aclose()

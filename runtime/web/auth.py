@@ -44,6 +44,7 @@ from schemas.request_auth import (
     request_digest,
     requester_proof,
     sign_request,
+    signed_request_headers,
     typed_request,
 )
 
@@ -146,6 +147,7 @@ __all__ = [
     "has_auth",
     "request_path",
     "sign_request",
+    "signed_request_headers",
     "spend_nonce",
     "typed_request",
     "verify_signature",

@@ -11,9 +11,11 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
+from chain.signers import SignerError, SignerSpec
 from escrowd.devnet import Devnet
+from runtime.services.localsigner import RemoteSignerProcess
 from tests.agents.conftest import ModelEndpoint
-from verification.agents.verifier_agent import VerifierAgent, VerifierAgentSettings
+from verification.agents.verifier_agent import VerifierAgent, VerifierAgentSettings, open_wallet
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,3 +93,49 @@ async def test_an_underpriced_first_verdict_is_replaced_and_later_verdicts_still
               for e in events if e.name == "VerificationCompleted"]
     for item in items:
         assert judged.count((item["taskId"], verifier.address.lower())) == 1
+
+
+async def test_a_wallet_in_a_remote_signer_signs_nothing_while_down_and_its_verdict_lands_once_after(
+    devnet: Devnet, database_url: str, model_endpoint: ModelEndpoint
+) -> None:
+    (item,) = await asyncio.to_thread(_delivered, devnet, 1)
+    verifier = devnet.verifier_agents[0]
+    remote = RemoteSignerProcess(verifier.private_key).start()
+    spec = SignerSpec(kind="remote", remote_url=remote.url, address=verifier.address, timeout=2)
+    settings = VerifierAgentSettings(
+        api_url="http://127.0.0.1:9", rpc_url=devnet.rpc_url, chain_id=devnet.chain_id,
+        escrow_address=devnet.escrow_address, wallet_signer=spec, encryption_key=SecretStr("0x" + "22" * 32),
+        database_url=database_url, receipt_timeout_seconds=3.0,
+    )  # fmt: skip
+    signer = await open_wallet(settings)
+    agent = VerifierAgent(settings, model_endpoint.client(), signer=signer)
+    count_before = int(await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", verifier.address, "latest"), 16)
+    try:
+        assert agent.address == verifier.address
+        await agent.start_sender()
+        remote.stop()  # the wallet's signer is gone: no request signed, no transaction sent
+        with pytest.raises(SignerError):
+            await agent._request("GET", "/v1/verifiers/me/queue")
+        with pytest.raises((TimeoutError, RuntimeError, SignerError)):
+            await agent.complete_on_chain(item, True, 100)
+        count = int(await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", verifier.address, "pending"), 16)
+        assert count == count_before
+        remote.start()  # back: the verdict goes out, once
+        tx_hash = None
+        for _ in range(20):
+            try:
+                tx_hash = await agent.complete_on_chain(item, True, 100)
+                break
+            except (TimeoutError, RuntimeError, SignerError):
+                continue  # the sender's backoff after the outage has not run out yet
+        assert tx_hash is not None
+    finally:
+        await agent.close()
+        await signer.aclose()
+        remote.stop()
+    count_after = int(await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", verifier.address, "latest"), 16)
+    assert count_after == count_before + 1
+    events = await asyncio.to_thread(lambda: list(devnet.logs()))
+    judged = [int(e.args["taskId"]) for e in events
+              if e.name == "VerificationCompleted" and str(e.args["verifier"]).lower() == verifier.address.lower()]
+    assert judged.count(item["taskId"]) == 1

@@ -137,6 +137,21 @@ def test_keystores_are_decrypted_with_their_passwords(tmp_path: Path) -> None:
     assert "relayer: keystore" in relayer_refused.stderr and "wrong password" in relayer_refused.stderr
 
 
+def test_keys_held_by_a_signer_need_no_key_in_the_configuration(tmp_path: Path) -> None:
+    """With the relayer and verification keys in KMS there is no key to read: the check passes
+    without one (and still refuses a keystore-held key that is missing)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(EXAMPLE.read_text(encoding="utf-8").split("\n# ------------------------------------------------------ dispute")[0],
+                      encoding="utf-8")  # fmt: skip
+    kms = '{"kind": "aws-kms", "kms_key_id": "alias/%s"}'
+    env = {**BASE_ENV, "ESCROWD_RELAYER_SIGNER": kms % "relayer", "ESCROWD_VERIFICATION_SIGNER": kms % "verification"}
+    passed = _check(config, env, tmp_path)
+    assert passed.returncode == 0, passed.stderr
+    assert "verification: ok" in passed.stdout and "relayer: ok" in passed.stdout
+    refused = _check(config, {**BASE_ENV, "ESCROWD_RELAYER_SIGNER": kms % "relayer"}, tmp_path)
+    assert refused.returncode == 2 and "verification: " in refused.stderr and "relayer: " not in refused.stderr
+
+
 def test_every_password_has_a_file_form() -> None:
     """A password can always come from a mounted file (`*_file`, `ESCROWD_*_FILE`)."""
     from escrowd.configref import settings_models

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +18,11 @@ import pytest
 from api.app import create_app
 from api.settings import ApiSettings
 from escrowd.devnet import anvil_key
+from escrowd.verification_load import Feed, LatencyVerifier, VerificationProcess
 from indexer.decode import DecodedLog
 from indexer.store import event_message
 from runtime.consumer import IdempotentConsumer, InboundMessage
-from runtime.db import connect
+from runtime.db import connect, migrate_url
 from runtime.outbox import enqueue
 from runtime.web.auth import Deployment, sign_request
 from schemas import topics
@@ -29,6 +31,7 @@ from schemas.task_terms import result_hash
 from verification.consumer import Topics, VerificationHandler
 from verification.judging_stage import JudgingPool
 from verification.routing import RetryPolicy
+from verification.signing import VerdictSigning
 from verification.verifiers import default_registry
 
 CHAIN_ID = 31337
@@ -303,7 +306,7 @@ def make_handler(**overrides: Any) -> VerificationHandler:
     """The consumer's handler with the test topics and signing key."""
     values: dict[str, Any] = {
         "registry": default_registry(allowed_plugin_packages=["tests.verification.plugins"], allowed_endpoint_hosts=["127.0.0.1"]),
-        "signing_key": lambda: SIGNING_KEY,
+        "signing": VerdictSigning.from_key(SIGNING_KEY),
         "topics": Topics(events=EVENTS, requests=REQUESTS, verdicts=VERDICTS, dead_letters=DLQ),
         "retry_policy": RetryPolicy(base_seconds=0.0, max_seconds=0.0),
     }
@@ -315,3 +318,32 @@ def make_handler(**overrides: Any) -> VerificationHandler:
 def chain(database_url: str) -> IndexedChain:
     """An indexed chain in the test's database."""
     return IndexedChain(database_url)
+
+
+# ---------------------------------------------------------------- the verification process as a child
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: VerificationProcess, timeout: float = 120) -> None:
+    """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached\n{process.output()}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
+    await migrate_url(database_url)
+    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
+    await fed.start(partitions=1)  # one partition: every task's messages queue behind each other
+    yield fed
+    await fed.stop()
+
+
+@pytest.fixture
+async def verifier() -> AsyncIterator[LatencyVerifier]:
+    served = LatencyVerifier()
+    await served.start()
+    yield served
+    await served.stop()

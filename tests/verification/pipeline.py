@@ -33,6 +33,7 @@ from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.registry import VerifierRegistry
 from verification.routing import RetryPolicy
 from verification.service import RetryScheduler
+from verification.signing import VerdictSigning
 from verification.verifiers import default_registry
 
 from .conftest import Api, Who, api_settings, running_api
@@ -243,7 +244,7 @@ async def pipeline(
     await producer.start()
     publisher = OutboxPublisher(database_url, producer, idle_poll_seconds=0.05)
     handler = VerificationHandler(
-        registry=registry, signing_key=lambda: SIGNER_KEY, topics=topics, retry_policy=RetryPolicy(0.3, 1.0),
+        registry=registry, signing=VerdictSigning.from_key(SIGNER_KEY), topics=topics, retry_policy=RetryPolicy(0.3, 1.0),
         trusted_api_signers=trusted_api_signers,
     )
     consumer = IdempotentConsumer(

@@ -22,6 +22,7 @@ from runtime.kafka import cloudevent_headers, encode_headers, make_producer
 from schemas.task_terms import result_hash
 from schemas.verdict import recover_signer
 from verification.consumer import VerificationHandler
+from verification.signing import VerdictSigning
 
 from .pipeline import SIGNER_ADDRESS, SIGNER_KEY, Pipeline, pipeline, wait_for
 
@@ -149,7 +150,7 @@ async def test_redelivered_events_and_a_replaying_group_produce_no_second_verdic
     replay = IdempotentConsumer(
         name=f"{run.consumer.name}-replay", topics=[run.topics.events, run.topics.requests], bootstrap=run.bootstrap,
         database_url=run.database_url, dlq_topic=run.topics.dead_letters, session_timeout_ms=6000,
-        handler=VerificationHandler(registry=run.registry, signing_key=lambda: SIGNER_KEY, topics=run.topics),
+        handler=VerificationHandler(registry=run.registry, signing=VerdictSigning.from_key(SIGNER_KEY), topics=run.topics),
     )  # fmt: skip
     replay_task = asyncio.create_task(replay.run())
     try:

@@ -13,13 +13,12 @@ import contextlib
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable
 
-import pytest
 from aiohttp import ClientSession
 
 from escrowd.verification_load import CHAIN_ID, ESCROW, Feed, LatencyVerifier, VerificationProcess
-from runtime.db import connect, migrate_url
+from runtime.db import connect
 from runtime.retention import Pruner, RetentionConfig
 from verification.judging_stage import JudgingLimits, JudgingPool
 from verification.verifiers import default_registry
@@ -34,38 +33,8 @@ from .conftest import (
     drain,
     finalized_task,
     make_handler,
+    until,
 )
-
-
-async def until(
-    predicate: Callable[[], Awaitable[bool]],
-    what: str,
-    process: VerificationProcess,
-    timeout: float = 120,
-) -> None:
-    """Poll `predicate` (a generous deadline: it only bounds a hung run)."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached\n{process.output()}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
-    await migrate_url(database_url)
-    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
-    await fed.start(partitions=1)  # one partition: every task's messages queue behind each other
-    yield fed
-    await fed.stop()
-
-
-@pytest.fixture
-async def verifier() -> AsyncIterator[LatencyVerifier]:
-    served = LatencyVerifier()
-    await served.start()
-    yield served
-    await served.stop()
 
 
 async def _verdicts(feed: Feed) -> dict[tuple[int, int], bool]:
@@ -389,7 +358,9 @@ async def test_a_judge_that_raises_is_retried_with_a_bound_then_parked_as_failed
 
         async def parked() -> bool:
             assert feed.conn is not None
-            state = await feed.conn.fetchval("SELECT state FROM verification_jobs WHERE task_id = 1")
+            state = await feed.conn.fetchval(
+                "SELECT state FROM verification_jobs WHERE task_id = 1"
+            )
             return bool(state == "failed")
 
         await until(parked, "task 1's job parked as failed", process)

@@ -52,12 +52,13 @@ from chain.fees import GWEI, NODE_MIN_BUMP_BPS, FeePolicy
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
+from chain.signers import KeystoreSigner, Metered, Signer, SignerError, SignerSpec, open_signer
 from chain.txs import complete_verification_data, is_judged_data
 from runtime.aio import wait_event
 from runtime.logging import register_secret
 from runtime.options import ConfigOption
-from runtime.settings import PostgresUrl, ServiceSettings, one_key_source
-from runtime.web.auth import Deployment, sign_request
+from runtime.settings import PostgresUrl, ServiceSettings, one_key_source, secrets_required
+from runtime.web.auth import Deployment, signed_request_headers
 from schemas import jsonbounds
 from verification.agents import briefs
 from verification.agents.grounds import (
@@ -101,6 +102,14 @@ class VerifierAgentSettings(ServiceSettings):
         pattern=r"^0x[0-9a-fA-F]{40}$",
         description="The escrow of the API's deployment its directory and queue requests are signed for",
     )
+    wallet_signer: SignerSpec = Field(
+        default_factory=SignerSpec,
+        description=(
+            "Who holds its wallet key: kind keystore (wallet_key or wallet_key_file), aws-kms (kms_key_id,"
+            " kms_region, kms_endpoint_url) or remote (remote_url, address); a key outside this process"
+            " cannot derive the brief key, so encryption_key is then required"
+        ),
+    )
     wallet_key: SecretStr | None = Field(
         default=None, description="0x key of its wallet: signs requests and completeVerification"
     )
@@ -136,7 +145,16 @@ class VerifierAgentSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _one_wallet_key(self) -> VerifierAgentSettings:
-        one_key_source(("wallet_key", self.wallet_key), ("wallet_key_file", self.wallet_key_file))
+        if self.wallet_signer.kind == "keystore":
+            one_key_source(("wallet_key", self.wallet_key), ("wallet_key_file", self.wallet_key_file))
+            return self
+        kind = self.wallet_signer.kind
+        if self.wallet_key is not None or self.wallet_key_file is not None:
+            raise ValueError(f"wallet_signer is {kind}: a wallet key in this process is not used, remove it")
+        if self.encryption_key is None and secrets_required():
+            # Private briefs are wrapped to a key derived from the wallet key: a KMS or remote
+            # key never leaves its signer, so the brief key must be its own secret.
+            raise ValueError(f"wallet_signer is {kind}: set encryption_key (the brief key cannot be derived)")
         return self
 
     def wallet(self) -> str:
@@ -181,14 +199,29 @@ class PollStats:
 class VerifierAgent:
     """One hosted verifier: its wallet, its encryption key, its model, the API and the chain."""
 
-    def __init__(self, settings: VerifierAgentSettings, model: ModelClient, *, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: VerifierAgentSettings,
+        model: ModelClient,
+        *,
+        signer: Signer | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        """`signer`: its wallet (`open_wallet`); None: the keystore key of `settings`."""
         self.settings = settings
-        wallet = settings.wallet()
-        register_secret(wallet)
-        self._wallet = wallet
-        self.account = SecretKey.from_hex(wallet)
         enc = settings.encryption_key.get_secret_value().strip() if settings.encryption_key else None
-        self._enc_key = bytes.fromhex(enc.removeprefix("0x")) if enc else derived_encryption_key(wallet)
+        # The wallet key is read only when it is in this process's keystore and needed: to sign,
+        # or to derive the brief key from.
+        wallet = settings.wallet() if signer is None or (not enc and settings.wallet_signer.kind == "keystore") else None
+        if wallet is not None:
+            register_secret(wallet)
+        self.signer: Signer = signer or Metered(KeystoreSigner(SecretKey.from_hex(wallet or "")), WALLET_ROLE)
+        if enc:
+            self._enc_key = bytes.fromhex(enc.removeprefix("0x"))
+        elif wallet is not None:
+            self._enc_key = derived_encryption_key(wallet)
+        else:
+            raise ValueError("no encryption_key, and no wallet key in this process to derive it from")
         register_secret(self._enc_key.hex())
         self.model = model
         self.http = http or httpx.AsyncClient(base_url=settings.api_url, timeout=30.0)
@@ -201,8 +234,8 @@ class VerifierAgent:
 
     @property
     def address(self) -> str:
-        """Its wallet address (the verifier named on chain)."""
-        return self.account.address
+        """Its wallet address (the verifier named on chain), derived once when its signer opened."""
+        return self.signer.address
 
     @property
     def encryption_public_key(self) -> str:
@@ -222,7 +255,7 @@ class VerifierAgent:
             self._pool = await create_pool(s.database_url, max_size=4)
         policy = FeePolicy(fee_cap=s.fee_cap_wei, max_priority_fee=s.max_priority_fee_wei, bump_bps=s.fee_bump_bps)
         sender = CallSender(
-            chain_id=s.chain_id, key=self.account, rpc=self.rpc, pool=self._pool,
+            chain_id=s.chain_id, key=self.signer, rpc=self.rpc, pool=self._pool,
             # Nothing to fail closed on: the escrow takes a named verifier's verdict from its
             # wallet, whoever runs it; the gate stays open.
             gate=SendGate(open_=True),
@@ -255,7 +288,7 @@ class VerifierAgent:
 
     # ------------------------------------------------------------------ the API
 
-    def _request(self, method: str, path: str, body: Any = None) -> httpx.Request:
+    async def _request(self, method: str, path: str, body: Any = None) -> httpx.Request:
         raw = b"" if body is None else json.dumps(body).encode()
         # A task route names its deployment; the directory and the queue act on the API's own.
         task_route = _TASK_ROUTE.match(path)
@@ -264,8 +297,8 @@ class VerifierAgent:
             if task_route
             else Deployment(self.settings.chain_id, self.settings.escrow_address)
         )
-        headers = sign_request(
-            self._wallet, method, path, raw, deployment=deployment,
+        headers = await signed_request_headers(
+            self.address, self.signer.sign_typed_data, method, path, raw, deployment=deployment,
             expires_at=int(time.time()) + self.settings.request_ttl_seconds, nonce=secrets.token_urlsafe(16),
         )  # fmt: skip
         if body is not None:
@@ -273,12 +306,12 @@ class VerifierAgent:
         return self.http.build_request(method, path, content=raw or None, headers=headers)
 
     async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        return await self.http.send(self._request(method, path, body))
+        return await self.http.send(await self._request(method, path, body))
 
     async def _read_json(self, path: str, limit: int) -> tuple[int, Any]:
         """A signed GET whose reply is read up to `limit` bytes (ReplyTooLarge past it) and parsed
         with the project's bounded JSON reader; (status, body or None when not JSON)."""
-        response = await self.http.send(self._request("GET", path), stream=True)
+        response = await self.http.send(await self._request("GET", path), stream=True)
         try:
             chunks: list[bytes] = []
             size = 0
@@ -343,8 +376,9 @@ class VerifierAgent:
                 continue
             try:
                 await self._judge(item, stats)
-            except (RpcError, httpx.HTTPError, ReplyTooLarge) as exc:
-                # Our side's fault (node or API unreachable): no try is counted, the next poll asks again.
+            except (RpcError, httpx.HTTPError, ReplyTooLarge, SignerError) as exc:
+                # Our side's fault (node, API or wallet signer unreachable): no try is counted, no
+                # verdict made with another key, the next poll asks again.
                 stats.skipped.append(f"{entry.task_id}: {type(exc).__name__}")
                 log.warning("verifier_item_deferred", task_id=entry.task_id, error_type=type(exc).__name__)
         return stats
@@ -439,13 +473,25 @@ class VerifierAgent:
             await wait_event(stop, self.settings.poll_seconds)
 
 
+WALLET_ROLE = "verifier-agent"
+
+
+async def open_wallet(settings: VerifierAgentSettings) -> Signer:
+    """Its wallet's signer (`wallet_signer`), the address derived once and checked against the
+    configured one; SignerError when it cannot answer or holds another key (fail closed)."""
+    signer = await open_signer(settings.wallet_signer, WALLET_ROLE, lambda: SecretKey.from_hex(settings.wallet()))
+    log.info("verifier_wallet_ready", kind=signer.kind, address=signer.address)
+    return signer
+
+
 async def run_verifier_agent(
     settings: VerifierAgentSettings, model_settings: ModelSettings, stop: asyncio.Event | None = None
 ) -> None:
     """Run until `stop` (the service shell sets it on SIGINT / SIGTERM); the poll in flight ends first."""
     from runtime import health
 
-    agent = VerifierAgent(settings, ModelClient(model_settings))
+    signer = await open_wallet(settings)
+    agent = VerifierAgent(settings, ModelClient(model_settings), signer=signer)
     stop = stop or asyncio.Event()
     SENDER_METRICS.at_start([settings.chain_id], ("call", "filler"))
     if settings.metrics_port is not None:
@@ -456,6 +502,7 @@ async def run_verifier_agent(
         await agent.run(stop, on_poll=lambda ok: health.mark("verifier_agent", ok))
     finally:
         await agent.close()
+        await signer.aclose()
 
 
 AGENT_SECTION = "verifier_agent"
@@ -483,7 +530,8 @@ def verifier_agent(
     configure_logging(json=log_json)
     try:
         settings, model_settings = load_agent_settings(config)
-        settings.wallet()  # a missing or malformed key file stops here, in one line
+        if settings.wallet_signer.kind == "keystore":
+            settings.wallet()  # a missing or malformed key file stops here, in one line
         if model_settings.url is None:
             raise ValueError("the model url is required (verifier_agent.model.url or ESCROWD_MODEL_URL)")
     except Exception as exc:
@@ -504,17 +552,24 @@ class LocalHostedVerifier:
 
     @classmethod
     async def start(
-        cls, *, api_url: str, rpc_url: str, chain_id: int, escrow_address: str, wallet_key: str, database_url: str
+        cls, *, api_url: str, rpc_url: str, chain_id: int, escrow_address: str, wallet_key: str, database_url: str,
+        wallet_signer: SignerSpec | None = None,
     ) -> LocalHostedVerifier:
-        """Start the local model server and the verifier's poll loop."""
+        """Start the local model server and the verifier's poll loop (`wallet_signer`: where the
+        wallet key `wallet_key` is held, None: in process)."""
         from verification.agents.stub_model import StubModel, start_stub
 
-        runner, model_url = await start_stub(StubModel())
+        outside = wallet_signer is not None and wallet_signer.kind != "keystore"
         settings = VerifierAgentSettings(
             api_url=api_url, rpc_url=rpc_url, chain_id=chain_id, escrow_address=escrow_address,
-            wallet_key=SecretStr(wallet_key), poll_seconds=0.5, database_url=database_url,
-        )
-        agent = VerifierAgent(settings, ModelClient(ModelSettings(url=model_url, name="local-deterministic")))
+            wallet_signer=wallet_signer or SignerSpec(), wallet_key=None if outside else SecretStr(wallet_key),
+            # A devnet key outside the process: its brief key is the one it would derive.
+            encryption_key=SecretStr("0x" + derived_encryption_key(wallet_key).hex()) if outside else None,
+            poll_seconds=0.5, database_url=database_url,
+        )  # fmt: skip
+        signer = await open_wallet(settings)
+        runner, model_url = await start_stub(StubModel())
+        agent = VerifierAgent(settings, ModelClient(ModelSettings(url=model_url, name="local-deterministic")), signer=signer)
         stop = asyncio.Event()
         return cls(agent, model_url, stop, asyncio.create_task(agent.run(stop)), runner)
 
@@ -524,4 +579,5 @@ class LocalHostedVerifier:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._task, 30)
         await self.agent.close()
+        await self.agent.signer.aclose()
         await self._runner.cleanup()

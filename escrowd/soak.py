@@ -406,7 +406,22 @@ async def start_deployment(devnet: Any, database_url: str, bootstrap: str, workd
 # ---------------------------------------------------------------------------- shell: traffic
 
 
-def soak_generator(devnet: Any, offchain: Any, seed: int) -> Any:
+class TimedOffChain:
+    """The API client, noting when each task's `finalize` calls were sent."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.finalized: dict[int, list[float]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    async def finalize(self, agent_key: str, task_id: int, result: Any) -> Any:
+        self.finalized.setdefault(task_id, []).append(time.monotonic())
+        return await self.client.finalize(agent_key, task_id, result)
+
+
+def soak_generator(devnet: Any, offchain: TimedOffChain, seed: int) -> Any:
     """The run's traffic generator, timing `finalize` → verdict on chain for the auto paths.
 
     The panel path needs verifier bots, which a deployment does not run: it is left out.
@@ -416,10 +431,9 @@ def soak_generator(devnet: Any, offchain: Any, seed: int) -> Any:
 
     class SoakTraffic(TrafficGenerator):
         def __init__(self) -> None:
-            super().__init__(devnet, offchain=offchain, seed=seed)
-            self.finalized: dict[int, list[float]] = {}
-            self.latencies: list[float] = []
-            self._seen: set[tuple[int, int]] = set()
+            super().__init__(devnet, offchain=offchain, seed=seed)  # type: ignore[arg-type]
+            self.auto_tasks: set[int] = set()
+            self.sightings: dict[tuple[int, int], float] = {}
             self._from_block = devnet.deploy_block
 
         @property
@@ -427,12 +441,21 @@ def soak_generator(devnet: Any, offchain: Any, seed: int) -> Any:
             return tuple(p for p in super().paths if p != "panel_dispute")
 
         async def _deliver(self, plan: Any, result: Any) -> None:
+            if plan.path.startswith("auto_"):  # judged by the service as soon as finalized
+                self.auto_tasks.add(plan.task_id)
             await super()._deliver(plan, result)
-            if plan.path.startswith("auto_"):
-                self.finalized.setdefault(plan.task_id, []).append(time.monotonic())
+
+        def latencies(self) -> list[float]:
+            """Seconds from sending attempt k's `finalize` to first seeing its verdict on chain."""
+            found = []
+            for (task, attempt), seen in self.sightings.items():
+                sent = offchain.finalized.get(task, [])
+                if task in self.auto_tasks and 0 < attempt <= len(sent):
+                    found.append(seen - sent[attempt - 1])
+            return found
 
         async def watch_verdicts(self, stop: asyncio.Event) -> None:
-            """Poll the chain (outside the generator's lock) and time each auto verdict's first sighting."""
+            """Poll the chain's verdicts every 0.5 s, outside the generator's lock on the devnet."""
             while not stop.is_set():
                 with contextlib.suppress(Exception):
                     head = int(await asyncio.to_thread(rpc, devnet.rpc_url, "eth_blockNumber"), 16)
@@ -442,14 +465,9 @@ def soak_generator(devnet: Any, offchain: Any, seed: int) -> Any:
                         now = time.monotonic()
                         for raw in logs:
                             event = devnet._codec.decode_log(raw)
-                            if event is None or event.name != "VerificationCompleted":
-                                continue
-                            key = (int(event.args["taskId"]), int(event.args["attempt"]))
-                            times = self.finalized.get(key[0])
-                            if key in self._seen or not times or key[1] > len(times):
-                                continue
-                            self._seen.add(key)
-                            self.latencies.append(now - times[key[1] - 1])
+                            if event is not None and event.name == "VerificationCompleted":
+                                key = (int(event.args["taskId"]), int(event.args["attempt"]))
+                                self.sightings.setdefault(key, now)
                         self._from_block = head + 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
@@ -533,7 +551,7 @@ async def drive(devnet: Any, api_url: str, options: SoakOptions, samples: Sample
     """Batches of tasks through every path until `stop_when` (monotonic); each batch completes."""
     from escrowd.pipeline_parts import ApiClient
 
-    offchain = ApiClient(api_url, devnet)
+    offchain = TimedOffChain(ApiClient(api_url, devnet))
     generator = soak_generator(devnet, offchain, options.seed)
     watch_stop = asyncio.Event()
     watcher = asyncio.create_task(generator.watch_verdicts(watch_stop))
@@ -550,7 +568,7 @@ async def drive(devnet: Any, api_url: str, options: SoakOptions, samples: Sample
     finally:
         watch_stop.set()
         await watcher
-        samples.latencies = list(generator.latencies)
+        samples.latencies = generator.latencies()
         await offchain.close()
     return planned
 

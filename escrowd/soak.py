@@ -44,9 +44,9 @@ from escrowd.invariants import PlannedTask, Report
 DEFAULT_MAX_SLOPE_MB_PER_HOUR = 60.0
 """A process whose RSS grows faster than this after the warm-up fails the soak.
 
-60 MB/hour is well above what allocator noise and caches filling up give over a 10-minute run
-(a few MB/hour once warm, see docs/performance.md) and well below a leak that retains anything
-per task (a kilobyte per task at ~1 task/s is 3.6 MB/hour per kilobyte)."""
+60 MB/hour is well above what caches and pools still settling give over a 10-minute run
+(4-20 MB/hour, see docs/performance.md); at the soak's ~0.25 tasks/s it is about 65 KB
+retained per task (17 KB at 1 task/s)."""
 
 WARMUP_FRACTION = 0.2
 """The first fifth of the samples (imports, pools, caches filling) is left out of the slope."""

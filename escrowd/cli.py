@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "schemas": ("schemas.cli", "app", "Shared message schemas."),
     "devnet": ("escrowd.devnet_cli", "devnet", "Start anvil with the escrow deployed and keep it running."),
     "run": ("escrowd.run", "run", "Run the whole pipeline on embedded services, with traffic."),
+    "soak": ("escrowd.soak", "soak", "Every service as its own process under steady traffic: memory, lag, latency, invariants."),
     "verifier-agent": ("verification.agents.verifier_agent", "verifier_agent", "The hosted verifier of agent review: queue, model, completeVerification."),
     "panel": ("panels.cli", "app", "Dispute panels, offline: draw a panel, compute a consensus."),
     "verifier-bot": ("panels.bot", "verifier_bot", "The reference panel verifier: registers, polls assignments, attests."),

@@ -34,15 +34,17 @@ class LocalStack:
             self.anvil.stop()
 
 
-def start_stack(*, database_url: str | None = None, kafka_bootstrap: str | None = None) -> LocalStack:
-    """Start (or attach to) PostgreSQL and Kafka, start anvil and deploy the escrow."""
+def start_stack(
+    *, database_url: str | None = None, kafka_bootstrap: str | None = None, block_time: float | None = None
+) -> LocalStack:
+    """Start (or attach to) PostgreSQL and Kafka, start anvil (`block_time`: interval mining) and deploy the escrow."""
     postgres = start_postgres(database_url, prefix="escrowd_run")
     try:
         kafka = start_kafka(kafka_bootstrap)
     except Exception:
         postgres.stop()
         raise
-    anvil = AnvilProcess()
+    anvil = AnvilProcess(block_time=block_time)
     try:
         anvil.start()
         devnet = deploy_devnet(anvil.rpc_url, ws_url=anvil.ws_url)

@@ -53,7 +53,7 @@ mails = st.builds(
     st.integers(1, 2**32), addresses, addresses, st.integers(0, 2**256 - 1), st.binary(min_size=32, max_size=32),
     st.text(max_size=40), st.booleans(),
 )
-BATCH = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+BATCH = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from chain.keys import SecretKey, write_keystore
 from escrowd.devnet import Devnet
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics
+from runtime.services.localkms import LocalKms
 from runtime.services.localsigner import RemoteSignerProcess
 from runtime.services.ports import free_port
 from schemas import panels as msg
@@ -46,18 +47,19 @@ def _env(devnet: Devnet, database_url: str, kafka_bootstrap: str, topic: str, dl
     }
 
 
-@pytest.mark.parametrize("signer", ["keystore", "remote"])
+@pytest.mark.parametrize("signer", ["keystore", "aws-kms", "remote"])
 async def test_relay_rulings_process_with_a_keystore_and_probes(
     devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, signer: str
 ) -> None:
-    """The arbiter key in an encrypted keystore, or held by a remote signer process
-    (`ruling_signer`): no key in the relay's process or environment at all."""
+    """The arbiter key in an encrypted keystore, or held by a KMS key (the local KMS process)
+    or a remote signer process (`ruling_signer`): no key in the relay's process or
+    environment at all."""
     topic, dlq = f"{topic_prefix}rulings", f"{topic_prefix}dlq"
     await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1), TopicSpec(dlq, 1)])
     task_id = await asyncio.to_thread(disputed_task, devnet)
     port = free_port()
     env = {**_env(devnet, database_url, kafka_bootstrap, topic, dlq), "ESCROWD_METRICS_PORT": str(port)}
-    remote: RemoteSignerProcess | None = None
+    remote: RemoteSignerProcess | LocalKms | None = None
     if signer == "keystore":
         keystore, password = tmp_path / "arbiter-keystore.json", tmp_path / "arbiter-keystore-password"
         password.write_text("correct horse battery staple\n")
@@ -65,6 +67,12 @@ async def test_relay_rulings_process_with_a_keystore_and_probes(
                        kdf="pbkdf2", iterations=1_000)
         env["ESCROWD_RULING_ARBITER_KEYSTORE"] = str(keystore)
         env["ESCROWD_RULING_ARBITER_KEYSTORE_PASSWORD_FILE"] = str(password)
+    elif signer == "aws-kms":
+        remote = LocalKms({"arbiter": devnet.arbiter.private_key}).start()
+        env |= {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+        env["ESCROWD_RULING_SIGNER"] = json.dumps(
+            {"kind": "aws-kms", "kms_key_id": "arbiter", "kms_endpoint_url": remote.url,
+             "address": devnet.arbiter.address, "timeout": 5})
     else:
         remote = RemoteSignerProcess(devnet.arbiter.private_key).start()
         env["ESCROWD_RULING_SIGNER"] = json.dumps(

@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 
 from chain.view import ChainEvent, TaskKey
+from runtime.db import columns
 
 TaskRef = tuple[int, str, int]
 """(chain id, lower-case escrow, task id)."""
@@ -126,9 +127,7 @@ async def settlement_events_of(conn: asyncpg.Connection, keys: Sequence[TaskRef]
         "   AND lower(e.escrow_address) = k.escrow"
         " WHERE e.event_name = ANY($4::text[])"
         " ORDER BY e.chain_id, k.escrow, e.task_id, e.block_number, e.log_index",
-        [k[0] for k in unique],
-        [k[1] for k in unique],
-        [k[2] for k in unique],
+        *columns(unique, 3),
         list(SETTLEMENT_EVENTS),
     )
     grouped: dict[TaskRef, list[ChainEvent]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
@@ -234,6 +235,20 @@ async def update_slots(conn: asyncpg.Connection, chain_id: int, sender: str, upd
     )
 
 
+def slot_columns(r: asyncpg.Record) -> dict[str, Any]:
+    """The nonce, kind, state and mined block of a `settlement_transactions` row, as the slot
+    fields of that name (`StoredSlot` here, the relayer's `SlotRow`)."""
+    return {
+        "nonce": r["nonce"],
+        "kind": r["kind"],
+        "state": r["state"],
+        "mined_hash": r["mined_hash"],
+        "block_number": r["block_number"],
+        "block_hash": r["block_hash"],
+        "receipt_status": r["receipt_status"],
+    }
+
+
 async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch_from_block: int) -> list[StoredSlot]:
     """Slots still pending or mined, and confirmed ones still inside the reorg watch window."""
     rows = await conn.fetch(
@@ -247,16 +262,10 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
     )
     slots = {
         r["nonce"]: StoredSlot(
-            nonce=r["nonce"],
-            kind=r["kind"],
-            state=r["state"],
             verdict_id=r["verdict_id"],
             to=r["to_address"],
             data=None if r["calldata"] is None else bytes(r["calldata"]),
-            mined_hash=r["mined_hash"],
-            block_number=r["block_number"],
-            block_hash=r["block_hash"],
-            receipt_status=r["receipt_status"],
+            **slot_columns(r),
         )
         for r in rows
     }

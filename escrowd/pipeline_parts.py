@@ -22,6 +22,9 @@ from escrowd.pipeline_config import Component, PipelineConfig
 from runtime.retention import Pruner, RetentionConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from chain.signers import Signer
     from escrowd.devnet import Devnet
     from escrowd.traffic import OffChain
 
@@ -80,14 +83,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     vconsumer = verification_consumer(verification, handler=vhandler)
     parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
     judging = build_judging_pool(verification, vhandler)
-
-    async def run_judging() -> None:
-        try:
-            await judging.run()
-        finally:
-            await verification_key.aclose()
-
-    parts.append(Component("verification-judging", run_judging, judging.stop))
+    parts.append(Component("verification-judging", _closing(judging.run, verification_key), judging.stop))
     scheduler = RetryScheduler(config.database_url, verification.topics().requests, poll_seconds=1.0)
     parts.append(Component("verification-retries", scheduler.run))
 
@@ -115,14 +111,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     )  # fmt: skip
     relayer_key = await open_signer(relayer_settings.relayer_signer, "relayer", lambda: load_relayer_key(relayer_settings))
     relayer = Relayer(relayer_settings, relayer_key)
-
-    async def run_relayer() -> None:
-        try:
-            await relayer.run()
-        finally:
-            await relayer_key.aclose()
-
-    parts.append(Component("relayer", run_relayer))
+    parts.append(Component("relayer", _closing(relayer.run, relayer_key)))
 
     parts += _panel_components(config, stop)
 
@@ -229,6 +218,18 @@ class ApiClient:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _closing(run: Callable[[], Awaitable[None]], key: Signer) -> Callable[[], Awaitable[None]]:
+    """`run`, then release `key` (the signer the run uses) however the run ends."""
+
+    async def closing() -> None:
+        try:
+            await run()
+        finally:
+            await key.aclose()
+
+    return closing
 
 
 def offchain_client(api_port: int, devnet: Devnet) -> OffChain:

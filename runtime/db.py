@@ -118,6 +118,12 @@ async def migrate_url(url: str) -> list[str]:
         await conn.close()
 
 
+def columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """`rows` as `width` column lists: the arrays of one `unnest($1::t1[], $2::t2[], ...)`, so a
+    batch is one statement whatever its size."""
+    return [[row[i] for row in rows] for i in range(width)]
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """True for errors where the database went away and a retry on a new connection can help."""
     retryable: Sequence[type[BaseException]] = (

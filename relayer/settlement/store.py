@@ -16,8 +16,16 @@ import asyncpg
 
 from chain import indexed
 from chain.txs import SignedTx
-from chain.txstore import NewSlot, TxVersion, insert_slots, set_next_nonce, signed_versions
+from chain.txstore import (
+    NewSlot,
+    TxVersion,
+    insert_slots,
+    set_next_nonce,
+    signed_versions,
+    slot_columns,
+)
 from chain.view import ChainEvent, fold_task
+from runtime.db import columns
 from schemas import jsoncodec
 
 NOTIFY_CHANNEL = "escrowd_settlement"
@@ -427,10 +435,7 @@ async def confirm_verdicts(
         " block_hash = u.bh, confirmed_at = now(), error = NULL, error_args = NULL, updated_at = now()"
         " FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS u(id, h, bn, bh)"
         " WHERE v.id = u.id",
-        [r[0] for r in rows],
-        [r[1] for r in rows],
-        [r[2] for r in rows],
-        [r[3] for r in rows],
+        *columns(rows, 4),
     )
 
 
@@ -481,16 +486,7 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
         watch_from_block,
     )
     slots = {
-        r["nonce"]: SlotRow(
-            nonce=r["nonce"],
-            kind=r["kind"],
-            state=r["state"],
-            verdict=_verdict_row(r, "v_") if r["v_id"] is not None else None,
-            mined_hash=r["mined_hash"],
-            block_number=r["block_number"],
-            block_hash=r["block_hash"],
-            receipt_status=r["receipt_status"],
-        )
+        r["nonce"]: SlotRow(verdict=_verdict_row(r, "v_") if r["v_id"] is not None else None, **slot_columns(r))
         for r in rows
     }
     if not slots:

@@ -81,13 +81,21 @@ async def test_fee_spike_holds_sends_and_resumes(
 
             await wait_until(confirmed, timeout=60, what="every verdict confirmed")
             metrics = (await client.get(f"{url}/metrics")).text
-            relayer = (await client.get(f"{url}/health/bridge")).json()["chains"][0]["relayer"]
+            gas_limit = settings_from_env(env).relayer_gas_limit
+            runway: dict[str, int] = {}
+
+            async def runway_follows_the_fees() -> bool:
+                # The runway: what the balance pays for at the node's gas price and the full gas
+                # limit. The report is the health monitor's last check: one made during the spike
+                # priced 10x higher, so wait for a check made after the fall.
+                relayer = (await client.get(f"{url}/health/bridge")).json()["chains"][0]["relayer"]
+                gas_price = int(await on_chain(devnet.rpc, "eth_gasPrice"), 16)
+                runway["expected"] = int(relayer["balanceWei"]) // (gas_price * gas_limit)
+                runway["reported"] = relayer["runwayVerdicts"] or 0
+                return runway["expected"] // 2 <= runway["reported"] <= runway["expected"] * 2
+
+            await wait_until(runway_follows_the_fees, timeout=30, what="the runway at the current fees")
         assert 'escrowd_relayer_fee_cap_held{chain_id="31337"} 0.0' in metrics
-        # The runway: what the balance pays for at the node's gas price and the full gas limit.
-        balance = int(relayer["balanceWei"])
-        gas_price = int(devnet.rpc("eth_gasPrice"), 16)
-        expected = balance // (gas_price * settings_from_env(env).relayer_gas_limit)
-        assert expected // 2 <= relayer["runwayVerdicts"] <= expected * 2
         assert "escrowd_relayer_runway_verdicts{" in metrics
         events = await on_chain(verdict_events, devnet)
         assert {k: v for k, v in events.items() if k[0] in {i.task_id for i in items}} == {(i.task_id, 1): 1 for i in items}

@@ -40,6 +40,7 @@ from typing import Any
 import typer
 
 from escrowd.invariants import PlannedTask, Report
+from runtime.aio import wait_event
 
 DEFAULT_MAX_SLOPE_MB_PER_HOUR = 60.0
 """A process whose RSS grows faster than this after the warm-up fails the soak.
@@ -469,8 +470,7 @@ def soak_generator(devnet: Any, offchain: TimedOffChain, seed: int) -> Any:
                                 key = (int(event.args["taskId"]), int(event.args["attempt"]))
                                 self.sightings.setdefault(key, now)
                         self._from_block = head + 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
+                await wait_event(stop, 0.5)
 
     return SoakTraffic()
 
@@ -543,8 +543,7 @@ async def sample_loop(
                 names, stored = await read_offsets(database_url) if database_url else ([], [])
                 groups = (set(KNOWN_GROUPS) | set(names)) - {row[0] for row in stored}
                 samples.lag.append(await asyncio.wait_for(read_lag(bootstrap, sorted(groups), stored), 30))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), options.sample_seconds)
+        await wait_event(stop, options.sample_seconds)
 
 
 async def drive(devnet: Any, api_url: str, options: SoakOptions, samples: Samples, stop_when: float) -> list[PlannedTask]:

@@ -52,6 +52,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from chain.signers import SignerError
+from runtime.aio import wait_event
 from runtime.consumer import MAX_PREPARES, PrepareFirst
 from runtime.db import connect, create_pool, is_connection_error
 from runtime.errors import safe_message
@@ -182,8 +183,7 @@ class JudgingPool:
                     QUEUE_DEPTH.set(await store.open_jobs(claims))
                     FAILED.set(await store.failed_jobs(claims))
                     counted = loop.time()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(self._limits.poll_seconds, renew_every))
+                await wait_event(self._wake, min(self._limits.poll_seconds, renew_every))
         finally:
             with contextlib.suppress(Exception):
                 await claims.close(timeout=2)
@@ -295,8 +295,7 @@ class JudgingPool:
                 log.warning("verification_signer_unavailable", error=safe_message(exc)[:300], retry_in=delay)
                 if self._stopping.is_set():
                     raise
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
+                await wait_event(self._stopping, delay)
                 delay = min(delay * 2, 30.0)
 
     async def _commit(

@@ -243,7 +243,10 @@ async def test_a_slow_model_answer_holds_up_no_other_tasks_verdict(run: Pipeline
                 found = (await run.api.call("GET", f"/v1/executors?role=verifier&chain={d.chain_id}")).json()["executors"]
                 return next((e["encryptionPublicKey"] for e in found if e["address"] == verifier.address), None)
 
-            await wait_for(verifier_key, 60, "the verifier agent registered")
+            async def verifier_listed() -> bool:
+                return await verifier_key() is not None
+
+            await wait_for(verifier_listed, 60, "the verifier agent registered")
             key = await verifier_key()
             assert key is not None
 

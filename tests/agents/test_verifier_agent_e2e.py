@@ -1,6 +1,7 @@
 """`escrowd verifier-agent` as a real process on the real stack (anvil, indexer, PostgreSQL, Kafka,
 verification consumer, the API over HTTP) against the local model endpoint: a private task end to end,
-model faults that never become verdicts, and the 5-try limit."""
+model faults that never become verdicts, the 5-try limit, and a slow model answer that holds up
+no other task's verdict."""
 
 from __future__ import annotations
 
@@ -61,8 +62,10 @@ async def http_api(run: Pipeline) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def verifier_process(
-    api_url: str, devnet: Devnet, verifier: Actor, model_url: str, log: Path, database_url: str
+    api_url: str, devnet: Devnet, verifier: Actor, model_url: str, log: Path, database_url: str,
+    **overrides: str,
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """`escrowd verifier-agent` as a process; `overrides`: environment variables set on top."""
     env = {
         **os.environ,
         "ESCROWD_VERIFIER_DATABASE_URL": database_url,
@@ -76,6 +79,7 @@ async def verifier_process(
         "ESCROWD_MODEL_NAME": "stub-judge",
         "ESCROWD_MODEL_TIMEOUT_SECONDS": "1",
         "ESCROWD_MODEL_ATTEMPTS": "1",
+        **overrides,
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -217,3 +221,69 @@ async def test_private_task_judged_by_the_verifier_agent_process(run: Pipeline, 
     assert result_hash(GOOD) == evidence
 
 
+
+
+async def test_a_slow_model_answer_holds_up_no_other_tasks_verdict(run: Pipeline, tmp_path: Path) -> None:
+    d = run.devnet
+    poster, verifier = d.posters[0], d.verifier_agents[0]
+    slow_agent, fast_agent = d.agents[0], d.agents[1]
+    stub = StubModel()
+    runner, model_url = await start_stub(stub)
+    count_before = int(await run.chain(d.rpc, "eth_getTransactionCount", verifier.address, "latest"), 16)
+    try:
+        async with http_api(run) as api_url, verifier_process(
+            api_url, d, verifier, model_url, tmp_path / "verifier.log", run.database_url,
+            ESCROWD_MODEL_TIMEOUT_SECONDS="280", ESCROWD_VERIFIER_JUDGE_CONCURRENCY="4",
+        ) as proc:  # fmt: skip
+            for worker in (slow_agent, fast_agent):
+                registered = await run.api.call("PUT", "/v1/executors/me", entry(run.who(worker), roles=("worker",)), as_=run.who(worker))
+                assert registered.status_code == 201, registered.text
+
+            async def verifier_key() -> str | None:
+                found = (await run.api.call("GET", f"/v1/executors?role=verifier&chain={d.chain_id}")).json()["executors"]
+                return next((e["encryptionPublicKey"] for e in found if e["address"] == verifier.address), None)
+
+            async def verifier_listed() -> bool:
+                return await verifier_key() is not None
+
+            await wait_for(verifier_listed, 60, "the verifier agent registered")
+            key = await verifier_key()
+            assert key is not None
+
+            # The first task's model call is answered only when the test says so.
+            stub.script("held")
+            slow, _ = await post_private(run, poster, slow_agent, verifier, key, "slow")
+            await deliver(run, slow, slow_agent, GOOD)
+            await wait_for(lambda: asyncio.sleep(0, result=stub.holding == 1), 120, "the slow task's model call open")
+
+            # A task delivered while that call is open is judged, confirmed and reported meanwhile.
+            fast, _ = await post_private(run, poster, fast_agent, verifier, key, "fast")
+            await deliver(run, fast, fast_agent, "Paris.")
+            fast_row = await run.wait_result(fast, 1, timeout=120, reported=True)
+            assert fast_row["passed"] is True
+            assert stub.holding == 1  # the slow judgement is still waiting on its model
+            assert await run.conn.fetchval(
+                "SELECT count(*) FROM escrow_events WHERE task_id = $1 AND event_name = 'VerificationCompleted'", slow
+            ) == 0
+
+            stub.release.set()
+            slow_row = await run.wait_result(slow, 1, timeout=120, reported=True)
+            assert slow_row["passed"] is True
+            assert proc.poll() is None
+    finally:
+        stub.release.set()
+        await runner.cleanup()
+    # Each verdict landed once, the fast one first, from the verifier's wallet at consecutive nonces.
+    events = await run.conn.fetch(
+        "SELECT task_id, block_number, args FROM escrow_events WHERE event_name = 'VerificationCompleted'"
+        " AND task_id = ANY($1::bigint[]) ORDER BY block_number, log_index", [slow, fast])
+    assert [int(e["task_id"]) for e in events] == [fast, slow]
+    assert all(str(e["args"]["verifier"]).lower() == verifier.address.lower() for e in events)
+    sent = await run.conn.fetch(
+        "SELECT nonce, kind, state FROM settlement_transactions WHERE sender = $1 AND nonce >= $2 ORDER BY nonce",
+        verifier.address.lower(), count_before)
+    assert [(s["nonce"], s["kind"], s["state"]) for s in sent] == [
+        (count_before, "call", "confirmed"), (count_before + 1, "call", "confirmed")]
+    count_after = int(await run.chain(d.rpc, "eth_getTransactionCount", verifier.address, "latest"), 16)
+    assert count_after == count_before + 2  # one transaction per verdict, nothing else
+    assert len(stub.requests) == 2  # each task asked about once

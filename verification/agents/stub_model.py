@@ -41,6 +41,7 @@ Behaviour = Literal[
     "error_500",  # HTTP 500
     "error_429",  # HTTP 429
     "slow",  # answers after `slow_seconds`
+    "held",  # answers (by the rule) once the test sets `release`
     "obey",  # answers with the result itself (a model that fell for an injection in it)
 ]
 
@@ -79,6 +80,9 @@ class StubModel:
     queue: deque[Behaviour] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: int = 0
+    """Requests answered "held" still waiting for `release`."""
 
     def script(self, *behaviours: Behaviour) -> None:
         """Answer the next requests with these behaviours, in order."""
@@ -120,6 +124,12 @@ class StubModel:
             return web.json_response({"error": {"message": "slow down"}}, status=429)
         if behaviour == "slow":
             await asyncio.sleep(self.slow_seconds)
+        if behaviour == "held":
+            self.holding += 1
+            try:
+                await self.release.wait()
+            finally:
+                self.holding -= 1
         if behaviour == "huge":
             return web.Response(body=b"{" + b" " * (4 * 1024 * 1024) + b"}", content_type="application/json")
         user = next((m.get("content", "") for m in reversed(body.get("messages", [])) if m.get("role") == "user"), "")

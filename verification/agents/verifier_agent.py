@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import secrets
@@ -138,6 +139,10 @@ class VerifierAgentSettings(ServiceSettings):
     replace_after_seconds: float = Field(
         default=30.0, gt=0, le=86_400, description="An unmined transaction broadcast this long ago is replaced"
     )
+    judge_concurrency: int = Field(
+        default=4, ge=1, le=QUEUE_PAGE,
+        description="Items judged at once (model calls in flight): a slow answer holds up no other item",
+    )  # fmt: skip
     request_ttl_seconds: int = Field(default=120, ge=10, le=900, description="Lifetime of its API signatures")
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz; none to disable"
@@ -229,6 +234,12 @@ class VerifierAgent:
         self.sender: CallSender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._pool: Any = None
+        # Judgements in flight, by (escrow, task, attempt): a later poll starts no second one.
+        self._in_flight: dict[tuple[str, int, int], asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(settings.judge_concurrency)
+        # One send at a time: this attempt's is-it-sent check and the nonce it takes are one
+        # step, and concurrent verdicts take consecutive nonces instead of re-signing on a race.
+        self._send_lock = asyncio.Lock()
         self.registered = False
         self.chain_checked = False
 
@@ -349,7 +360,18 @@ class VerifierAgent:
     # ------------------------------------------------------------------ one poll
 
     async def poll_once(self) -> PollStats:
-        """Register if needed, read the queue, judge each item."""
+        """Register if needed, read the queue, judge its new items (up to `judge_concurrency` at
+        a time) and wait for the judgements this poll started."""
+        stats, started = await self._start_poll()
+        outcomes = await asyncio.gather(*started, return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise failures[0]  # every other item has had its turn; the next poll asks again
+        return stats
+
+    async def _start_poll(self) -> tuple[PollStats, list[asyncio.Task[None]]]:
+        """Read the queue and start a judgement for each item not in flight already; the
+        started tasks (each judging under a concurrency slot)."""
         if not self.chain_checked:
             # Every check below reads this node: it must be the chain the verifier settles on.
             if await self.rpc.chain_id() != self.settings.chain_id:
@@ -361,6 +383,7 @@ class VerifierAgent:
         if status != 200 or not isinstance(queue, dict) or not isinstance(queue.get("items"), list):
             raise RuntimeError(f"the queue read answered HTTP {status}")
         stats = PollStats()
+        started: list[asyncio.Task[None]] = []
         for item in queue["items"][:QUEUE_PAGE]:
             stats.seen += 1
             try:
@@ -374,14 +397,27 @@ class VerifierAgent:
             if entry.failures >= MAX_FAILED_TRIES:
                 stats.skipped.append(f"{entry.task_id}: gave up")
                 continue
+            key = (entry.escrow.lower(), entry.task_id, entry.attempt)
+            if key in self._in_flight or len(self._in_flight) >= QUEUE_PAGE:
+                continue  # judged by an earlier poll's task, or a page's worth waits already
+            task = asyncio.create_task(self._judge_item(item, entry.task_id, stats))
+            self._in_flight[key] = task
+            task.add_done_callback(functools.partial(self._landed, key))
+            started.append(task)
+        return stats, started
+
+    def _landed(self, key: tuple[str, int, int], _task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(key, None)
+
+    async def _judge_item(self, item: dict[str, Any], task_id: int, stats: PollStats) -> None:
+        async with self._slots:
             try:
                 await self._judge(item, stats)
             except (RpcError, httpx.HTTPError, ReplyTooLarge, SignerError) as exc:
                 # Our side's fault (node, API or wallet signer unreachable): no try is counted, no
                 # verdict made with another key, the next poll asks again.
-                stats.skipped.append(f"{entry.task_id}: {type(exc).__name__}")
-                log.warning("verifier_item_deferred", task_id=entry.task_id, error_type=type(exc).__name__)
-        return stats
+                stats.skipped.append(f"{task_id}: {type(exc).__name__}")
+                log.warning("verifier_item_deferred", task_id=task_id, error_type=type(exc).__name__)
 
     async def _grounds(self, item: dict[str, Any]) -> tuple[Grounds, str]:
         """The item checked against the chain, and its brief checked against the terms (Refusal otherwise)."""
@@ -440,12 +476,13 @@ class VerifierAgent:
         sender = await self.start_sender()
         escrow = item["escrow"].lower()
         task_id, attempt = int(item["taskId"]), int(item["attempt"])
-        judged = await self.rpc.eth_call(escrow, is_judged_data(task_id, attempt))
         data = complete_verification_data(task_id, attempt, item["evidenceHash"], passed, score)
-        held = sender.held_call(escrow, data[:68])  # selector, task id, attempt: this attempt's call
-        if held is None and int.from_bytes(judged[-32:] or b"\x00", "big"):
-            return None  # judged already (a crash after sending: only the report is left)
-        nonce = held if held is not None else await sender.send(escrow, data, self.settings.gas_limit)
+        async with self._send_lock:  # the confirmation is waited for outside it
+            judged = await self.rpc.eth_call(escrow, is_judged_data(task_id, attempt))
+            held = sender.held_call(escrow, data[:68])  # selector, task id, attempt: this attempt's call
+            if held is None and int.from_bytes(judged[-32:] or b"\x00", "big"):
+                return None  # judged already (a crash after sending: only the report is left)
+            nonce = held if held is not None else await sender.send(escrow, data, self.settings.gas_limit)
         try:
             return await asyncio.wait_for(sender.confirmed(nonce), self.settings.receipt_timeout_seconds)
         except CallFailed as exc:
@@ -456,21 +493,36 @@ class VerifierAgent:
     async def run(self, stop: asyncio.Event, on_poll: Callable[[bool], None] | None = None) -> None:
         """Poll until `stop` is set; a failing poll is logged and retried on the next.
 
+        A poll does not wait for the judgements it starts: while one waits on a slow model,
+        the next polls start the items listed since (up to `judge_concurrency` judged at once).
         The wallet's sender starts first (it reconciles the nonce and sets its gauges);
-        `on_poll(ok)` hears each poll's outcome (the process's readiness)."""
-        while not stop.is_set():
-            ok = False
-            try:
-                await self.start_sender()
-                stats = await self.poll_once()
-                ok = True
-                if stats.seen:
-                    log.info("verifier_poll", seen=stats.seen, judged=stats.judged, model_errors=stats.model_errors, refused=stats.refused)
-            except Exception as exc:
-                log.warning("verifier_poll_failed", error_type=type(exc).__name__)
-            if on_poll is not None:
-                on_poll(ok)
-            await wait_event(stop, self.settings.poll_seconds)
+        `on_poll(ok)` hears each poll's outcome (the process's readiness). On `stop`, the
+        judgements in flight end first."""
+        try:
+            while not stop.is_set():
+                ok = False
+                try:
+                    await self.start_sender()
+                    stats, started = await self._start_poll()
+                    for task in started:
+                        task.add_done_callback(_log_item_failure)
+                    ok = True
+                    if started:
+                        log.info("verifier_poll", seen=stats.seen, started=len(started), in_flight=len(self._in_flight))
+                except Exception as exc:
+                    log.warning("verifier_poll_failed", error_type=type(exc).__name__)
+                if on_poll is not None:
+                    on_poll(ok)
+                await wait_event(stop, self.settings.poll_seconds)
+        finally:
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+
+def _log_item_failure(task: asyncio.Task[None]) -> None:
+    """An item's judgement that stopped on an unexpected error: logged, asked again next poll."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("verifier_item_failed", error_type=type(task.exception()).__name__)
 
 
 WALLET_ROLE = "verifier-agent"

@@ -107,6 +107,13 @@ async def test_rpc_errors_timeouts_refusals_and_slowness_leave_no_gap(
                 assert await asyncio.to_thread(proxy.drop_websockets) >= 0
                 await asyncio.to_thread(generate_task_events, devnet, 30, per_block=10)
             await _assert_complete(database_url, kafka_bootstrap, topic, devnet)
+            # A dropped subscription is opened again after the indexer's 1 s pause; polling may
+            # complete the events above before that (on a quiet machine it does), so wait for
+            # the reconnect rather than race it (the deadline only bounds a hung run).
+            for _ in range(600):
+                if proxy.stats.ws_dropped >= 1 and proxy.stats.ws_connections >= 2:
+                    break
+                await asyncio.sleep(0.1)
             running.check()
         injected = proxy.stats.injected
         for kind in ("http503", "http429", "rpc_internal", "garbage", "timeout", "slow"):

@@ -29,28 +29,10 @@ from typing import Any
 
 from bench.services import on_services
 from escrowd.devnet import anvil_key
-from indexer.decode import DecodedLog
-from indexer.store import event_message
+from escrowd.harness import task_created_record
 from runtime.db import connect, migrate_url
-from runtime.kafka import TopicSpec, encode_headers, ensure_topics, make_producer
+from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import configure_logging
-from schemas.events import event_id
-
-ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
-
-
-def _event(topic: str, task: int) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
-    block_hash = "0x" + f"{task:064x}"
-    event = DecodedLog(
-        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=ESCROW, block_number=task,
-        block_hash=block_hash, block_timestamp=int(time.time()), tx_hash=block_hash, tx_index=0, log_index=0,
-        event="TaskCreated", task_id=task, args={
-            "taskId": task, "poster": ESCROW, "verifier": "0x" + "0" * 40, "token": "0x" + "0" * 40,
-            "reward": 10**7, "deadline": int(time.time()) + 86_400, "taskHash": "0x" + "11" * 32, "status": 0,
-        },
-    )  # fmt: skip
-    message = event_message(event, topic)
-    return message.message_id, message.key or b"", message.payload, encode_headers(message.headers)
 
 
 async def _round(service: str, how: signal.Signals, database_url: str, bootstrap: str, task: int) -> dict[str, float]:
@@ -73,7 +55,7 @@ async def _round(service: str, how: signal.Signals, database_url: str, bootstrap
     log_dir = Path(tempfile.mkdtemp())
 
     async def send(n: int) -> str:
-        message_id, key, payload, headers = _event(events, n)
+        message_id, key, payload, headers = task_created_record(events, n)
         await producer.send_and_wait(events, payload, key=key, headers=headers)
         return message_id
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +25,15 @@ import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from escrowd.devnet import Devnet
+from indexer.decode import DecodedLog
+from indexer.store import event_message
+from runtime.kafka import encode_headers
 from schemas import jsoncodec
 from schemas.cloudevents import decode_headers
+from schemas.events import event_id
 
 __all__ = [
+    "HARNESS_ESCROW",
     "IndexerProcess",
     "TopicRecord",
     "chain_config",
@@ -36,6 +42,7 @@ __all__ = [
     "read_topic",
     "rpc",
     "rpc_batch",
+    "task_created_record",
     "write_config",
 ]
 
@@ -126,6 +133,28 @@ def generate_task_events(
 
 
 # ---------------------------------------------------------------------------- Kafka
+
+
+HARNESS_ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+"""The escrow address of the synthetic records (the first contract anvil's first account deploys)."""
+
+
+def task_created_record(topic: str, task: int) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
+    """A `TaskCreated` event record for `topic` as the indexer would produce it: (message id, key, payload, headers).
+
+    For driving a consumer without a chain (the drain test, the restart benchmark): block
+    `task`, block hash derived from `task`, so each task's record is distinct and stable."""
+    block_hash = "0x" + f"{task:064x}"
+    event = DecodedLog(
+        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=HARNESS_ESCROW, block_number=task,
+        block_hash=block_hash, block_timestamp=int(time.time()), tx_hash=block_hash, tx_index=0, log_index=0,
+        event="TaskCreated", task_id=task, args={
+            "taskId": task, "poster": HARNESS_ESCROW, "verifier": "0x" + "0" * 40, "token": "0x" + "0" * 40,
+            "reward": 10**7, "deadline": int(time.time()) + 86_400, "taskHash": "0x" + "11" * 32, "status": 0,
+        },
+    )  # fmt: skip
+    message = event_message(event, topic)
+    return message.message_id, message.key or b"", message.payload, encode_headers(message.headers)
 
 
 @dataclass(frozen=True)

@@ -13,37 +13,19 @@ import asyncio
 import re
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
 from escrowd.devnet import anvil_key
-from indexer.decode import DecodedLog
-from indexer.store import event_message
+from escrowd.harness import task_created_record
 from runtime.db import connect
-from runtime.kafka import TopicSpec, encode_headers, ensure_topics
-from schemas.events import event_id
+from runtime.kafka import TopicSpec, ensure_topics
 from tests.support.indexer_harness import wait_for
 from tests.support.processes import consumer_process
 
-ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 MESSAGES = 1200
-
-
-def _task_created(topic: str, task: int) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
-    block_hash = "0x" + f"{task:064x}"
-    event = DecodedLog(
-        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=ESCROW, block_number=task,
-        block_hash=block_hash, block_timestamp=int(time.time()), tx_hash=block_hash, tx_index=0, log_index=0,
-        event="TaskCreated", task_id=task, args={
-            "taskId": task, "poster": ESCROW, "verifier": "0x" + "0" * 40, "token": "0x" + "0" * 40,
-            "reward": 10**7, "deadline": int(time.time()) + 86_400, "taskHash": "0x" + "11" * 32, "status": 0,
-        },
-    )  # fmt: skip
-    message = event_message(event, topic)
-    return message.message_id, message.key or b"", message.payload, encode_headers(message.headers)
 
 
 @pytest.mark.parametrize("service", ["verification", "lifecycle", "reputation", "panels"])
@@ -83,7 +65,7 @@ async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_lett
         ids = []
         sends = []
         for task in range(1, MESSAGES + 1):
-            message_id, key, payload, headers = _task_created(names["events_topic"], task)
+            message_id, key, payload, headers = task_created_record(names["events_topic"], task)
             ids.append(message_id)
             sends.append(await producer.send(names["events_topic"], payload, key=key, partition=task % 4, headers=headers))
         await asyncio.gather(*sends)

@@ -5,6 +5,14 @@ once, leaving its in-flight mark; the next run took the mark for a message that 
 the process and dead-lettered an innocent event. Now SIGTERM finishes (or hands back) the
 batch, clears the mark, commits, leaves the group and logs one stop line; the restart
 handles every message exactly once and dead-letters none.
+
+"In the middle of a batch" is made, not raced: the test holds uncommitted inbox rows for the
+first message of each of the four partitions, so whichever batch the consumer takes first,
+its inbox insert waits on one of those rows' locks with the batch's transaction open and its
+in-flight mark set. SIGTERM goes in then, and the rows are rolled back: the drain has to
+finish the batch it is in (at most 500 of the 1,200 messages) and stop. (Polling for the
+window lost the race on a loaded machine: the consumer handled all 1,200 messages between
+two polls.)
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from tests.support.indexer_harness import wait_for
 from tests.support.processes import consumer_process
 
 MESSAGES = 1200
+BLOCKED_TASKS = (1, 2, 3, 4)  # the first message of partitions 1, 2, 3 and 0
 
 
 @pytest.mark.parametrize("service", ["verification", "lifecycle", "reputation", "panels"])
@@ -68,26 +77,43 @@ async def test_sigterm_in_the_middle_of_a_batch_drains_and_the_restart_dead_lett
             message_id, key, payload, headers = task_created_record(names["events_topic"], task)
             ids.append(message_id)
             sends.append(await producer.send(names["events_topic"], payload, key=key, partition=task % 4, headers=headers))
-        await asyncio.gather(*sends)
+        sent = await asyncio.gather(*sends)
 
         async def handled() -> int:
             return int(await conn.fetchval("SELECT count(*) FROM consumer_inbox WHERE consumer = $1", group))
 
         async def in_a_batch() -> bool:
-            # The newest mark of the running process names a message: a handler is running.
-            row = await conn.fetchrow(
-                'SELECT "offset" FROM consumer_in_flight WHERE consumer = $1 ORDER BY seq DESC LIMIT 1', group
+            # The consumer's inbox insert waits on one of the held rows: its batch is open.
+            # (Its in-flight mark may be uncommitted in that same transaction, so not looked for.)
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND query LIKE 'INSERT INTO consumer_inbox%'"
             )
-            return row is not None and row["offset"] is not None and 0 < await handled() < MESSAGES
+            return bool(waiting)
 
-        with consumer_process(argv, env, log) as process:
-            await wait_for(in_a_batch, timeout=180, interval=0.005, what="the consumer in the middle of a batch")
-            process.process.send_signal(signal.SIGTERM)
-            code = await asyncio.to_thread(process.process.wait, 120)
-            output = log.read_text()
-            assert code == 0, output[-3000:]
-            assert '"consumer_stopped"' in output and '"service_stopped"' in output, output[-3000:]
-            assert "Traceback" not in output
+        holder = await connect(database_url)
+        hold = holder.transaction()
+        await hold.start()
+        held = True
+        await holder.executemany(
+            'INSERT INTO consumer_inbox (consumer, message_id, topic, partition, "offset") VALUES ($1, $2, $3, $4, $5)',
+            [(group, ids[task - 1], names["events_topic"], task % 4, sent[task - 1].offset) for task in BLOCKED_TASKS],
+        )
+        try:
+            with consumer_process(argv, env, log) as process:
+                await wait_for(in_a_batch, timeout=180, interval=0.05, what="the consumer waiting inside a batch")
+                process.process.send_signal(signal.SIGTERM)
+                await hold.rollback()
+                held = False
+                code = await asyncio.to_thread(process.process.wait, 120)
+                output = log.read_text()
+                assert code == 0, output[-3000:]
+                assert '"consumer_stopped"' in output and '"service_stopped"' in output, output[-3000:]
+                assert "Traceback" not in output
+        finally:
+            if held:
+                await hold.rollback()
+            await holder.close()
         first_run = await handled()
         assert 0 < first_run < MESSAGES  # stopped in the middle of the work
         left = await conn.fetchval(

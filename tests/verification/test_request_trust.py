@@ -26,7 +26,7 @@ from escrowd.devnet import Devnet
 from runtime.db import connect
 from runtime.kafka import encode_headers, make_producer
 from schemas import jsoncodec
-from schemas.request_auth import Deployment, requester_proof, sign_request
+from schemas.request_auth import Deployment, UnsignedRequest, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
 from tests.support.indexer_harness import escrowd_command
 from verification.consumer import request_message
@@ -76,8 +76,8 @@ def signed_proof(who: Who, run: Pipeline, task: int, body: dict[str, Any], deplo
     path = f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/review"
     raw = json.dumps(body).encode()
     headers = sign_request(
-        who.key, "POST", path, raw, deployment=deployment or Deployment(d.chain_id, d.escrow_address),
-        expires_at=int(time.time()) + 300,
+        who.key, UnsignedRequest("POST", path, raw, deployment=deployment or Deployment(d.chain_id, d.escrow_address),
+        expires_at=int(time.time()) + 300)
     )  # fmt: skip
     return requester_proof("POST", path, raw, headers["X-Escrowd-Signer"], headers["X-Escrowd-Nonce"],
                            int(headers["X-Escrowd-Expires-At"]), headers["X-Escrowd-Signature"])  # fmt: skip
@@ -261,8 +261,8 @@ async def test_a_consumer_process_dead_letters_forged_requests_across_a_kill(
                 requested_at=int(time.time()), passed=True,
             )  # fmt: skip
             raw = json.dumps(approve).encode()
-            stolen = sign_request(stranger.key, "POST", path, raw, deployment=Deployment(CHAIN_ID, ESCROW),
-                                  expires_at=int(time.time()) + 300)  # fmt: skip
+            stolen = sign_request(stranger.key, UnsignedRequest("POST", path, raw, deployment=Deployment(CHAIN_ID, ESCROW),
+                                  expires_at=int(time.time()) + 300))  # fmt: skip
             impostor = requester_proof("POST", path, raw, poster.address, stolen["X-Escrowd-Nonce"],
                                        int(stolen["X-Escrowd-Expires-At"]), stolen["X-Escrowd-Signature"])  # fmt: skip
             forged = [base, base.model_copy(update={"requester": impostor}),

@@ -25,6 +25,7 @@ task's own partition, under the task's lock.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -382,8 +383,8 @@ def verifier_task(state: TaskState, effect: Judge, ref: VerifierRef, digest: str
 def _documents(verdict: Verdict, proof: Proof) -> list[Document]:
     """The verdict's and the proof's EIP-712 messages, in that order."""
     return [
-        Document(verdict_typed_data(verdict), verdict_digest(verdict)),
-        Document(typed_data(proof), proof_digest(proof)),
+        Document(verdict_digest(verdict), functools.partial(verdict_typed_data, verdict)),
+        Document(proof_digest(proof), functools.partial(typed_data, proof)),
     ]
 
 

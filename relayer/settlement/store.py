@@ -18,7 +18,7 @@ from chain import indexed
 from chain.txs import SignedTx
 from chain.txstore import (
     NewSlot,
-    TxVersion,
+    StoredSlot,
     insert_slots,
     set_next_nonce,
     signed_versions,
@@ -54,19 +54,11 @@ class VerdictRow(VerdictCall):
 
 
 @dataclass
-class SlotRow:
-    """One nonce we hold, with its versions, as stored."""
+class SlotRow(StoredSlot):
+    """One nonce we hold, as stored, with the verdicts it carries."""
 
-    nonce: int
-    kind: str
-    state: str
-    verdict: VerdictRow | None
-    versions: list[TxVersion] = field(default_factory=list)
+    verdict: VerdictRow | None = None
     items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in order
-    mined_hash: str | None = None
-    block_number: int | None = None
-    block_hash: str | None = None
-    receipt_status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -473,8 +465,8 @@ async def remove_batch_item(conn: asyncpg.Connection, chain_id: int, sender: str
 async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch_from_block: int) -> list[SlotRow]:
     """Slots still pending or mined, and confirmed ones still inside the reorg watch window."""
     rows = await conn.fetch(
-        "SELECT t.nonce, t.kind, t.state, t.mined_hash, t.block_number, t.block_hash, t.receipt_status,"
-        " v.id AS v_id, v.chain_id AS v_chain_id, v.escrow AS v_escrow, v.task_id AS v_task_id,"
+        "SELECT t.nonce, t.kind, t.state, t.verdict_id, t.to_address, t.calldata, t.mined_hash, t.block_number,"
+        " t.block_hash, t.receipt_status, v.id AS v_id, v.chain_id AS v_chain_id, v.escrow AS v_escrow, v.task_id AS v_task_id,"
         " v.attempt AS v_attempt, v.evidence_hash AS v_evidence_hash, v.passed AS v_passed,"
         " v.score AS v_score, v.received_at AS v_received_at"
         " FROM settlement_transactions t LEFT JOIN settlement_verdicts v ON v.id = t.verdict_id"

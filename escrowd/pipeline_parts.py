@@ -80,7 +80,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     verification_key = await open_verification_signer(verification)
     signer = verification_key.address
     vhandler = build_handler(verification, signer=verification_key)
-    vconsumer = verification_consumer(verification, handler=vhandler)
+    vconsumer = verification_consumer(verification, vhandler)
     parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
     judging = build_judging_pool(verification, vhandler)
     parts.append(Component("verification-judging", _closing(judging.run, verification_key), judging.stop))

@@ -163,7 +163,12 @@ async def test_forged_and_unsigned_requests_are_dead_lettered_and_real_ones_judg
 
 def test_the_verdict_key_can_never_vouch_for_requests() -> None:
     """The service refuses to start when its verdict-signing key is also a trusted API signer."""
-    from verification.service import SigningKeyError, VerificationSettings, build_consumer
+    from verification.service import (
+        SigningKeyError,
+        VerificationSettings,
+        build_consumer,
+        build_handler,
+    )
 
     verdict_key = "0x" + "7a" * 32
     settings = VerificationSettings(
@@ -171,8 +176,9 @@ def test_the_verdict_key_can_never_vouch_for_requests() -> None:
         trusted_api_signers=[Account.from_key(verdict_key).address.lower(), SERVICE],
     )  # fmt: skip
     with pytest.raises(SigningKeyError, match="must not hold the verdict-signing key"):
-        build_consumer(settings, signing_key=verdict_key)
-    assert build_consumer(settings.model_copy(update={"trusted_api_signers": [SERVICE]}), signing_key=verdict_key) is not None
+        build_consumer(settings, build_handler(settings, signing_key=verdict_key))
+    allowed = settings.model_copy(update={"trusted_api_signers": [SERVICE]})
+    assert build_consumer(allowed, build_handler(allowed, signing_key=verdict_key)) is not None
     with pytest.raises(ValueError, match="not an address"):
         VerificationSettings(database_url="postgresql://unused/x", kafka_bootstrap="unused:9092", trusted_api_signers=["nope"])
 

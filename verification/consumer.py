@@ -25,6 +25,7 @@ task's own partition, under the task's lock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -254,9 +255,7 @@ class VerificationHandler:
             # Reasons can quote a private brief and result: the verdicts topic carries none.
             reasons = []
         verdict = Verdict(
-            chain_id=key.chain_id,
-            escrow=key.escrow,
-            task_id=key.task_id,
+            **dataclasses.asdict(key),
             attempt=effect.attempt,
             evidence_hash=effect.evidence_hash,
             passed=effect.passed,

@@ -8,7 +8,7 @@ argument (see docs/relayer.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from chain.txstore import (
 from chain.view import ChainEvent, fold_task
 from runtime.db import columns
 from schemas import jsoncodec
+from schemas.verdict import Verdict
 
 NOTIFY_CHANNEL = "escrowd_settlement"
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
@@ -43,6 +44,15 @@ class VerdictCall:
     evidence_hash: str
     passed: bool
     score: int
+
+
+CALL_FIELDS = tuple(f.name for f in fields(VerdictCall))
+"""`completeVerification`'s arguments, named as the signed verdict (`schemas.verdict.Verdict`) names them."""
+
+
+def call_of(verdict: Verdict) -> dict[str, Any]:
+    """The `VerdictCall` fields of a signed verdict, to build a row that carries them."""
+    return {name: getattr(verdict, name) for name in CALL_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -280,18 +290,7 @@ async def waiting_verdicts(conn: asyncpg.Connection, limit: int = 1000) -> list[
         limit,
     )
     return [
-        WaitingVerdict(
-            id=r["id"],
-            chain_id=r["chain_id"],
-            escrow=r["escrow"],
-            task_id=int(r["task_id"]),
-            attempt=r["attempt"],
-            evidence_hash=r["evidence_hash"],
-            message_id=r["message_id"],
-            signer=r["signer"],
-            received_at=r["received_at"],
-            signed_verdict=r["signed_verdict"],
-        )
+        WaitingVerdict(**{**r, "task_id": int(r["task_id"])})  # the columns are the fields; task_id is numeric
         for r in rows
     ]
 

@@ -236,12 +236,16 @@ async def update_slots(conn: asyncpg.Connection, chain_id: int, sender: str, upd
 
 
 def slot_columns(r: asyncpg.Record) -> dict[str, Any]:
-    """The nonce, kind, state and mined block of a `settlement_transactions` row, as the slot
-    fields of that name (`StoredSlot` here, the relayer's `SlotRow`)."""
+    """A `settlement_transactions` row (nonce, kind, state, verdict_id, to_address, calldata and
+    the mined block) as the `StoredSlot` fields, without its versions (the relayer's `SlotRow`
+    extends `StoredSlot` with the verdicts it carries)."""
     return {
         "nonce": r["nonce"],
         "kind": r["kind"],
         "state": r["state"],
+        "verdict_id": r["verdict_id"],
+        "to": r["to_address"],
+        "data": None if r["calldata"] is None else bytes(r["calldata"]),
         "mined_hash": r["mined_hash"],
         "block_number": r["block_number"],
         "block_hash": r["block_hash"],
@@ -260,15 +264,7 @@ async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch
         sender.lower(),
         watch_from_block,
     )
-    slots = {
-        r["nonce"]: StoredSlot(
-            verdict_id=r["verdict_id"],
-            to=r["to_address"],
-            data=None if r["calldata"] is None else bytes(r["calldata"]),
-            **slot_columns(r),
-        )
-        for r in rows
-    }
+    slots = {r["nonce"]: StoredSlot(**slot_columns(r)) for r in rows}
     if not slots:
         return []
     for nonce, version in await signed_versions(conn, chain_id, sender, list(slots)):

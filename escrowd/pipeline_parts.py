@@ -80,7 +80,7 @@ async def components(config: PipelineConfig, stop: asyncio.Event) -> list[Compon
     verification_key = await open_verification_signer(verification)
     signer = verification_key.address
     vhandler = build_handler(verification, signer=verification_key)
-    vconsumer = verification_consumer(verification, handler=vhandler)
+    vconsumer = verification_consumer(verification, vhandler)
     parts.append(Component("verification-consumer", vconsumer.run, vconsumer.stop))
     judging = build_judging_pool(verification, vhandler)
     parts.append(Component("verification-judging", _closing(judging.run, verification_key), judging.stop))
@@ -150,12 +150,12 @@ class ApiClient:
         self.client = httpx.AsyncClient(base_url=base_url, timeout=60)
 
     async def call(self, method: str, path: str, body: Any, key: str) -> httpx.Response:
-        from runtime.web.auth import Deployment, sign_request
+        from runtime.web.auth import Deployment, UnsignedRequest, sign_request
 
         raw = b"" if body is None else json.dumps(body).encode()
         headers = {"content-type": "application/json"} if body is not None else {}
         deployment = Deployment(self.devnet.chain_id, self.devnet.escrow_address)
-        headers.update(sign_request(key, method, path, raw, deployment=deployment, expires_at=int(time.time()) + 300))
+        headers.update(sign_request(key, UnsignedRequest(method, path, raw, deployment=deployment, expires_at=int(time.time()) + 300)))
         for attempt in range(50):
             try:
                 return await self.client.request(method, path, content=raw, headers=headers)

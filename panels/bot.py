@@ -48,7 +48,7 @@ from chain.eth_rpc import EthRpc, Reverted, RpcError
 from runtime.aio import wait_event
 from runtime.options import ConfigOption
 from runtime.settings import ServiceSettings, one_key_source
-from runtime.web.auth import Deployment, sign_request
+from runtime.web.auth import Deployment, UnsignedRequest, sign_request
 from schemas import jsonbounds
 from schemas import panels as msg
 from schemas.task_terms import canonical_json, keccak_hex, result_hash
@@ -303,7 +303,7 @@ class VerifierBot:
     async def _signed(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         raw = b"" if body is None else json.dumps(body).encode()
         headers = sign_request(
-            self._key, method, path, raw, deployment=await self._deployment(), expires_at=int(time.time()) + 120
+            self._key, UnsignedRequest(method, path, raw, deployment=await self._deployment(), expires_at=int(time.time()) + 120)
         )
         if body is not None:
             headers["content-type"] = "application/json"

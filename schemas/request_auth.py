@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from eth_utils.crypto import keccak
@@ -112,45 +112,48 @@ def service_digest(deployment: Deployment, request_id: str, payload_hash: bytes)
     return eip712.digest(service_domain(deployment), SERVICE_STRUCT, message)
 
 
-def sign_request(
-    private_key: str,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    *,
-    deployment: Deployment,
-    expires_at: int,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """Client side: the four auth headers for one request to `deployment` (SDKs, tests, scripts)."""
+@dataclass(frozen=True)
+class UnsignedRequest:
+    """One request to `deployment` before its signature: what the four auth headers cover.
+
+    `nonce` None: a fresh random one is drawn each time the request is signed."""
+
+    method: str
+    path: str
+    body: bytes = b""
+    _: KW_ONLY
+    deployment: Deployment
+    expires_at: int
+    nonce: str | None = None
+
+    def typed_data(self, signer: str, nonce: str) -> dict[str, Any]:
+        """The EIP-712 message `signer` signs for this request under `nonce`."""
+        return typed_request(self.deployment, self.method, self.path, self.body, signer, nonce, self.expires_at)
+
+    def digest(self, signer: str, nonce: str) -> bytes:
+        """The 32-byte EIP-712 digest of this request signed by `signer` under `nonce`."""
+        return request_digest(self.deployment, self.method, self.path, self.body, signer, nonce, self.expires_at)
+
+
+def sign_request(private_key: str, request: UnsignedRequest) -> dict[str, str]:
+    """Client side: the four auth headers for `request` (SDKs, tests, scripts)."""
     signer = eip712.signer_address(private_key)
-    nonce = nonce or _nonce()
-    signature = eip712.sign(request_digest(deployment, method, path, body, signer, nonce, expires_at), private_key)
-    return _auth_headers(signer, nonce, expires_at, signature)
+    nonce = request.nonce or _nonce()
+    signature = eip712.sign(request.digest(signer, nonce), private_key)
+    return _auth_headers(signer, nonce, request.expires_at, signature)
 
 
 RequestSigner = Callable[[Mapping[str, Any], bytes], Awaitable[str]]
 """`(typed_data, digest) -> 0x signature`: a key held elsewhere (`chain.signers.Signer.sign_typed_data`)."""
 
 
-async def signed_request_headers(
-    signer: str,
-    sign: RequestSigner,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    *,
-    deployment: Deployment,
-    expires_at: int,
-    nonce: str | None = None,
-) -> dict[str, str]:
+async def signed_request_headers(signer: str, sign: RequestSigner, request: UnsignedRequest) -> dict[str, str]:
     """`sign_request` for a key this process does not hold: `sign` makes the signature of the
     request's typed data for `signer` (its address); whatever it raises is raised."""
     signer = eip712.checksum_address(signer)
-    nonce = nonce or _nonce()
-    digest = request_digest(deployment, method, path, body, signer, nonce, expires_at)
-    signature = await sign(typed_request(deployment, method, path, body, signer, nonce, expires_at), digest)
-    return _auth_headers(signer, nonce, expires_at, signature)
+    nonce = request.nonce or _nonce()
+    signature = await sign(request.typed_data(signer, nonce), request.digest(signer, nonce))
+    return _auth_headers(signer, nonce, request.expires_at, signature)
 
 
 def _nonce() -> str:

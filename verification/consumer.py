@@ -25,6 +25,8 @@ task's own partition, under the task's lock.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -253,9 +255,7 @@ class VerificationHandler:
             # Reasons can quote a private brief and result: the verdicts topic carries none.
             reasons = []
         verdict = Verdict(
-            chain_id=key.chain_id,
-            escrow=key.escrow,
-            task_id=key.task_id,
+            **dataclasses.asdict(key),
             attempt=effect.attempt,
             evidence_hash=effect.evidence_hash,
             passed=effect.passed,
@@ -382,8 +382,8 @@ def verifier_task(state: TaskState, effect: Judge, ref: VerifierRef, digest: str
 def _documents(verdict: Verdict, proof: Proof) -> list[Document]:
     """The verdict's and the proof's EIP-712 messages, in that order."""
     return [
-        Document(verdict_typed_data(verdict), verdict_digest(verdict)),
-        Document(typed_data(proof), proof_digest(proof)),
+        Document(verdict_digest(verdict), functools.partial(verdict_typed_data, verdict)),
+        Document(proof_digest(proof), functools.partial(typed_data, proof)),
     ]
 
 

@@ -296,6 +296,9 @@ class ScheduleRetry:
     error: str
 
 
+_RECORDED = ("attempt", "evidence_hash", "source", "passed", "score", "reported", "request_id")
+"""The fields of a `RecordResult` its `ResultRecord` keeps (same names)."""
+
 Effect = (
     StoreEvent
     | RemoveEvent
@@ -338,15 +341,7 @@ def apply(state: TaskState, effect: Effect) -> TaskState:
         updated = dataclasses.replace(current, state="waiting_retry", retry_count=effect.retry_count)
         return dataclasses.replace(state, requests={**state.requests, effect.request_id: updated})
     if isinstance(effect, RecordResult):
-        record = ResultRecord(
-            attempt=effect.attempt,
-            evidence_hash=effect.evidence_hash,
-            source=effect.source,
-            passed=effect.passed,
-            score=effect.score,
-            reported=effect.reported,
-            request_id=effect.request_id,
-        )
+        record = ResultRecord(**{name: getattr(effect, name) for name in _RECORDED})
         return dataclasses.replace(state, results={**state.results, effect.attempt: record})
     if isinstance(effect, AttachReport):
         current_result = state.results[effect.attempt]

@@ -316,15 +316,9 @@ def build_judging_pool(settings: VerificationSettings, handler: VerificationHand
     return JudgingPool(settings.database_url, handler, limits)
 
 
-def build_consumer(
-    settings: VerificationSettings,
-    *,
-    signing_key: str | None = None,
-    registry: VerifierRegistry | None = None,
-    handler: VerificationHandler | None = None,
-) -> IdempotentConsumer:
-    """The verification consumer, ready to `run()` (its judgements need a `build_judging_pool` running)."""
-    handler = handler or build_handler(settings, signing_key=signing_key, registry=registry)
+def build_consumer(settings: VerificationSettings, handler: VerificationHandler) -> IdempotentConsumer:
+    """The verification consumer over `handler` (`build_handler`), ready to `run()` (its
+    judgements need a `build_judging_pool` over the same handler running)."""
     t = settings.topics()
     return IdempotentConsumer(
         name=settings.verification_group,
@@ -365,7 +359,7 @@ async def run_verification_consumer(settings: VerificationSettings, stop: asynci
     )
     registry = settings.registry()
     handler = build_handler(settings, signer=signer, registry=registry)
-    consumer = build_consumer(settings, handler=handler)
+    consumer = build_consumer(settings, handler)
     judging = build_judging_pool(settings, handler)
     scheduler = RetryScheduler(settings.database_url, t.requests, poll_seconds=settings.retry_poll_seconds)
     producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-verification")

@@ -19,9 +19,10 @@ fields, so a signature found for it is the one the record needs.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from chain.keys import SecretKey
@@ -31,12 +32,43 @@ from runtime.consumer import PrepareFirst
 CACHE_SIZE = 4096  # signatures made ahead and not yet recorded: a few judging rounds' worth
 
 
+class _LazyTypedData(Mapping[str, Any]):
+    """A typed-data document built on first read: a digest signer never reads it."""
+
+    def __init__(self, build: Callable[[], Mapping[str, Any]]) -> None:
+        self._build: Callable[[], Mapping[str, Any]] | None = build
+        self._data: Mapping[str, Any] = {}
+
+    def _document(self) -> Mapping[str, Any]:
+        if self._build is not None:
+            self._data, self._build = self._build(), None
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._document()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._document())
+
+    def __len__(self) -> int:
+        return len(self._document())
+
+
 @dataclass(frozen=True)
 class Document:
-    """One EIP-712 message to sign: its typed-data document and its digest."""
+    """One EIP-712 message to sign: its digest, and its typed-data document.
 
-    typed_data: Mapping[str, Any]
+    Only a signer that signs the document itself (`remote`: `eth_signTypedData_v4`) reads
+    `typed_data`; a key that signs the digest (keystore, aws-kms) never does, so the document
+    is built on first read (its building costs more than a keystore signature)."""
+
     digest: bytes
+    build_typed_data: Callable[[], Mapping[str, Any]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def typed_data(self) -> Mapping[str, Any]:
+        """The typed-data document, built when a signer first reads it."""
+        return _LazyTypedData(self.build_typed_data)
 
 
 class SignFirst(PrepareFirst):

@@ -236,13 +236,7 @@ class VerdictHandler:
             if isinstance(decision, Accept) and decision.already_judged:
                 status = "already_judged"
             row = NewVerdict(
-                chain_id=verdict.chain_id,
-                escrow=verdict.escrow,
-                task_id=verdict.task_id,
-                attempt=verdict.attempt,
-                evidence_hash=verdict.evidence_hash,
-                passed=verdict.passed,
-                score=verdict.score,
+                **store.call_of(verdict),
                 message_id=message_id,
                 signer=signed.signer,
                 signed_verdict=signed.model_dump(mode="json"),

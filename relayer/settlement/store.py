@@ -8,7 +8,7 @@ argument (see docs/relayer.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from chain import indexed
 from chain.txs import SignedTx
 from chain.txstore import (
     NewSlot,
-    TxVersion,
+    StoredSlot,
     insert_slots,
     set_next_nonce,
     signed_versions,
@@ -27,6 +27,7 @@ from chain.txstore import (
 from chain.view import ChainEvent, fold_task
 from runtime.db import columns
 from schemas import jsoncodec
+from schemas.verdict import Verdict
 
 NOTIFY_CHANNEL = "escrowd_settlement"
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
@@ -45,6 +46,15 @@ class VerdictCall:
     score: int
 
 
+CALL_FIELDS = tuple(f.name for f in fields(VerdictCall))
+"""`completeVerification`'s arguments, named as the signed verdict (`schemas.verdict.Verdict`) names them."""
+
+
+def call_of(verdict: Verdict) -> dict[str, Any]:
+    """The `VerdictCall` fields of a signed verdict, to build a row that carries them."""
+    return {name: getattr(verdict, name) for name in CALL_FIELDS}
+
+
 @dataclass(frozen=True)
 class VerdictRow(VerdictCall):
     """An accepted verdict, as the sender needs it."""
@@ -54,19 +64,11 @@ class VerdictRow(VerdictCall):
 
 
 @dataclass
-class SlotRow:
-    """One nonce we hold, with its versions, as stored."""
+class SlotRow(StoredSlot):
+    """One nonce we hold, as stored, with the verdicts it carries."""
 
-    nonce: int
-    kind: str
-    state: str
-    verdict: VerdictRow | None
-    versions: list[TxVersion] = field(default_factory=list)
+    verdict: VerdictRow | None = None
     items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in order
-    mined_hash: str | None = None
-    block_number: int | None = None
-    block_hash: str | None = None
-    receipt_status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -288,18 +290,7 @@ async def waiting_verdicts(conn: asyncpg.Connection, limit: int = 1000) -> list[
         limit,
     )
     return [
-        WaitingVerdict(
-            id=r["id"],
-            chain_id=r["chain_id"],
-            escrow=r["escrow"],
-            task_id=int(r["task_id"]),
-            attempt=r["attempt"],
-            evidence_hash=r["evidence_hash"],
-            message_id=r["message_id"],
-            signer=r["signer"],
-            received_at=r["received_at"],
-            signed_verdict=r["signed_verdict"],
-        )
+        WaitingVerdict(**{**r, "task_id": int(r["task_id"])})  # the columns are the fields; task_id is numeric
         for r in rows
     ]
 
@@ -473,8 +464,8 @@ async def remove_batch_item(conn: asyncpg.Connection, chain_id: int, sender: str
 async def open_slots(conn: asyncpg.Connection, chain_id: int, sender: str, watch_from_block: int) -> list[SlotRow]:
     """Slots still pending or mined, and confirmed ones still inside the reorg watch window."""
     rows = await conn.fetch(
-        "SELECT t.nonce, t.kind, t.state, t.mined_hash, t.block_number, t.block_hash, t.receipt_status,"
-        " v.id AS v_id, v.chain_id AS v_chain_id, v.escrow AS v_escrow, v.task_id AS v_task_id,"
+        "SELECT t.nonce, t.kind, t.state, t.verdict_id, t.to_address, t.calldata, t.mined_hash, t.block_number,"
+        " t.block_hash, t.receipt_status, v.id AS v_id, v.chain_id AS v_chain_id, v.escrow AS v_escrow, v.task_id AS v_task_id,"
         " v.attempt AS v_attempt, v.evidence_hash AS v_evidence_hash, v.passed AS v_passed,"
         " v.score AS v_score, v.received_at AS v_received_at"
         " FROM settlement_transactions t LEFT JOIN settlement_verdicts v ON v.id = t.verdict_id"

@@ -41,6 +41,7 @@ from schemas import eip712
 from schemas.request_auth import (
     Deployment,
     RequesterProof,
+    UnsignedRequest,
     request_digest,
     requester_proof,
     sign_request,
@@ -143,6 +144,7 @@ __all__ = [
     "AUTH_HEADERS",
     "Caller",
     "Deployment",
+    "UnsignedRequest",
     "forget_expired_nonces",
     "has_auth",
     "request_path",

@@ -37,7 +37,7 @@ import schemathesis
 from coincurve import PrivateKey
 from eth_account import Account
 
-from schemas.request_auth import Deployment, sign_request
+from schemas.request_auth import Deployment, UnsignedRequest, sign_request
 
 KEY = os.environ["ESCROWD_FUZZ_SIGNING_KEY"]
 SIGNER = Account.from_key(KEY).address
@@ -61,8 +61,8 @@ class SignRequest:
         body = prepared.body or b""
         if isinstance(body, str):
             body = body.encode("utf-8")
-        headers = sign_request(KEY, prepared.method, path, body, deployment=DEPLOYMENT,
-                               expires_at=int(time.time()) + EXPIRES_IN, nonce=secrets.token_urlsafe(16))
+        headers = sign_request(KEY, UnsignedRequest(prepared.method, path, body, deployment=DEPLOYMENT,
+                               expires_at=int(time.time()) + EXPIRES_IN, nonce=secrets.token_urlsafe(16)))
         for name in list(prepared.headers):
             if name.lower().startswith("x-escrowd-"):
                 del prepared.headers[name]

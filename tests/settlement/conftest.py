@@ -401,6 +401,56 @@ def relayer_env(
     return env
 
 
+@dataclass
+class Relay:
+    """What a relayer test runs against (the devnet, its database, broker, topics, indexer and
+    the trusted verification signer), with the steps those tests repeat."""
+
+    devnet: Devnet
+    database_url: str
+    kafka_bootstrap: str
+    topic_prefix: str
+    indexer: IndexerRun | LogIndexer
+    service_signer: Actor
+
+    def env(self, **extra: Any) -> dict[str, str]:
+        """`relayer_env` for this test, trusting the service signer (`extra`: further settings)."""
+        return relayer_env(
+            devnet=self.devnet, database_url=self.database_url, kafka_bootstrap=self.kafka_bootstrap,
+            topic_prefix=self.topic_prefix, trusted=[self.service_signer.address], **extra,
+        )  # fmt: skip
+
+    async def submitted(self, count: int, *, prefix: str = "r", timeout: float = 30.0) -> list[Submitted]:
+        """`count` tasks with submitted evidence, indexed."""
+        items: list[Submitted] = await on_chain(submit_tasks, self.devnet, count, prefix=prefix)
+        await self.indexer.caught_up(timeout=timeout)
+        return items
+
+    def signed(self, items: Sequence[Submitted]) -> list[SignedVerdict]:
+        """The service signer's passing verdicts for `items`."""
+        return signed_verdicts(self.devnet, items, self.service_signer)
+
+    async def send_verdicts(self, env: dict[str, str], items: Sequence[Submitted]) -> None:
+        """`signed(items)` on the verdicts topic of `env`."""
+        await publish(self.kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], self.signed(items))
+
+    async def start(self, **extra: Any) -> tuple[RelayerRun, dict[str, str]]:
+        """A relayer on `env(**extra)`, started in the test's event loop (stop it), and that env."""
+        env = self.env(**extra)
+        run = RelayerRun(settings_from_env(env))
+        await run.start()
+        return run, env
+
+
+@pytest.fixture
+def relay(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun | LogIndexer,
+    service_signer: Actor,
+) -> Relay:
+    """The relayer test's surroundings (`Relay`)."""
+    return Relay(devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer)
+
+
 def settings_from_env(env: dict[str, str]) -> RelayerSettings:
     """Parse `relayer_env` output exactly as the CLI would (without touching os.environ)."""
     old = {k: os.environ.get(k) for k in env}

@@ -33,16 +33,13 @@ from chain.txs import decode_complete_verification, selector
 from escrowd.devnet import Devnet
 from relayer.settlement.crash import POINTS
 from tests.settlement.conftest import (
-    IndexerRun,
+    Relay,
     RelayerRun,
     fetch,
     fetchval,
     on_chain,
     publish,
-    relayer_env,
     settings_from_env,
-    signed_verdicts,
-    submit_tasks,
     verdict_events,
     verdict_statuses,
     wait_until,
@@ -54,7 +51,6 @@ from tests.settlement.test_relay_crash import (
     spawn,
     wait_exit,
 )
-from tests.settlement.test_relay_faults import start_relayer
 from tests.support.rpc_proxy import RpcFaultProxy
 
 BY_EIGHT = {"relayer_settle_batch_size": 8, "relayer_settle_batch_min": 2}
@@ -73,22 +69,20 @@ def _attempts_of(tx: dict) -> list[tuple[int, int]]:
 
 @pytest.mark.timeout(180)
 async def test_a_packed_round_simulates_each_batch_once_and_no_packed_verdict_alone(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
     """The relayer reads the chain through a proxy that counts `eth_call`s by selector: a
     verdict packed in a batch is simulated only inside its batch (issue 26: the per-verdict
     simulation of packed rounds was the relayer's extra load on the node)."""
-    items = await on_chain(submit_tasks, devnet, 24)
-    await indexer.caught_up()
-    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
-                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
+    items = await relay.submitted(24)
+    env = relay.env(**BY_EIGHT)
     with RpcFaultProxy(devnet.rpc_url) as proxy:
         (chain,) = json.loads(env["ESCROWD_CHAINS"])
         env["ESCROWD_CHAINS"] = json.dumps([{**chain, "rpc_urls": [proxy.url], "ws_url": proxy.ws_url}])
         run = RelayerRun(settings_from_env(env))
         await run.start()
         try:
-            await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+            await relay.send_verdicts(env, items)
 
             async def confirmed() -> bool:
                 run.check_alive()
@@ -111,18 +105,14 @@ async def test_a_packed_round_simulates_each_batch_once_and_no_packed_verdict_al
 
 @pytest.mark.timeout(180)
 async def test_a_refused_item_is_recorded_and_the_others_confirmed(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 20)
-    await indexer.caught_up()
-    env = relayer_env(devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap,
-                      topic_prefix=topic_prefix, trusted=[service_signer.address], **BY_EIGHT)
-    run = RelayerRun(settings_from_env(env))
-    await run.start()
+    items = await relay.submitted(20)
+    run, env = await relay.start(**BY_EIGHT)
     disputed = items[3]
     try:
         await on_chain(devnet.rpc, "evm_setAutomine", False)
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await relay.send_verdicts(env, items)
 
         async def all_sent() -> bool:
             run.check_alive()
@@ -177,17 +167,13 @@ async def _batch_nonces(database_url: str) -> list[int]:
 
 @pytest.mark.timeout(180)
 async def test_a_stuck_batch_is_replaced_and_only_one_version_lands(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 4)
-    await indexer.caught_up()
-    run, env = await start_relayer(
-        devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address],
-        relayer_replace_after_seconds=1, **PACKED,
-    )  # fmt: skip
+    items = await relay.submitted(4)
+    run, env = await relay.start(relayer_replace_after_seconds=1, **PACKED)
     try:
         await on_chain(devnet.rpc, "evm_setAutomine", False)
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await relay.send_verdicts(env, items)
 
         async def replaced() -> bool:
             run.check_alive()
@@ -232,15 +218,12 @@ async def test_a_stuck_batch_is_replaced_and_only_one_version_lands(
 
 @pytest.mark.timeout(180)
 async def test_a_reorg_under_a_confirmed_batch_resends_it(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 4)
-    await indexer.caught_up()
-    run, env = await start_relayer(
-        devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], confirmations=2, **PACKED
-    )
+    items = await relay.submitted(4)
+    run, env = await relay.start(confirmations=2, **PACKED)
     try:
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await relay.send_verdicts(env, items)
 
         async def confirmed() -> bool:
             run.check_alive()
@@ -311,14 +294,13 @@ def _urgent(devnet: Devnet, sender: str, to: str, data: str, nonce: int | None =
 
 @pytest.mark.timeout(180)
 async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 4)
-    await indexer.caught_up()
-    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], **PACKED)
+    items = await relay.submitted(4)
+    run, env = await relay.start(**PACKED)
     try:
         await on_chain(devnet.rpc, "evm_setAutomine", False)
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await relay.send_verdicts(env, items)
         await _all_sent(run, database_url, len(items))
         first_batches = await _batch_nonces(database_url)
         assert first_batches
@@ -349,15 +331,14 @@ async def test_a_key_rotation_racing_a_batch_queues_its_items_again(
 
 @pytest.mark.timeout(180)
 async def test_a_batch_nonce_taken_by_another_transaction_is_sent_again(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 4)
-    await indexer.caught_up()
-    run, env = await start_relayer(devnet, database_url, kafka_bootstrap, topic_prefix, [service_signer.address], **PACKED)
+    items = await relay.submitted(4)
+    run, env = await relay.start(**PACKED)
     relayer = devnet.marketplace_verifier.address
     try:
         await on_chain(devnet.rpc, "evm_setAutomine", False)
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+        await relay.send_verdicts(env, items)
         await _all_sent(run, database_url, len(items))
         (nonce, *_) = sorted(await _batch_nonces(database_url))
         # Someone else with the relayer's key (an operator's wallet) takes that nonce.
@@ -377,18 +358,12 @@ async def test_a_batch_nonce_taken_by_another_transaction_is_sent_again(
 
 @pytest.mark.timeout(600)
 async def test_kill_nine_with_packing_keeps_exactly_once(
-    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path: Path
+    relay: Relay, devnet: Devnet, database_url: str, tmp_path: Path
 ) -> None:
     rng = random.Random(7)
-    items = await on_chain(submit_tasks, devnet, 120, prefix="pack")
-    await indexer.caught_up(timeout=120)
-    signed = signed_verdicts(devnet, items, service_signer)
-    env = relayer_env(
-        devnet=devnet,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topic_prefix,
-        trusted=[service_signer.address],
+    items = await relay.submitted(120, prefix="pack", timeout=120)
+    signed = relay.signed(items)
+    env = relay.env(
         relayer_batch_size=24,
         relayer_settle_batch_size=6,
         relayer_settle_batch_min=2,
@@ -398,13 +373,13 @@ async def test_kill_nine_with_packing_keeps_exactly_once(
     topic = env["ESCROWD_VERDICTS_TOPIC"]
     log_file = tmp_path / "relayer.log"
     first_block = (await on_chain(devnet.block_number)) + 1
-    await publish(kafka_bootstrap, topic, signed[:60])
+    await publish(relay.kafka_bootstrap, topic, signed[:60])
     schedule = [("point", p) for p in POINTS] + [("external", "")] * 5
     rng.shuffle(schedule)
     kills: Counter[str] = Counter()
     for index, (kind, point) in enumerate(schedule):
         if index == 2:
-            await publish(kafka_bootstrap, topic, signed[60:])
+            await publish(relay.kafka_bootstrap, topic, signed[60:])
         run_env = dict(env)
         if kind == "point":
             run_env["ESCROWD_RELAYER_FAULT_INJECTION"] = f"{point}:1"

@@ -9,15 +9,10 @@ import pytest
 
 from escrowd.devnet import Devnet
 from tests.settlement.conftest import (
-    IndexerRun,
-    RelayerRun,
+    Relay,
     fetchval,
     on_chain,
-    publish,
-    relayer_env,
     settings_from_env,
-    signed_verdicts,
-    submit_tasks,
     verdict_events,
     verdict_statuses,
     wait_until,
@@ -34,16 +29,10 @@ def set_base_fee(devnet: Devnet, wei: int) -> None:
 
 
 async def test_fee_spike_holds_sends_and_resumes(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer,
+    relay: Relay, devnet: Devnet, database_url: str,
 ) -> None:
-    items = await on_chain(submit_tasks, devnet, 6, prefix="spike")
-    await indexer.caught_up()
-    env = relayer_env(
-        devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix,
-        trusted=[service_signer.address], relayer_fee_cap_wei=CAP,
-    )
-    run = RelayerRun(settings_from_env(env))
-    await run.start()
+    items = await relay.submitted(6, prefix="spike")
+    run, env = await relay.start(relayer_fee_cap_wei=CAP)
     try:
         await on_chain(set_base_fee, devnet, 10 * CAP)  # the spike: no transaction under the cap could be mined
         url = f"http://127.0.0.1:{run.port}"
@@ -60,7 +49,7 @@ async def test_fee_spike_holds_sends_and_resumes(
                 )
 
             await wait_until(held, timeout=30, what="the fee hold reported")
-            await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, items, service_signer))
+            await relay.send_verdicts(env, items)
 
             async def queued() -> bool:
                 statuses = await verdict_statuses(database_url)

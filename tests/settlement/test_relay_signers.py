@@ -17,14 +17,11 @@ from relayer.settlement.service import Relayer, load_relayer_key
 from runtime.services.localkms import LocalKms
 from runtime.services.localsigner import RemoteSignerProcess
 from tests.settlement.conftest import (
-    IndexerRun,
+    Relay,
     fetchval,
     on_chain,
-    publish,
     relayer_env,
     settings_from_env,
-    signed_verdicts,
-    submit_tasks,
     verdict_events,
     verdict_statuses,
     wait_until,
@@ -35,7 +32,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.mark.parametrize("kind", ["aws-kms", "remote"])
 async def test_signer_outage_holds_sends_and_recovers(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer,
+    relay: Relay, devnet: Devnet, database_url: str,
     kind: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local")
@@ -49,10 +46,7 @@ async def test_signer_outage_holds_sends_and_recovers(
     else:
         local = RemoteSignerProcess(key).start()
         spec = {"kind": kind, "remote_url": local.url, "address": address, "timeout": 2}
-    env = relayer_env(
-        devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix,
-        trusted=[service_signer.address], relayer_signer=json.dumps(spec),
-    )
+    env = relay.env(relayer_signer=json.dumps(spec))
     del env["ESCROWD_RELAYER_KEY"]  # the key is the signer's alone
     settings = settings_from_env(env)
     signer = await open_signer(settings.relayer_signer, "relayer", lambda: load_relayer_key(settings))
@@ -60,10 +54,9 @@ async def test_signer_outage_holds_sends_and_recovers(
     relayer = Relayer(settings, signer)
     task = asyncio.create_task(relayer.run())
     try:
-        first = await on_chain(submit_tasks, devnet, 4, prefix=f"{kind}-a")
-        second = await on_chain(submit_tasks, devnet, 4, prefix=f"{kind}-b")
-        await indexer.caught_up()
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, first, service_signer))
+        first = await relay.submitted(4, prefix=f"{kind}-a")
+        second = await relay.submitted(4, prefix=f"{kind}-b")
+        await relay.send_verdicts(env, first)
 
         async def statuses_are(count: int, wanted: set[str]) -> bool:
             if task.done():
@@ -77,7 +70,7 @@ async def test_signer_outage_holds_sends_and_recovers(
         failures_before = SIGNER_FAILURES.labels("relayer", kind)._value.get()
 
         local.stop()  # the signer is gone: nothing may be signed, stored or sent
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, second, service_signer))
+        await relay.send_verdicts(env, second)
         await wait_until(lambda: statuses_are(8, {"confirmed", "queued"}), timeout=60, what="second verdicts queued")
 
         async def failing() -> bool:
@@ -123,7 +116,7 @@ async def test_a_signer_holding_another_key_stops_the_start(monkeypatch: pytest.
 
 
 async def test_rotation_drill_to_a_new_kms_key(
-    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun, service_signer,
+    relay: Relay, devnet: Devnet, database_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """New key ready in KMS -> the relayer restarted on it reports the mismatch and holds ->
@@ -135,10 +128,7 @@ async def test_rotation_drill_to_a_new_kms_key(
 
     async def start(key_id: str, address: str) -> tuple[dict[str, str], Relayer, asyncio.Task[None], Signer]:
         spec = {"kind": "aws-kms", "kms_key_id": key_id, "kms_endpoint_url": local.url, "address": address}
-        env = relayer_env(
-            devnet=devnet, database_url=database_url, kafka_bootstrap=kafka_bootstrap, topic_prefix=topic_prefix,
-            trusted=[service_signer.address], relayer_signer=json.dumps(spec),
-        )
+        env = relay.env(relayer_signer=json.dumps(spec))
         del env["ESCROWD_RELAYER_KEY"]
         settings = settings_from_env(env)
         signer = await open_signer(settings.relayer_signer, "relayer", lambda: load_relayer_key(settings))
@@ -158,12 +148,11 @@ async def test_rotation_drill_to_a_new_kms_key(
         statuses = await verdict_statuses(database_url)
         return len(statuses) == count and set(statuses.values()) <= wanted
 
-    first = await on_chain(submit_tasks, devnet, 3, prefix="rot-a")
-    second = await on_chain(submit_tasks, devnet, 3, prefix="rot-b")
-    await indexer.caught_up()
+    first = await relay.submitted(3, prefix="rot-a")
+    second = await relay.submitted(3, prefix="rot-b")
     env, relayer, task, signer = await start("old", old.address)
     try:
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, first, service_signer))
+        await relay.send_verdicts(env, first)
         await wait_until(lambda: statuses_are(task, 3, {"confirmed"}), timeout=60, what="sent from the old key")
     finally:
         await stop(task, signer)
@@ -176,7 +165,7 @@ async def test_rotation_drill_to_a_new_kms_key(
             return report is not None and report.chains[0].verifier.verifier_matches is False
 
         await wait_until(mismatch_reported, timeout=30, what="the expected mismatch")
-        await publish(kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], signed_verdicts(devnet, second, service_signer))
+        await relay.send_verdicts(env, second)
         await wait_until(lambda: statuses_are(task, 6, {"confirmed", "queued"}), timeout=60, what="held")
         assert set((await verdict_statuses(database_url)).values()) == {"confirmed", "queued"}
 

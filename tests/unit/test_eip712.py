@@ -295,7 +295,7 @@ def test_request_and_service_signatures_against_eth_account(
     document = oracle_document(eip712.Domain("escrowd-api", "2", chain_id, escrow), "Request", members, message)
     digest = request_auth.request_digest(deployment, method, path, body, signer, nonce, expires_at)
     assert digest == oracle_digest(document)
-    headers = request_auth.sign_request(key, method, path, body, deployment=deployment, expires_at=expires_at, nonce=nonce)
+    headers = request_auth.sign_request(key, request_auth.UnsignedRequest(method, path, body, deployment=deployment, expires_at=expires_at, nonce=nonce))
     assert headers["X-Escrowd-Signature"] == "0x" + bytes(Account.sign_message(encode_typed_data(full_message=document), key).signature).hex()
     assert headers["X-Escrowd-Signer"] == signer
     service = oracle_document(

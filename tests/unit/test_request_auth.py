@@ -11,7 +11,7 @@ from eth_account import Account
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.request_auth import Deployment, requester_proof, sign_request
+from schemas.request_auth import Deployment, UnsignedRequest, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, VerifierFailed, VerifierVerdictReported
 from verification.request_auth import (
     RequestNotTrusted,
@@ -32,7 +32,7 @@ PATH = f"/v1/tasks/31337/{ESCROW}/7/review"
 def signed_review(body: dict[str, Any] | None = None, *, path: str = PATH, deployment: Deployment | None = None) -> ReviewSubmitted:
     body = body or {"attempt": 1, "evidenceHash": EVIDENCE, "passed": False, "reasons": ["missing table"]}
     raw = json.dumps(body).encode()
-    headers = sign_request(POSTER_KEY, "POST", path, raw, deployment=deployment or Deployment(31337, ESCROW), expires_at=2_000_000_000)
+    headers = sign_request(POSTER_KEY, UnsignedRequest("POST", path, raw, deployment=deployment or Deployment(31337, ESCROW), expires_at=2_000_000_000))
     proof = requester_proof("POST", path, raw, POSTER, headers["X-Escrowd-Nonce"], 2_000_000_000, headers["X-Escrowd-Signature"])
     return ReviewSubmitted(
         request_id=request_id_for("review", 31337, ESCROW, 7, 1, EVIDENCE), chain_id=31337, escrow_address=ESCROW,
@@ -90,7 +90,7 @@ def test_verifier_reports_are_bound_to_their_outcome() -> None:
     path = f"/v1/tasks/31337/{ESCROW}/7/verifier-report"
     body = {"attempt": 1, "evidenceHash": EVIDENCE, "outcome": "error", "error": "model down"}
     raw = json.dumps(body).encode()
-    headers = sign_request(POSTER_KEY, "POST", path, raw, deployment=Deployment(31337, ESCROW), expires_at=2_000_000_000, nonce="n-00000001")
+    headers = sign_request(POSTER_KEY, UnsignedRequest("POST", path, raw, deployment=Deployment(31337, ESCROW), expires_at=2_000_000_000, nonce="n-00000001"))
     proof = requester_proof("POST", path, raw, POSTER, "n-00000001", 2_000_000_000, headers["X-Escrowd-Signature"])
     common: dict[str, Any] = {
         "chain_id": 31337, "escrow_address": ESCROW, "task_id": 7, "attempt": 1, "evidence_hash": EVIDENCE,

@@ -20,6 +20,7 @@ from eth_utils.crypto import keccak
 from schemas.eip712 import InvalidSignature, recover
 from schemas.request_auth import (
     Deployment,
+    UnsignedRequest,
     request_digest,
     service_digest,
     sign_request,
@@ -84,8 +85,8 @@ def test_request_digest_and_signature_vector() -> None:
     assert Account.from_key(KEY).address == SIGNER
     ours = request_digest(Deployment(31337, ESCROW), "POST", "/v1/terms", b'{"chainId":31337}', SIGNER, "nonce-0001", 1767225600)
     assert ours.hex() == eth_account_digest(document) == REQUEST_DIGEST
-    headers = sign_request(KEY, "POST", "/v1/terms", b'{"chainId":31337}', deployment=Deployment(31337, ESCROW),
-                           expires_at=1767225600, nonce="nonce-0001")  # fmt: skip
+    headers = sign_request(KEY, UnsignedRequest("POST", "/v1/terms", b'{"chainId":31337}', deployment=Deployment(31337, ESCROW),
+                           expires_at=1767225600, nonce="nonce-0001"))  # fmt: skip
     assert headers["X-Escrowd-Signature"] == REQUEST_SIGNATURE
     assert recover(ours, REQUEST_SIGNATURE) == SIGNER
     # Another chain or escrow is another domain: another digest.

@@ -24,7 +24,7 @@ from indexer.store import event_message
 from runtime.consumer import IdempotentConsumer, InboundMessage
 from runtime.db import connect, migrate_url
 from runtime.outbox import enqueue
-from runtime.web.auth import Deployment, sign_request
+from runtime.web.auth import Deployment, UnsignedRequest, sign_request
 from schemas import topics
 from schemas.events import event_id
 from schemas.task_terms import result_hash
@@ -102,8 +102,8 @@ class Api:
         if as_ is not None:
             sent.update(
                 sign_request(
-                    as_.key, method, path, raw, deployment=deployment or deployment_of(path, body, self.default),
-                    expires_at=int(time.time()) + expires_in, nonce=nonce,
+                    as_.key, UnsignedRequest(method, path, raw, deployment=deployment or deployment_of(path, body, self.default),
+                    expires_at=int(time.time()) + expires_in, nonce=nonce)
                 )
             )  # fmt: skip
         sent.update(headers or {})

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.web.auth import Deployment, sign_request
+from runtime.web.auth import Deployment, UnsignedRequest, sign_request
 from schemas.task_terms import result_hash
 
 from .conftest import CHAIN_ID, ESCROW, Api, IndexedChain, Who, drain, make_handler
@@ -143,13 +143,13 @@ async def test_missing_bad_tampered_and_expired_signatures_are_refused(api: Api,
     import time
 
     raw = json.dumps(body).encode()
-    forged = sign_request(who["stranger"].key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=int(time.time()) + 60)
+    forged = sign_request(who["stranger"].key, UnsignedRequest("POST", "/v1/terms", raw, deployment=HOME, expires_at=int(time.time()) + 60))
     forged["X-Escrowd-Signer"] = who["poster"].address
     response = await api.call("POST", "/v1/terms", body, headers=forged)
     assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID"
     signed_for_other_body = sign_request(
-        who["poster"].key, "POST", "/v1/terms", json.dumps(terms_body(who["poster"], private=True)).encode(),
-        deployment=HOME, expires_at=int(time.time()) + 60,
+        who["poster"].key, UnsignedRequest("POST", "/v1/terms", json.dumps(terms_body(who["poster"], private=True)).encode(),
+        deployment=HOME, expires_at=int(time.time()) + 60)
     )  # fmt: skip
     response = await api.call("POST", "/v1/terms", body, headers=signed_for_other_body)
     assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID"

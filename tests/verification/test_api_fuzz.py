@@ -18,7 +18,7 @@ import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.web.auth import sign_request
+from runtime.web.auth import UnsignedRequest, sign_request
 from schemas.task_terms import result_hash
 from verification.proof import VERIFIER_VERSION, Proof, sign_proof
 
@@ -148,7 +148,7 @@ def test_openapi_fuzz_finds_no_5xx(database_url: str, who: dict[str, Who]) -> No
             if signer is not None:
                 headers.update(
                     sign_request(
-                        signer.key, method, path, raw, deployment=deployment_of(path, body), expires_at=int(time.time()) + 120
+                        signer.key, UnsignedRequest(method, path, raw, deployment=deployment_of(path, body), expires_at=int(time.time()) + 120)
                     )
                 )
                 if data.draw(st.integers(0, 9)) == 0:

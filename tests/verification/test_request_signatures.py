@@ -24,7 +24,7 @@ import pytest
 
 from runtime.services.ports import free_port, wait_for_port
 from runtime.services.postgres import PostgresService
-from runtime.web.auth import Deployment, sign_request
+from runtime.web.auth import Deployment, UnsignedRequest, sign_request
 from schemas.task_terms import result_hash
 from tests.support.indexer_harness import escrowd_command
 
@@ -111,7 +111,7 @@ def signed(who: Who, method: str, path: str, body: Any, deployment: Deployment, 
     """The exact bytes and headers of one signed request (to send, and to send again)."""
     raw = json.dumps(body).encode()
     headers = {"content-type": "application/json"}
-    headers.update(sign_request(who.key, method, path, raw, deployment=deployment, expires_at=int(time.time()) + expires_in))
+    headers.update(sign_request(who.key, UnsignedRequest(method, path, raw, deployment=deployment, expires_at=int(time.time()) + expires_in)))
     return raw, headers
 
 
@@ -161,7 +161,7 @@ async def test_one_signed_terms_request_is_valid_for_one_deployment_only(
         # Re-aimed at the deployments it serves, a signature made for the first one does not verify.
         for target in (other_escrow, other_chain):
             moved = json.dumps(terms_body(poster, target.chain_id, target.escrow)).encode()
-            wrong_domain = sign_request(poster.key, "POST", "/v1/terms", moved, deployment=HOME, expires_at=int(time.time()) + 300)
+            wrong_domain = sign_request(poster.key, UnsignedRequest("POST", "/v1/terms", moved, deployment=HOME, expires_at=int(time.time()) + 300))
             response = await send(second, "POST", "/v1/terms", moved, {"content-type": "application/json", **wrong_domain})
             assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID", (target, response.text)
             right = await second.call("POST", "/v1/terms", terms_body(poster, target.chain_id, target.escrow), as_=poster)
@@ -169,7 +169,7 @@ async def test_one_signed_terms_request_is_valid_for_one_deployment_only(
     # The task routes name their deployment in the path; a signature for another domain fails there too.
     async with api_process(database_url, [HOME, other_chain]) as api:
         path = f"/v1/tasks/{OTHER_CHAIN}/{ESCROW}/{TASK}/results"
-        wrong = sign_request(who["agent"].key, "GET", path, b"", deployment=HOME, expires_at=int(time.time()) + 300)
+        wrong = sign_request(who["agent"].key, UnsignedRequest("GET", path, b"", deployment=HOME, expires_at=int(time.time()) + 300))
         response = await api.client.get(path, headers=wrong)
         assert response.status_code == 401 and code(response) == "SIGNATURE_INVALID"
 
@@ -272,7 +272,7 @@ async def test_expiry_at_exactly_now_and_the_ttl_bound_are_exact(database_url: s
         for expires_at in (1_767_225_599, 1_767_225_600, 1_767_225_601, 1_767_225_660, 1_767_225_661):
             raw = json.dumps(terms_body(poster, salt=f"e{expires_at}")).encode()
             headers = {"content-type": "application/json"}
-            headers.update(sign_request(poster.key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=expires_at))
+            headers.update(sign_request(poster.key, UnsignedRequest("POST", "/v1/terms", raw, deployment=HOME, expires_at=expires_at)))
             response = await client.post("/v1/terms", content=raw, headers=headers)
             answers[expires_at] = (response.status_code, response.json()["error"]["code"] if response.status_code >= 400 else "")
     assert answers == {
@@ -295,7 +295,7 @@ async def test_a_request_signature_has_one_accepted_encoding(database_url: str, 
     n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
     raw = json.dumps(terms_body(poster, salt="encodings")).encode()
     headers = {"content-type": "application/json"}
-    headers.update(sign_request(poster.key, "POST", "/v1/terms", raw, deployment=HOME, expires_at=NOW + 60, nonce="enc-0001"))
+    headers.update(sign_request(poster.key, UnsignedRequest("POST", "/v1/terms", raw, deployment=HOME, expires_at=NOW + 60, nonce="enc-0001")))
     signature = bytes.fromhex(headers["X-Escrowd-Signature"][2:])
     s = int.from_bytes(signature[32:64], "big")
     others = {

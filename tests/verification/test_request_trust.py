@@ -26,7 +26,7 @@ from escrowd.devnet import Devnet
 from runtime.db import connect
 from runtime.kafka import encode_headers, make_producer
 from schemas import jsoncodec
-from schemas.request_auth import Deployment, requester_proof, sign_request
+from schemas.request_auth import Deployment, UnsignedRequest, requester_proof, sign_request
 from schemas.task_terms import ReviewSubmitted, parse_request_message, result_hash
 from tests.support.indexer_harness import escrowd_command
 from verification.consumer import request_message
@@ -76,8 +76,8 @@ def signed_proof(who: Who, run: Pipeline, task: int, body: dict[str, Any], deplo
     path = f"/v1/tasks/{d.chain_id}/{d.escrow_address}/{task}/review"
     raw = json.dumps(body).encode()
     headers = sign_request(
-        who.key, "POST", path, raw, deployment=deployment or Deployment(d.chain_id, d.escrow_address),
-        expires_at=int(time.time()) + 300,
+        who.key, UnsignedRequest("POST", path, raw, deployment=deployment or Deployment(d.chain_id, d.escrow_address),
+        expires_at=int(time.time()) + 300)
     )  # fmt: skip
     return requester_proof("POST", path, raw, headers["X-Escrowd-Signer"], headers["X-Escrowd-Nonce"],
                            int(headers["X-Escrowd-Expires-At"]), headers["X-Escrowd-Signature"])  # fmt: skip
@@ -163,7 +163,12 @@ async def test_forged_and_unsigned_requests_are_dead_lettered_and_real_ones_judg
 
 def test_the_verdict_key_can_never_vouch_for_requests() -> None:
     """The service refuses to start when its verdict-signing key is also a trusted API signer."""
-    from verification.service import SigningKeyError, VerificationSettings, build_consumer
+    from verification.service import (
+        SigningKeyError,
+        VerificationSettings,
+        build_consumer,
+        build_handler,
+    )
 
     verdict_key = "0x" + "7a" * 32
     settings = VerificationSettings(
@@ -171,8 +176,9 @@ def test_the_verdict_key_can_never_vouch_for_requests() -> None:
         trusted_api_signers=[Account.from_key(verdict_key).address.lower(), SERVICE],
     )  # fmt: skip
     with pytest.raises(SigningKeyError, match="must not hold the verdict-signing key"):
-        build_consumer(settings, signing_key=verdict_key)
-    assert build_consumer(settings.model_copy(update={"trusted_api_signers": [SERVICE]}), signing_key=verdict_key) is not None
+        build_consumer(settings, build_handler(settings, signing_key=verdict_key))
+    allowed = settings.model_copy(update={"trusted_api_signers": [SERVICE]})
+    assert build_consumer(allowed, build_handler(allowed, signing_key=verdict_key)) is not None
     with pytest.raises(ValueError, match="not an address"):
         VerificationSettings(database_url="postgresql://unused/x", kafka_bootstrap="unused:9092", trusted_api_signers=["nope"])
 
@@ -261,8 +267,8 @@ async def test_a_consumer_process_dead_letters_forged_requests_across_a_kill(
                 requested_at=int(time.time()), passed=True,
             )  # fmt: skip
             raw = json.dumps(approve).encode()
-            stolen = sign_request(stranger.key, "POST", path, raw, deployment=Deployment(CHAIN_ID, ESCROW),
-                                  expires_at=int(time.time()) + 300)  # fmt: skip
+            stolen = sign_request(stranger.key, UnsignedRequest("POST", path, raw, deployment=Deployment(CHAIN_ID, ESCROW),
+                                  expires_at=int(time.time()) + 300))  # fmt: skip
             impostor = requester_proof("POST", path, raw, poster.address, stolen["X-Escrowd-Nonce"],
                                        int(stolen["X-Escrowd-Expires-At"]), stolen["X-Escrowd-Signature"])  # fmt: skip
             forged = [base, base.model_copy(update={"requester": impostor}),

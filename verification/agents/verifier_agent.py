@@ -59,7 +59,7 @@ from runtime.aio import wait_event
 from runtime.logging import register_secret
 from runtime.options import ConfigOption
 from runtime.settings import PostgresUrl, ServiceSettings, one_key_source, secrets_required
-from runtime.web.auth import Deployment, signed_request_headers
+from runtime.web.auth import Deployment, UnsignedRequest, signed_request_headers
 from schemas import jsonbounds
 from verification.agents import briefs
 from verification.agents.grounds import (
@@ -309,8 +309,8 @@ class VerifierAgent:
             else Deployment(self.settings.chain_id, self.settings.escrow_address)
         )
         headers = await signed_request_headers(
-            self.address, self.signer.sign_typed_data, method, path, raw, deployment=deployment,
-            expires_at=int(time.time()) + self.settings.request_ttl_seconds, nonce=secrets.token_urlsafe(16),
+            self.address, self.signer.sign_typed_data, UnsignedRequest(method, path, raw, deployment=deployment,
+            expires_at=int(time.time()) + self.settings.request_ttl_seconds, nonce=secrets.token_urlsafe(16))
         )  # fmt: skip
         if body is not None:
             headers["content-type"] = "application/json"

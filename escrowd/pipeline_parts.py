@@ -272,7 +272,7 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
         pool = await create_pool(config.database_url, max_size=2)
         try:
             sender = RulingSender(rpc, SecretKey.from_hex(dn.arbiter.private_key), dn.chain_id, dn.escrow_address)
-            await sender.run(pool, stop, 0.5)
+            await sender.serve(pool, stop, 0.5)
         finally:
             await rpc.close()
             await pool.close()

@@ -80,7 +80,7 @@ async def test_fail_closed_when_our_key_is_not_the_arbiter(devnet: Devnet, pool:
 
 
 class _CrashBeforeBroadcast(RulingSender):
-    async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
+    async def _broadcast(self, *_: object) -> None:
         raise SystemExit("crash between commit and broadcast")
 
 

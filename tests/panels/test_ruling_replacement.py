@@ -152,7 +152,7 @@ async def test_a_ruling_waiting_too_long_is_replaced_in_the_pool(
 
 
 class _CrashBeforeBroadcast(RulingSender):
-    async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
+    async def _broadcast(self, *_: object) -> None:
         raise SystemExit("crash between commit and broadcast")
 
 

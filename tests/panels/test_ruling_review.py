@@ -219,7 +219,7 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
         stop = asyncio.Event()
         failures_before = _failed_passes()
         health.mark(SENDER_PART, True)
-        running = asyncio.create_task(sender.run(pool, stop, interval=0.02))
+        running = asyncio.create_task(sender.serve(pool, stop, interval=0.02))
         try:
             # Waits end on what they wait for; the deadlines only stop a broken run, and are
             # generous because a loaded machine may take long to make the sender's passes.

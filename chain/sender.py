@@ -432,8 +432,11 @@ class TxSender:
                 slot.last_broadcast = None
         async with self._pool.acquire() as conn:
             await txstore.set_next_nonce(conn, self.chain_id, self.address, plan.next_nonce)
-        if plan.fill:
-            await self._fill(plan.fill, plan.next_nonce)
+        # A nonce with a slot mined or confirmed at or above the chain's count is one a reorg
+        # took away: the track round sends its transaction again; a filler would collide.
+        fill = [n for n in plan.fill if n not in self.slots]
+        if fill:
+            await self._fill(fill, plan.next_nonce)
         self._m.next_nonce.labels(self._label).set(plan.next_nonce)
         (log.warning if plan.drifted else log.info)(
             "nonces_reconciled",
@@ -444,7 +447,7 @@ class TxSender:
             chain_pending=chain_pending,
             next_nonce=plan.next_nonce,
             rebroadcast=len(plan.rebroadcast),
-            filled=list(plan.fill),
+            filled=fill,
             foreign_pending=plan.foreign_pending,
         )
 

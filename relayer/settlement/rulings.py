@@ -191,15 +191,8 @@ class RulingSlot(Slot):
     task_id: int = -1
 
 
-def _ruling_metrics() -> SenderMetrics:
-    """The arbiter key's sender metrics (`escrowd_ruling_sender_*`), registered once per process."""
-    global _METRICS
-    if _METRICS is None:
-        _METRICS = SenderMetrics.create("escrowd_ruling_sender", "the arbiter key")
-    return _METRICS
-
-
-_METRICS: SenderMetrics | None = None
+SENDER_METRICS = SenderMetrics.create("escrowd_ruling_sender", "the arbiter key")
+"""The arbiter key's sender metrics (the panels dashboard's last row)."""
 
 
 class _NotQueued(Exception):
@@ -241,7 +234,7 @@ class RulingSender(TxSender):
         )
         # The pool is the one each round is given (`step(pool)`): set before anything reads it.
         super().__init__(chain_id=chain_id, key=key, rpc=rpc, pool=cast(asyncpg.Pool, None), gate=SendGate(),
-                         options=options, metrics=_ruling_metrics(), confirmations=confirmations)
+                         options=options, metrics=SENDER_METRICS, confirmations=confirmations)
         self._begun = False
         self._moved = 0  # rulings a round moved on (its hooks count them)
         self._queued_broadcasts: list[tuple[list[Slot], str]] = []
@@ -879,6 +872,7 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-relayer-rulings")
     await producer.start()
     publisher = OutboxPublisher(settings.database_url, producer)
+    SENDER_METRICS.at_start([settings.ruling_chain_id], ["ruling", "filler"])
     sender = RulingSender(rpc, key, settings.ruling_chain_id, settings.ruling_escrow,
                           confirmations=settings.ruling_confirmations, policy=settings.fee_policy(),
                           finality_depth=settings.ruling_finality_depth,

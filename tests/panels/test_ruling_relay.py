@@ -213,3 +213,59 @@ async def test_a_mined_ruling_whose_receipt_lags_the_count_is_confirmed_not_requ
     count_after = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
     assert int(count_after, 16) == int(count_before, 16) + 1
     assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+
+
+async def test_rulings_whose_own_transactions_were_mined_are_never_judged_lost(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    """The failure `escrowd run --tasks 1000 --exit` had: rulings queued again (then recorded
+    `already_resolved`) after their own transactions were mined, while the node's receipts
+    lagged its count. Through the sender as the relay runs it (`serve`), several rulings in
+    flight at once behind a node that answers every receipt late: each is confirmed with the
+    one transaction it was signed with, no nonce of the arbiter key is lost, nothing is sent
+    twice."""
+    from relayer.settlement.rulings import RULINGS
+
+    tasks = [await asyncio.to_thread(disputed_task, devnet) for _ in range(4)]
+    consumer = ruling_consumer(devnet)
+    for i, task_id in enumerate(tasks):
+        await admit(pool, consumer, ruling_message(devnet, task_id, 1_000 + i, offset=i))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    count_before = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    lost_before = RULINGS.labels("nonce_lost")._value.get()
+    stop = asyncio.Event()
+    with RpcFaultProxy(devnet.rpc_url, Faults(receipt_lag=1)) as proxy:
+        rpc = EthRpc([proxy.url], chain_id=devnet.chain_id)
+        sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
+        running = asyncio.create_task(sender.serve(pool, stop, 0.05))
+        try:
+            deadline = time.monotonic() + 120  # stops a broken run only; the wait ends on the rows
+            while True:
+                async with pool.acquire() as conn:
+                    statuses = [r["status"] for r in await conn.fetch(
+                        "SELECT status FROM settlement_rulings WHERE task_id = ANY($1::numeric[])", tasks)]
+                if statuses == ["confirmed"] * len(tasks) or running.done():
+                    break
+                assert time.monotonic() < deadline, statuses
+                await asyncio.sleep(0.05)
+            assert not running.done(), running.exception() if running.done() else None
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 30)
+            await rpc.close()
+    assert proxy.stats.injected["receipt_lag"] >= len(tasks)  # every receipt came late
+    assert RULINGS.labels("nonce_lost")._value.get() == lost_before
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT * FROM settlement_rulings WHERE task_id = ANY($1::numeric[])", tasks)
+        versions = await conn.fetch(
+            "SELECT task_id, nonce, tx_hash FROM settlement_ruling_txs WHERE task_id = ANY($1::numeric[])", tasks)
+        states = await conn.fetch(
+            "SELECT state, receipt_status FROM settlement_transactions WHERE sender = $1", key.address.lower())
+    # One version per ruling, the one confirmed; every slot of the key confirmed, none lost.
+    assert sorted((int(v["task_id"]), v["nonce"], v["tx_hash"]) for v in versions) == sorted(
+        (int(r["task_id"]), r["nonce"], r["tx_hash"]) for r in rows)
+    assert {(s["state"], s["receipt_status"]) for s in states} == {("confirmed", 1)}
+    count_after = await asyncio.to_thread(devnet.rpc, "eth_getTransactionCount", key.address, "latest")
+    assert int(count_after, 16) == int(count_before, 16) + len(tasks)
+    for task_id in tasks:
+        assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED

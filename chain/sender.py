@@ -328,6 +328,9 @@ class TxSender:
     def _replaced(self, slot: Slot, kind: str) -> None:
         """After a replacement was stored."""
 
+    def _fee_capped(self, slot: Slot) -> None:
+        """A due slot's bump would pass the fee cap: its live version is sent again unchanged."""
+
     def _on_mined(self, slot: Slot, receipt: dict[str, Any]) -> None:
         """A receipt of the slot was just read (newly mined, or re-included elsewhere)."""
 
@@ -906,6 +909,7 @@ class TxSender:
             if new_fees is None:
                 self._m.fee_cap_reached.labels(self._label).inc()
                 log.warning("fee_cap_reached", chain_id=self.chain_id, nonce=slot.nonce)
+                self._fee_capped(slot)
                 slot.needs_bump = False
                 resend.append(slot)
                 continue

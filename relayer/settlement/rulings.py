@@ -1,40 +1,32 @@
 """The ruling path of the settlement relayer: signed panel rulings in, `resolveDispute` out,
-from the arbiter key. Kept apart from the verdict send loop (`sender.py`); it reuses its
-primitives: the RPC client, fee pricing, EIP-1559 signing, revert decoding, the key type and
-the persisted nonce counter (`settlement_nonces` through `chain.txstore`, the one nonce-row
-module: a row of its own for the arbiter address).
-
-Same rules as verdicts:
+from the arbiter key, through the project's one transaction sender (`chain.sender.TxSender`;
+`RulingSender` subclasses it as the verdict sender's `ChainSender` and the verifier agent's
+`CallSender` do). The nonce counter, pricing and bumps, stuck replacement, receipts,
+confirmations, reorg re-sends, reconciliation and the "nonce taken by someone else" rule are
+the sender's; this module adds:
 
 - **accept only trusted signers**: the ruling's EIP-712 signature (`schemas.panels`) must
   recover the claimed signer, and that signer must be a configured panel key; anything else
   is dead-lettered with the reason;
 - **idempotent**: one row per (chain, escrow, task) in `settlement_rulings`, written before
   anything is signed; a second ruling for the task is never sent;
-- **nonces**: the transaction is signed by the arbiter key's `chain.signers.Signer`
-  (`ruling_signer`) at the next nonce (the larger of the stored counter and the chain's
-  pending count) *before* any database transaction; then, under the row locks, the counter
-  is checked unchanged (else the signature is dropped and made again), the signed raw
-  transaction stored (`settlement_ruling_txs`, version 1) and the counter advanced in one
-  transaction; only then is it broadcast. A crash re-broadcasts the stored raw transaction,
-  never signs one at another nonce;
-- **stuck → replaced**: an unmined ruling that cannot pay the base fee, or waited
-  `replace_after` seconds, gets a new version with the same nonce and both fee fields bumped
-  (`fees.bump`, capped by the policy's `fee_cap`; at the cap the live version stays); every
-  version is stored before it is broadcast, and a receipt for any of them counts;
-- **watched until final**: a confirmed ruling is checked every pass until `finality_depth`
-  blocks deep; a receipt that disappears (or moves to a shallower block) sends it back to
-  `sent` and the same nonce's transaction is broadcast again;
-- **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
-  count `confirmations` blocks below the head has passed its nonce and none of its versions
-  was mined, in two passes in a row, the count read before the receipts (`chain.taken`:
-  another transaction of the key took the nonce); the preflight then decides
-  whether it is still needed. The database refuses a version at any other nonce;
-- **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
+- **dispatch**: a preflight `eth_call` turns a refusal into a recorded outcome
+  (`already_resolved` when the task is no longer disputed, `reverted` with the decoded error
+  otherwise) without spending a nonce; otherwise the transaction is signed by the arbiter
+  key's `chain.signers.Signer` before any database transaction (`TxSender._sign_new`, at
+  least at the key's pending count), then the ruling (`sent`, its nonce), its link
+  (`settlement_ruling_slots`), the slot of kind `ruling` with its first version and the
+  counter are stored in one transaction, and only then is it broadcast;
+- **what a slot means for its ruling** (`_sync_rulings`, after every tracking round): `sent`
+  while pending or mined shallower than `confirmations`; then `confirmed`, or `reverted` /
+  `already_resolved` for a receipt with status 0; final (`final_at`, no longer watched) at
+  `finality_depth`; `sent` again (`reorgs` + 1) when a reorg took the receipt away; `queued`
+  again when the sender judged the nonce lost (two looks, `chain.taken`), so the preflight
+  decides again whether it is still needed before a fresh nonce;
+- **fail closed**: the sender's gate is open only while the escrow's `arbiter()` is our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
-- a preflight `eth_call` turns a refusal into a recorded outcome (`already_resolved` when
-  the task is no longer disputed, `reverted` with the decoded error otherwise) without
-  spending a nonce; one that reverts on chain is recorded with its reason, not retried.
+- the database keeps the invariants (migrations 120 and 230): one live nonce per ruling,
+  versions only at it while `sent`, signed versions and links append-only, final rows frozen.
 
 The rules, with the reasoning about reorgs and nonces: docs/panels.md, "Sending a ruling".
 """
@@ -587,6 +579,11 @@ class RulingSender(TxSender):
         RULINGS.labels("replaced").inc()
         log.info("ruling_replaced", task_id=getattr(slot, "task_id", None), nonce=slot.nonce,
                  version=slot.latest.version + 1, tx_hash=slot.latest.tx_hash)
+
+    def _fee_capped(self, slot: Slot) -> None:
+        RULINGS.labels("fee_capped").inc()
+        log.warning("ruling_fee_capped", task_id=getattr(slot, "task_id", None), nonce=slot.nonce,
+                    fee_cap=self.policy.fee_cap, base_fee=self.head.base_fee if self.head else None)
 
     async def _record_lost(self, conn: asyncpg.Connection, slots: Sequence[Slot]) -> None:
         # Another transaction of the arbiter key took the nonce (none of the ruling's versions

@@ -281,7 +281,8 @@ class RulingSender(TxSender):
             changed += await self._dispatch()
             await self._flush()
             await self._maintain()
-        await self._flush()
+            await self._flush()
+        # Closed: what is queued for broadcast waits for the gate (nothing goes out unchecked).
         return changed
 
     async def serve(self, pool: asyncpg.Pool, stop: asyncio.Event, interval: float = 1.0) -> None:

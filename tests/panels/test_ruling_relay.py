@@ -269,3 +269,56 @@ async def test_rulings_whose_own_transactions_were_mined_are_never_judged_lost(
     assert int(count_after, 16) == int(count_before, 16) + len(tasks)
     for task_id in tasks:
         assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+
+
+async def test_a_ruling_sent_before_migration_230_is_adopted_and_followed_not_signed_again(
+    devnet: Devnet, pool: asyncpg.Pool
+) -> None:
+    """A ruling `sent` by the old ruling path: its version is only in the table of 110/120
+    (kept as `settlement_ruling_txs_before_230`). The sender moves it into its own tables at
+    start-up and follows it: the stored transaction is the one that lands, nothing else is
+    signed, and the view shows it once with its old version number."""
+    from chain.fees import Fees
+    from chain.txs import sign_eip1559
+    from relayer.settlement.rulings import resolve_dispute_data
+
+    task_id = await asyncio.to_thread(disputed_task, devnet)
+    await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 4_200))
+    key = SecretKey.from_hex(devnet.arbiter.private_key)
+    rpc = EthRpc([devnet.rpc_url], chain_id=devnet.chain_id)
+    try:
+        nonce = await rpc.transaction_count(key.address, "latest")
+        base_fee = (await rpc.head()).base_fee
+        old = sign_eip1559(key, chain_id=devnet.chain_id, nonce=nonce, to=devnet.escrow_address,
+                           data=resolve_dispute_data(task_id, 4_200), gas_limit=300_000,
+                           fees=Fees(base_fee * 4 + 10**9, 10**9))
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE settlement_rulings SET status = 'sent', nonce = $2, raw_tx = $3, tx_hash = $4,"
+                " sent_at = now(), broadcast_at = now() WHERE task_id = $1", task_id, nonce, old.raw_hex, old.tx_hash)
+            # The old table takes no new rows any more: written as the old path did, the
+            # trigger that freezes it set aside for this one statement.
+            await conn.execute("ALTER TABLE settlement_ruling_txs_before_230 DISABLE TRIGGER USER")
+            await conn.execute(
+                "INSERT INTO settlement_ruling_txs_before_230 (chain_id, escrow, task_id, nonce, version, tx_hash,"
+                " raw_tx, gas_limit, max_fee_per_gas, max_priority_fee_per_gas) SELECT chain_id, escrow, task_id,"
+                " nonce, 1, tx_hash, raw_tx, 300000, $2, $3 FROM settlement_rulings WHERE task_id = $1",
+                task_id, old.fees.max_fee_per_gas, old.fees.max_priority_fee_per_gas)
+            await conn.execute("ALTER TABLE settlement_ruling_txs_before_230 ENABLE TRIGGER USER")
+        sender = RulingSender(rpc, key, devnet.chain_id, devnet.escrow_address)
+        row = await until_status(pool, sender, task_id, "confirmed")
+        assert (row["nonce"], row["tx_hash"]) == (nonce, old.tx_hash)
+        async with pool.acquire() as conn:
+            versions = await conn.fetch("SELECT nonce, version, tx_hash FROM settlement_ruling_txs WHERE task_id = $1",
+                                        task_id)
+            slot = await conn.fetchrow(
+                "SELECT t.kind, t.state FROM settlement_ruling_slots l JOIN settlement_transactions t"
+                " USING (chain_id, sender, nonce) WHERE l.task_id = $1", task_id)
+            with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                await conn.execute("DELETE FROM settlement_ruling_txs_before_230 WHERE task_id = $1", task_id)
+        assert [(v["nonce"], v["version"], v["tx_hash"]) for v in versions] == [(nonce, 1, old.tx_hash)]
+        assert (slot["kind"], slot["state"]) == ("ruling", "confirmed")
+        assert await rpc.transaction_count(key.address, "latest") == nonce + 1
+        assert (await asyncio.to_thread(devnet.get_task, task_id)).status == TaskStatus.RESOLVED
+    finally:
+        await rpc.close()

@@ -32,8 +32,9 @@ the escrows; the key's own address for fillers): anything else is refused before
 
 Users: the relayer's verdict send loop (`relayer.settlement.sender.ChainSender`, a subclass
 that adds its dispatch loop, single and packed verdicts, and what a verdict's outcome means),
-the ruling path's broadcasts (`broadcast_raw`), and the hosted verifier agent (`CallSender`:
-plain calls from its own wallet, each awaited until confirmed).
+the ruling path (`relayer.settlement.rulings.RulingSender`, a subclass that sends panel
+rulings from the arbiter key and records what each became), and the hosted verifier agent
+(`CallSender`: plain calls from its own wallet, each awaited until confirmed).
 """
 
 from __future__ import annotations
@@ -321,8 +322,14 @@ class TxSender:
     async def _record_replacement(self, conn: asyncpg.Connection, slot: Slot, kind: str) -> None:
         """Inside the replacement's transaction (a filler replacing what `slot` carried)."""
 
+    async def _record_version(self, conn: asyncpg.Connection, slot: Slot, tx: SignedTx, kind: str) -> None:
+        """Inside the transaction that stores any replacement of `slot` (a bump or a filler)."""
+
     def _replaced(self, slot: Slot, kind: str) -> None:
         """After a replacement was stored."""
+
+    def _fee_capped(self, slot: Slot) -> None:
+        """A due slot's bump would pass the fee cap: its live version is sent again unchanged."""
 
     def _on_mined(self, slot: Slot, receipt: dict[str, Any]) -> None:
         """A receipt of the slot was just read (newly mined, or re-included elsewhere)."""
@@ -428,8 +435,11 @@ class TxSender:
                 slot.last_broadcast = None
         async with self._pool.acquire() as conn:
             await txstore.set_next_nonce(conn, self.chain_id, self.address, plan.next_nonce)
-        if plan.fill:
-            await self._fill(plan.fill, plan.next_nonce)
+        # A nonce with a slot mined or confirmed at or above the chain's count is one a reorg
+        # took away: the track round sends its transaction again; a filler would collide.
+        fill = [n for n in plan.fill if n not in self.slots]
+        if fill:
+            await self._fill(fill, plan.next_nonce)
         self._m.next_nonce.labels(self._label).set(plan.next_nonce)
         (log.warning if plan.drifted else log.info)(
             "nonces_reconciled",
@@ -440,7 +450,7 @@ class TxSender:
             chain_pending=chain_pending,
             next_nonce=plan.next_nonce,
             rebroadcast=len(plan.rebroadcast),
-            filled=list(plan.fill),
+            filled=fill,
             foreign_pending=plan.foreign_pending,
         )
 
@@ -500,21 +510,25 @@ class TxSender:
         self,
         calls: Sequence[tuple[str, bytes, int]],
         store: Callable[[asyncpg.Connection, list[SignedTx]], Any],
+        floor: int = 0,
     ) -> list[SignedTx]:
         """Sign `calls` (to, data, gas) at the next consecutive nonces and store them with
         `store(conn, signed)` (which advances the counter) in one transaction that finds the
         counter where the signing read it. The signing happens before that transaction, so
         the counter row is never locked while a signer answers; when the counter moved in
-        between, the signatures are dropped (never stored or broadcast) and made again."""
+        between, the signatures are dropped (never stored or broadcast) and made again.
+        `floor`: a lowest nonce the caller read from the chain (its pending count: another
+        holder of the key may have transactions in the pool)."""
         fees = await self._fees_now()
         while True:
+            low = max(self._chain_latest, floor)
             async with self._pool.acquire() as conn:
-                first = max(await txstore.next_nonce(conn, self.chain_id, self.address) or 0, self._chain_latest)
+                first = max(await txstore.next_nonce(conn, self.chain_id, self.address) or 0, low)
             signed = await self._sign_all([(first + i, to, data, gas) for i, (to, data, gas) in enumerate(calls)], fees)
             self._crash_at("after_sign")
             try:
                 async with self._pool.acquire() as conn, conn.transaction():
-                    locked = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=self._chain_latest)
+                    locked = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=low)
                     if locked != first:
                         raise NonceMoved
                     await store(conn, signed)
@@ -895,6 +909,7 @@ class TxSender:
             if new_fees is None:
                 self._m.fee_cap_reached.labels(self._label).inc()
                 log.warning("fee_cap_reached", chain_id=self.chain_id, nonce=slot.nonce)
+                self._fee_capped(slot)
                 slot.needs_bump = False
                 resend.append(slot)
                 continue
@@ -908,6 +923,7 @@ class TxSender:
         version = slot.latest.version + 1
         async with self._pool.acquire() as conn, conn.transaction():
             await txstore.record_version(conn, self.chain_id, self.address, tx, version, kind)
+            await self._record_version(conn, slot, tx, kind)
             if kind == "filler" and slot.kind != "filler":
                 await txstore.convert_to_filler(conn, self.chain_id, self.address, slot.nonce)
                 await self._record_replacement(conn, slot, kind)

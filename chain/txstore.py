@@ -3,7 +3,7 @@ signed version of it. The database is the truth; a sender's memory is a cache of
 
 - `settlement_nonces`: the next nonce of an address, advanced in the same transaction that
   stores the signed transaction using it: no nonce without a stored transaction;
-- `settlement_transactions`: one row per nonce we hold (kind `verdict`, `batch`, `filler` or
+- `settlement_transactions`: one row per nonce we hold (kind `verdict`, `batch`, `filler`, `ruling` or
   `call`; state `pending` → `mined` → `confirmed`, or `lost` when another transaction took
   the nonce), a `call` with its target and calldata;
 - `settlement_tx_versions`: every signed version (the first and each replacement), stored

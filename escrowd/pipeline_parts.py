@@ -269,10 +269,10 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
         from runtime.db import create_pool
 
         rpc = EthRpc([dn.rpc_url], chain_id=dn.chain_id)
-        pool = await create_pool(config.database_url, max_size=2)
+        pool = await create_pool(config.database_url, max_size=3)  # one holds the key's advisory lock
         try:
             sender = RulingSender(rpc, SecretKey.from_hex(dn.arbiter.private_key), dn.chain_id, dn.escrow_address)
-            await sender.run(pool, stop, 0.5)
+            await sender.serve(pool, stop, 0.5)
         finally:
             await rpc.close()
             await pool.close()

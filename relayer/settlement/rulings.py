@@ -1,40 +1,32 @@
 """The ruling path of the settlement relayer: signed panel rulings in, `resolveDispute` out,
-from the arbiter key. Kept apart from the verdict send loop (`sender.py`); it reuses its
-primitives: the RPC client, fee pricing, EIP-1559 signing, revert decoding, the key type and
-the persisted nonce counter (`settlement_nonces` through `chain.txstore`, the one nonce-row
-module: a row of its own for the arbiter address).
-
-Same rules as verdicts:
+from the arbiter key, through the project's one transaction sender (`chain.sender.TxSender`;
+`RulingSender` subclasses it as the verdict sender's `ChainSender` and the verifier agent's
+`CallSender` do). The nonce counter, pricing and bumps, stuck replacement, receipts,
+confirmations, reorg re-sends, reconciliation and the "nonce taken by someone else" rule are
+the sender's; this module adds:
 
 - **accept only trusted signers**: the ruling's EIP-712 signature (`schemas.panels`) must
   recover the claimed signer, and that signer must be a configured panel key; anything else
   is dead-lettered with the reason;
 - **idempotent**: one row per (chain, escrow, task) in `settlement_rulings`, written before
   anything is signed; a second ruling for the task is never sent;
-- **nonces**: the transaction is signed by the arbiter key's `chain.signers.Signer`
-  (`ruling_signer`) at the next nonce (the larger of the stored counter and the chain's
-  pending count) *before* any database transaction; then, under the row locks, the counter
-  is checked unchanged (else the signature is dropped and made again), the signed raw
-  transaction stored (`settlement_ruling_txs`, version 1) and the counter advanced in one
-  transaction; only then is it broadcast. A crash re-broadcasts the stored raw transaction,
-  never signs one at another nonce;
-- **stuck → replaced**: an unmined ruling that cannot pay the base fee, or waited
-  `replace_after` seconds, gets a new version with the same nonce and both fee fields bumped
-  (`fees.bump`, capped by the policy's `fee_cap`; at the cap the live version stays); every
-  version is stored before it is broadcast, and a receipt for any of them counts;
-- **watched until final**: a confirmed ruling is checked every pass until `finality_depth`
-  blocks deep; a receipt that disappears (or moves to a shallower block) sends it back to
-  `sent` and the same nonce's transaction is broadcast again;
-- **one nonce at a time**: a ruling is queued again for a fresh nonce only when the arbiter's
-  count `confirmations` blocks below the head has passed its nonce and none of its versions
-  was mined, in two passes in a row, the count read before the receipts (`chain.taken`:
-  another transaction of the key took the nonce); the preflight then decides
-  whether it is still needed. The database refuses a version at any other nonce;
-- **fail closed**: nothing is signed or sent while the escrow's `arbiter()` is not our key
+- **dispatch**: a preflight `eth_call` turns a refusal into a recorded outcome
+  (`already_resolved` when the task is no longer disputed, `reverted` with the decoded error
+  otherwise) without spending a nonce; otherwise the transaction is signed by the arbiter
+  key's `chain.signers.Signer` before any database transaction (`TxSender._sign_new`, at
+  least at the key's pending count), then the ruling (`sent`, its nonce), its link
+  (`settlement_ruling_slots`), the slot of kind `ruling` with its first version and the
+  counter are stored in one transaction, and only then is it broadcast;
+- **what a slot means for its ruling** (`_sync_rulings`, after every tracking round): `sent`
+  while pending or mined shallower than `confirmations`; then `confirmed`, or `reverted` /
+  `already_resolved` for a receipt with status 0; final (`final_at`, no longer watched) at
+  `finality_depth`; `sent` again (`reorgs` + 1) when a reorg took the receipt away; `queued`
+  again when the sender judged the nonce lost (two looks, `chain.taken`), so the preflight
+  decides again whether it is still needed before a fresh nonce;
+- **fail closed**: the sender's gate is open only while the escrow's `arbiter()` is our key
   (`arbiter_matches`, also reported by `/health/bridge` as `arbiter.arbiterMatches`);
-- a preflight `eth_call` turns a refusal into a recorded outcome (`already_resolved` when
-  the task is no longer disputed, `reverted` with the decoded error otherwise) without
-  spending a nonce; one that reverts on chain is recorded with its reason, not retried.
+- the database keeps the invariants (migrations 120 and 230): one live nonce per ruling,
+  versions only at it while `sent`, signed versions and links append-only, final rows frozen.
 
 The rules, with the reasoning about reorgs and nonces: docs/panels.md, "Sending a ruling".
 """
@@ -43,9 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import asyncpg
 import structlog
@@ -53,23 +47,24 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from chain import txstore
-from chain.eth_rpc import EthRpc, Head, RetryableRpcError, RpcCallError, RpcError
-from chain.fees import (
-    BPS,
-    GWEI,
-    NODE_MIN_BUMP_BPS,
-    FeePolicy,
-    Fees,
-    price,
-)
+from chain.eth_rpc import EthRpc, Head, RpcCallError, RpcError
+from chain.fees import BPS, GWEI, NODE_MIN_BUMP_BPS, FeePolicy, Fees
+from chain.gate import SendGate
 from chain.keys import KeyLoadError, SecretKey, load_keystore
 from chain.receipts import INT64 as _INT64
-from chain.receipts import BadReply, Receipt, quantity
-from chain.sender import NODE_HAS_IT, broadcast_raw, classify_send_error
-from chain.signers import KeystoreSigner, Signer, SignerError, SignerSpec, open_signer
+from chain.receipts import BadReply, depth, quantity
+from chain.sender import (
+    NODE_HAS_IT,
+    SenderMetrics,
+    SenderOptions,
+    Slot,
+    TxSender,
+    classify_send_error,
+)
+from chain.signers import Signer, SignerError, SignerSpec, open_signer
 from chain.stuck import stuck_action as stuck_action  # re-exported: the ruling rules' tests
-from chain.taken import TakenWatch
-from chain.txs import SignedTx, UnsignedTx, _word, decode_revert, selector
+from chain.txs import SignedTx, _word, decode_revert, selector
+from chain.txstore import NewSlot, TxVersion, version_of
 from runtime.aio import wait_event
 from runtime.consumer import IdempotentConsumer, InboundMessage, PermanentError
 from runtime.db import create_pool
@@ -159,18 +154,6 @@ class RulingHandler:
             await conn.execute("SELECT pg_notify('escrowd_rulings', $1)", str(r.chain_id))
 
 
-@dataclass(frozen=True)
-class Version:
-    """One signed version of a ruling's transaction (`settlement_ruling_txs`)."""
-
-    nonce: int
-    version: int
-    tx_hash: str
-    raw_tx: str
-    gas_limit: int
-    fees: Fees
-
-
 def node_has_it(message: str) -> bool:
     """True when a node's refusal of a raw transaction means it has it, or mined its nonce
     (geth/erigon "already known", anvil "already imported", besu "Known transaction",
@@ -193,415 +176,516 @@ def mined_status(
     return "sent", False
 
 
-@dataclass
-class RulingSender:
+@dataclass(eq=False)
+class RulingSlot(Slot):
+    """A nonce of the arbiter key carrying one ruling."""
+
+    task_id: int = -1
+
+
+SENDER_METRICS = SenderMetrics.create("escrowd_ruling_sender", "the arbiter key")
+"""The arbiter key's sender metrics (the panels dashboard's last row)."""
+
+
+class _NotQueued(Exception):
+    """The ruling left `queued` while it was being signed: the signature is dropped."""
+
+
+class RulingSender(TxSender):
     """Sends the queued rulings of one chain and escrow from the arbiter key (`key`: its
-    `chain.signers.Signer`, or a key in this process, signed through a `KeystoreSigner`)."""
+    `chain.signers.Signer`, or a key in this process, signed through a `KeystoreSigner`),
+    through the project's one transaction sender: nonces, replacement, receipts, reorgs and
+    lost nonces are `TxSender`'s; this class adds the dispatch (preflight, then a slot of kind
+    `ruling` linked to its ruling) and what each slot's state means for `settlement_rulings`.
 
-    rpc: EthRpc
-    key: Signer | SecretKey
-    chain_id: int
-    escrow: str
-    confirmations: int = 1
-    policy: FeePolicy = field(default_factory=FeePolicy)
-    arbiter_matches: bool | None = None
-    escrow_arbiter: str | None = None
-    finality_depth: int = 64
-    replace_after: float = 30.0
+    Driven in rounds (`step`): a round reads the head, checks `arbiter()` (the gate), tracks
+    what was sent, sends what is queued and maintains what is pending; `run` repeats rounds.
+    """
 
-    _taken: TakenWatch = field(default_factory=TakenWatch, init=False, repr=False)
-    _signer: Signer = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._signer = KeystoreSigner(self.key) if isinstance(self.key, SecretKey) else self.key
-        if self.confirmations < 1 or self.finality_depth < self.confirmations:
+    def __init__(
+        self,
+        rpc: EthRpc,
+        key: Signer | SecretKey,
+        chain_id: int,
+        escrow: str,
+        *,
+        confirmations: int = 1,
+        policy: FeePolicy | None = None,
+        finality_depth: int = 64,
+        replace_after: float = 30.0,
+    ) -> None:
+        if confirmations < 1 or finality_depth < confirmations:
             raise ValueError("need 1 <= confirmations <= finality_depth")
+        self.escrow = escrow.lower()
+        self.finality_depth = finality_depth
+        self.arbiter_matches: bool | None = None
+        self.escrow_arbiter: str | None = None
+        options = SenderOptions(
+            policy=policy or FeePolicy(), gas_limit=DEFAULT_GAS, replace_after=replace_after,
+            watch_blocks=finality_depth, allowed_to=frozenset({self.escrow}),
+        )
+        # The pool is the one each round is given (`step(pool)`): set before anything reads it.
+        super().__init__(chain_id=chain_id, key=key, rpc=rpc, pool=cast(asyncpg.Pool, None), gate=SendGate(),
+                         options=options, metrics=SENDER_METRICS, confirmations=confirmations)
+        self._begun = False
+        self._moved = 0  # rulings a round moved on (its hooks count them)
+        self._queued_broadcasts: list[tuple[list[Slot], str]] = []
+        self._reverts: dict[str, tuple[str, str]] = {}  # mined hash -> (outcome, decoded error)
 
     @property
-    def address(self) -> str:
-        """The arbiter key's address."""
-        return self._signer.address
+    def key(self) -> Signer:
+        """The arbiter key's signer."""
+        return self._signer
+
+    @property
+    def policy(self) -> FeePolicy:
+        """The fee policy of the ruling path."""
+        return self._opt.policy
+
+    # ------------------------------------------------------------------ rounds
 
     async def check_arbiter(self) -> bool:
         """Read `arbiter()` from the escrow; the gate is open only when it is our key."""
-        raw = await self.rpc.eth_call(self.escrow, arbiter_data())
+        try:
+            raw = await self._rpc.eth_call(self.escrow, arbiter_data())
+        except BaseException:
+            self.gate.close("the escrow's arbiter() could not be read")
+            raise
         self.escrow_arbiter = "0x" + raw[-20:].hex()
         self.arbiter_matches = self.escrow_arbiter.lower() == self.address.lower()
         ARBITER_MATCH.labels(str(self.chain_id)).set(1 if self.arbiter_matches else 0)
+        if self.arbiter_matches:
+            self.gate.open()
+        else:
+            self.gate.close(f"the escrow's arbiter is {self.escrow_arbiter}, not our key")
         return self.arbiter_matches
 
     async def step(self, pool: asyncpg.Pool) -> int:
-        """One pass: send what is queued (if the gate is open), follow what was sent."""
-        done = 0
-        if await self.check_arbiter():
-            async with pool.acquire() as conn:
-                queued = await conn.fetch(
-                    "SELECT chain_id, escrow, task_id, agent_share_bps FROM settlement_rulings"
-                    " WHERE chain_id = $1 AND escrow = $2 AND status = 'queued' ORDER BY created_at LIMIT 50",
-                    self.chain_id, self.escrow.lower(),
-                )
-            for row in queued:
-                await self._send(pool, int(row["task_id"]), int(row["agent_share_bps"]))
-                done += 1
-        else:
-            log.warning("ruling_gate_closed", chain_id=self.chain_id, arbiter=self.escrow_arbiter)
-        done += await self._follow(pool)
-        return done
-
-    async def _send(self, pool: asyncpg.Pool, task_id: int, share: int) -> None:
-        data = resolve_dispute_data(task_id, share)
-        try:
-            await self.rpc.eth_call(self.escrow, data, sender=self.address)
-        except RpcCallError as exc:
-            revert = getattr(exc, "revert_data", None)
-            error = decode_revert(revert if isinstance(revert, bytes) else b"")
-            outcome = preflight_outcome(error.name, error.args)
-            async with pool.acquire() as conn:
-                await conn.execute(
-                    "UPDATE settlement_rulings SET status = $4, error = $5, updated_at = now()"
-                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'queued'",
-                    self.chain_id, self.escrow.lower(), task_id, outcome, str(error),
-                )
-            RULINGS.labels(outcome).inc()
-            return
-        try:
-            gas = quantity(await self.rpc.call("eth_estimateGas", {
-                "from": self.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
-                limit=30_000_000)
-            gas = gas * GAS_HEADROOM_BPS // 10_000
-        except RpcCallError:
-            gas = DEFAULT_GAS
-        head = await self._head()
-        fees = price(head.base_fee, await self.rpc.max_priority_fee(), self.policy)
-        latest = await self._count("latest")  # read first: the pending count only grows after it
-        pending = await self._count("pending")
-        if not latest <= pending <= latest + MAX_NONCE_JUMP:
-            raise BadReply("eth_getTransactionCount: pending count out of line with the mined count")
-        address = self.address.lower()
-        while True:
-            # Signed before the database transaction, at the nonce the counter gives now: a
-            # slow signer (KMS, a remote one) never holds the ruling's row or the nonce row.
-            # When the counter moved meanwhile, the signature is dropped, never stored or sent.
-            async with pool.acquire() as conn:
-                stored = await txstore.next_nonce(conn, self.chain_id, address)
-            nonce = self._nonce(pending, stored)
-            tx = await self._sign(nonce, data, gas, fees)
-            async with pool.acquire() as conn, conn.transaction():
-                status = await conn.fetchval(
-                    "SELECT status FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
-                    " FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
-                )
-                if status != "queued":
-                    return
-                locked = self._nonce(pending, await txstore.lock_nonce_row(conn, self.chain_id, address, pending))
-                if locked != nonce:
-                    log.info("nonce_moved_while_signing", chain_id=self.chain_id, signed_at=nonce, now=locked)
-                    continue
-                await conn.execute(
-                    "UPDATE settlement_rulings SET status = 'sent', nonce = $4, raw_tx = $5, tx_hash = $6,"
-                    " sent_at = now(), broadcast_at = now(), block_number = NULL, block_hash = NULL,"
-                    " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
-                    self.chain_id, self.escrow.lower(), task_id, nonce, tx.raw_hex, tx.tx_hash,
-                )
-                await self._store_version(conn, task_id, tx, 1)
-                await txstore.set_next_nonce(conn, self.chain_id, address, nonce + 1)
-            break
-        await self._broadcast(tx.raw_hex, tx.tx_hash)
-        RULINGS.labels("sent").inc()
-
-    @staticmethod
-    def _nonce(pending: int, stored: int | None) -> int:
-        """The ruling's nonce: the larger of the chain's pending count and the stored counter."""
-        if stored is not None and pending > stored + MAX_NONCE_JUMP:
-            # A node inflating the count would burn the counter: every later ruling would
-            # wait behind a gap. Refuse to sign; the operator sees the pass fail.
-            raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
-        return pending if stored is None else max(stored, pending)
-
-    async def _sign(self, nonce: int, data: bytes, gas: int, fees: Fees) -> SignedTx:
-        """`resolveDispute` calldata signed by the arbiter's signer (SignerError: nothing signed)."""
-        return await self._signer.sign_transaction(
-            UnsignedTx(chain_id=self.chain_id, nonce=nonce, to=self.escrow, data=data, gas_limit=gas, fees=fees)
-        )
-
-    async def _store_version(self, conn: asyncpg.Connection, task_id: int, tx: SignedTx, version: int) -> None:
-        await conn.execute(
-            "INSERT INTO settlement_ruling_txs (chain_id, escrow, task_id, nonce, version, tx_hash, raw_tx,"
-            " gas_limit, max_fee_per_gas, max_priority_fee_per_gas) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            self.chain_id, self.escrow.lower(), task_id, tx.nonce, version, tx.tx_hash, tx.raw_hex, tx.gas_limit,
-            tx.fees.max_fee_per_gas, tx.fees.max_priority_fee_per_gas,
-        )
-
-    async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
-        (outcome,) = await broadcast_raw(self.rpc, [raw_hex])
-        if outcome == "ok":
-            return
-        if outcome in NODE_HAS_IT:
-            # The node has it or mined it (or its nonce): the receipt decides.
-            log.debug("ruling_broadcast_known", tx_hash=tx_hash)
-            return
-        if outcome == "transient":
-            raise RetryableRpcError("eth_sendRawTransaction: no answer")  # the pass fails; retried
-        # A real refusal (no gas money, underpriced next to another transaction at the
-        # nonce, a gas limit the node refuses): retried every pass, counted, alerted on.
-        RULINGS.labels("broadcast_refused").inc()
-        log.warning("ruling_broadcast_refused", tx_hash=tx_hash, outcome=outcome)
-
-    async def _follow(self, pool: asyncpg.Pool) -> int:
-        """Follow every ruling that was sent, and every confirmed one that is not final yet."""
-        async with pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT task_id, agent_share_bps, nonce, status, tx_hash, block_hash, error,"
-                " EXTRACT(EPOCH FROM now() - broadcast_at)::float8 AS waited FROM settlement_rulings"
-                " WHERE chain_id = $1 AND escrow = $2 AND (status = 'sent' OR (status = ANY($3::text[])"
-                " AND final_at IS NULL AND tx_hash IS NOT NULL)) ORDER BY nonce",
-                self.chain_id, self.escrow.lower(), list(MINED),
-            )
-        if not rows:
-            return 0
-        head = await self._head()
+        """One round: follow what was sent, send what is queued (if the gate is open),
+        replace or re-broadcast what is pending. The number of rulings it moved on."""
+        self._pool = pool
+        head = await self._read_head()
+        if not self._begun:
+            await self._begin(head)
+        self._on_head(head)
         changed = 0
-        for row in rows:
-            changed += await self._follow_one(pool, row, head)
+        if not await self.check_arbiter():
+            log.warning("ruling_gate_closed", chain_id=self.chain_id, arbiter=self.escrow_arbiter)
+        self._moved = 0
+        await self._track(full=True)
+        changed += self._moved
+        if self._reconcile_requested is not None:
+            trigger, self._reconcile_requested = self._reconcile_requested, None
+            await self._reconcile(trigger)
+        if self.gate.is_open:
+            changed += await self._dispatch()
+            await self._flush()
+            await self._maintain()
+            await self._flush()
+        # Closed: what is queued for broadcast waits for the gate (nothing goes out unchecked).
         return changed
 
-    async def _versions(self, pool: asyncpg.Pool, task_id: int) -> list[Version]:
-        async with pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT nonce, version, tx_hash, raw_tx, gas_limit, max_fee_per_gas, max_priority_fee_per_gas"
-                " FROM settlement_ruling_txs WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
-                " ORDER BY nonce, version", self.chain_id, self.escrow.lower(), task_id,
-            )
-        return [
-            Version(int(r["nonce"]), int(r["version"]), r["tx_hash"], r["raw_tx"], int(r["gas_limit"]),
-                    Fees(int(r["max_fee_per_gas"]), int(r["max_priority_fee_per_gas"])))
-            for r in rows
-        ]
+    async def serve(self, pool: asyncpg.Pool, stop: asyncio.Event, interval: float = 1.0) -> None:
+        """Rounds until stopped, as the one process of this key (a second one waits as a
+        standby); RPC faults are logged and retried on the next round."""
+        from runtime import health
 
-    async def _head(self) -> Head:
+        lock_id = txstore.advisory_lock_key(self.chain_id, self.address)
+        async with pool.acquire() as lock_conn:
+            while not stop.is_set() and not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_id):
+                log.warning("sender_standby", chain_id=self.chain_id, reason="another process holds this key")
+                await wait_event(stop, 5.0)
+            try:
+                while not stop.is_set():
+                    await self._round(pool, health)
+                    await wait_event(stop, interval)
+            finally:
+                with contextlib.suppress(Exception):
+                    await lock_conn.execute("SELECT pg_advisory_unlock($1)", lock_id)
+
+    async def _round(self, pool: asyncpg.Pool, health: Any) -> None:
         try:
-            head = await self.rpc.head()
+            await self.step(pool)
+            health.mark(SENDER_PART, True)
+        except BadReply as exc:
+            # A node's reply of the wrong type or out of range: nothing was signed from it.
+            health.mark(SENDER_PART, False)
+            RULINGS.labels("bad_reply").inc()
+            log.warning("ruling_bad_reply", error=str(exc))
+        except SignerError as exc:
+            # The signer cannot answer: nothing was stored or sent for the ruling it was
+            # signing (still queued); tried again next round, never with another key.
+            health.mark(SENDER_PART, False)
+            RULINGS.labels("signer_unavailable").inc()
+            log.warning("ruling_signer_unavailable", error=str(exc)[:200])
+        except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
+            health.mark(SENDER_PART, False)
+            if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
+                # The JSON-RPC client refused the reply's shape: the node lies, as above.
+                RULINGS.labels("bad_reply").inc()
+                log.warning("ruling_bad_reply", error=str(exc)[:200])
+            else:
+                log.warning("ruling_step_failed", error_type=type(exc).__name__)
+        except Exception as exc:  # the sending task must outlive any one round
+            # Anything else (a database refusal, a bug) failed this round only: the sender
+            # stays not ready (alerting) and tries again, rather than dying silently while
+            # the process and its consumer stay up. The message may quote query arguments:
+            # only the type is logged.
+            health.mark(SENDER_PART, False)
+            RULINGS.labels("step_crashed").inc()
+            log.error("ruling_step_crashed", error_type=type(exc).__name__)
+
+    async def _read_head(self) -> Head:
+        try:
+            head = await self._rpc.head()
         except (KeyError, TypeError, ValueError, AttributeError):
             raise BadReply("eth_getBlockByNumber: not a block header") from None
         if head.number > _INT64 or head.base_fee > _INT64 * _INT64:
             raise BadReply("eth_getBlockByNumber: header out of range")
         return head
 
+    async def _begin(self, head: Head) -> None:
+        """The first round: adopt the versions signed before the sender's tables held them,
+        load the open slots, reconcile the nonce counter with the chain."""
+        chain_id = await self._rpc.chain_id()
+        if chain_id != self.chain_id:
+            raise RuntimeError(f"RPC of chain {self.chain_id} answers for chain {chain_id}")
+        self._on_head(head)
+        async with self._pool.acquire() as conn:
+            await self._adopt_legacy(conn)
+            slots = await self._load(conn, head.number - self._opt.watch_blocks)
+        self.slots = {s.nonce: s for s in slots}
+        waited = {s.nonce: s.last_broadcast for s in slots}
+        await self._reconcile("startup")
+        now = time.monotonic()
+        resend: list[Slot] = []
+        for slot in self._pending():
+            last = waited.get(slot.nonce)
+            if last is None:
+                continue  # never broadcast: sent by the first maintenance
+            # Broadcast before the restart: how long it has waited counts towards a
+            # replacement (the account made no progress since, as far as we know); sent
+            # again at once, the node may have dropped it meanwhile.
+            slot.last_broadcast = last
+            self._last_progress = min(self._last_progress, last)
+            if now - last < self._opt.replace_after:
+                resend.append(slot)
+        if resend:
+            self._spawn_broadcast(resend, "restart")
+        self._begun = True
+        self.started.set()
+
+    async def _adopt_legacy(self, conn: asyncpg.Connection) -> None:
+        """Move the live nonce of every ruling still followed whose versions are only in the
+        table of migrations 110/120 (`settlement_ruling_txs_before_230`) into the sender's
+        tables (versions from 0 there), so the sender follows it like any other slot."""
+        rows = await conn.fetch(
+            "SELECT r.task_id, r.nonce FROM settlement_rulings r WHERE r.chain_id = $1 AND r.escrow = $2"
+            " AND r.nonce IS NOT NULL AND r.final_at IS NULL AND r.status <> 'queued'"
+            " AND NOT EXISTS (SELECT 1 FROM settlement_ruling_slots l WHERE l.chain_id = r.chain_id"
+            "   AND l.sender = $3 AND l.nonce = r.nonce)"
+            " AND EXISTS (SELECT 1 FROM settlement_ruling_txs_before_230 o WHERE o.chain_id = r.chain_id"
+            "   AND o.escrow = r.escrow AND o.task_id = r.task_id AND o.nonce = r.nonce)",
+            self.chain_id, self.escrow, self.address.lower(),
+        )
+        for row in rows:
+            task_id, nonce = int(row["task_id"]), int(row["nonce"])
+            async with conn.transaction():
+                versions = await conn.fetch(
+                    "SELECT tx_hash, raw_tx, gas_limit, max_fee_per_gas, max_priority_fee_per_gas"
+                    " FROM settlement_ruling_txs_before_230 WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                    " AND nonce = $4 ORDER BY version", self.chain_id, self.escrow, task_id, nonce,
+                )
+                # Followed again from `sent`: its receipts say what it became.
+                await conn.execute(
+                    "UPDATE settlement_rulings SET status = 'sent', error = NULL, updated_at = now()"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+                    self.chain_id, self.escrow, task_id,
+                )
+                await self._link(conn, nonce, task_id)
+                signed = [
+                    SignedTx(raw=bytes.fromhex(str(v["raw_tx"]).removeprefix("0x")), tx_hash=v["tx_hash"], nonce=nonce, gas_limit=int(v["gas_limit"]),
+                             fees=Fees(int(v["max_fee_per_gas"]), int(v["max_priority_fee_per_gas"])))
+                    for v in versions
+                ]
+                await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(signed[0], "ruling")])
+                for index, tx in enumerate(signed[1:], start=1):
+                    await txstore.record_version(conn, self.chain_id, self.address, tx, index, "ruling")
+            log.info("ruling_adopted", task_id=task_id, nonce=nonce, versions=len(signed))
+
+    async def _link(self, conn: asyncpg.Connection, nonce: int, task_id: int) -> None:
+        await conn.execute(
+            "INSERT INTO settlement_ruling_slots (chain_id, sender, nonce, escrow, task_id) VALUES ($1, $2, $3, $4, $5)",
+            self.chain_id, self.address.lower(), nonce, self.escrow, task_id,
+        )
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def _dispatch(self) -> int:
+        """Send what is queued: a preflight `eth_call` first (a refusal is an outcome, no
+        nonce spent), then one new slot per ruling."""
+        if self.gate.fee_hold is not None:
+            return 0  # held while no transaction under the cap could be mined
+        async with self._pool.acquire() as conn:
+            queued = await conn.fetch(
+                "SELECT task_id, agent_share_bps FROM settlement_rulings"
+                " WHERE chain_id = $1 AND escrow = $2 AND status = 'queued' ORDER BY created_at LIMIT 50",
+                self.chain_id, self.escrow,
+            )
+        done = 0
+        for row in queued:
+            await self._send(int(row["task_id"]), int(row["agent_share_bps"]))
+            done += 1
+        return done
+
+    async def _send(self, task_id: int, share: int) -> None:
+        data = resolve_dispute_data(task_id, share)
+        try:
+            await self._rpc.eth_call(self.escrow, data, sender=self.address)
+        except RpcCallError as exc:
+            revert = getattr(exc, "revert_data", None)
+            error = decode_revert(revert if isinstance(revert, bytes) else b"")
+            outcome = preflight_outcome(error.name, error.args)
+            async with self._pool.acquire() as conn:
+                await conn.execute(
+                    "UPDATE settlement_rulings SET status = $4, error = $5, updated_at = now()"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'queued'",
+                    self.chain_id, self.escrow, task_id, outcome, str(error),
+                )
+            RULINGS.labels(outcome).inc()
+            return
+        try:
+            gas = quantity(await self._rpc.call("eth_estimateGas", {
+                "from": self.address, "to": self.escrow, "data": "0x" + data.hex()}), "eth_estimateGas",
+                limit=30_000_000)
+            gas = gas * GAS_HEADROOM_BPS // 10_000
+        except RpcCallError:
+            gas = DEFAULT_GAS
+        latest = await self._count("latest")  # read first: the pending count only grows after it
+        pending = await self._count("pending")
+        if not latest <= pending <= latest + MAX_NONCE_JUMP:
+            raise BadReply("eth_getTransactionCount: pending count out of line with the mined count")
+        async with self._pool.acquire() as conn:
+            stored = await txstore.next_nonce(conn, self.chain_id, self.address)
+        if stored is not None and pending > stored + MAX_NONCE_JUMP:
+            # A node inflating the count would burn the counter: every later ruling would
+            # wait behind a gap. Refuse to sign; the operator sees the round fail.
+            raise BadReply("eth_getTransactionCount: pending count far above the stored counter")
+
+        async def store(conn: asyncpg.Connection, signed: list[SignedTx]) -> None:
+            (tx,) = signed
+            status = await conn.fetchval(
+                "SELECT status FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2 AND task_id = $3"
+                " FOR UPDATE", self.chain_id, self.escrow, task_id,
+            )
+            if status != "queued":
+                raise _NotQueued
+            # The ruling first (its live nonce), then the link, then the slot and its first
+            # version: the database checks each against the one before it.
+            await conn.execute(
+                "UPDATE settlement_rulings SET status = 'sent', nonce = $4, raw_tx = $5, tx_hash = $6, error = NULL,"
+                " sent_at = now(), broadcast_at = now(), block_number = NULL, block_hash = NULL,"
+                " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
+                self.chain_id, self.escrow, task_id, tx.nonce, tx.raw_hex, tx.tx_hash,
+            )
+            await self._link(conn, tx.nonce, task_id)
+            await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(tx, "ruling")])
+            await txstore.set_next_nonce(conn, self.chain_id, self.address, tx.nonce + 1)
+
+        try:
+            (tx,) = await self._sign_new([(self.escrow, data, gas)], store, floor=pending)
+        except _NotQueued:
+            return
+        self._m.next_nonce.labels(self._label).set(tx.nonce + 1)
+        self._adopt([RulingSlot(nonce=tx.nonce, kind="ruling", versions=[version_of(tx, 0, "ruling")],
+                                task_id=task_id)])
+        RULINGS.labels("sent").inc()
+
     async def _count(self, tag: str) -> int:
-        return quantity(await self.rpc.call("eth_getTransactionCount", self.address, tag),
+        return quantity(await self._rpc.call("eth_getTransactionCount", self.address, tag),
                         "eth_getTransactionCount")
 
-    async def _mined_version(self, versions: list[Version]) -> tuple[Version, Receipt] | None:
-        """The version with a receipt in a canonical block (a receipt for any version counts).
+    # ------------------------------------------------------------------ broadcasts
 
-        Every field used is checked for type and range (`Receipt.parse`): a node's reply is
-        outside input like any other.
-        """
-        for version in reversed(versions):
-            raw = await self.rpc.call("eth_getTransactionReceipt", version.tx_hash)
-            if raw is None:
-                continue
-            receipt = Receipt.parse(raw, version.tx_hash)
-            if receipt is None:
-                continue
-            try:
-                canonical = await self.rpc.block_hash(receipt.block_number)
-            except (KeyError, TypeError, AttributeError):
-                raise BadReply("eth_getBlockByNumber: not a block") from None
-            if canonical is None or canonical.lower() != receipt.block_hash:
-                continue  # a stale receipt of a block a reorg replaced
-            return version, receipt
-        return None
+    def _spawn_broadcast(self, slots: Sequence[Slot], reason: str) -> None:
+        # Broadcast within the round that stored them (`_flush`), not in the background:
+        # when a round ends, what it stored has been offered to the node.
+        for slot in slots:
+            slot.in_flight = True
+        self._queued_broadcasts.append((list(slots), reason))
 
-    async def _follow_one(self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head) -> int:
-        task_id = int(row["task_id"])
-        versions = await self._versions(pool, task_id)
-        # The count is read before the receipts: a transaction of ours mined between the two
-        # reads then shows up in the receipts, never as a count past the nonce alone.
-        taken = row["status"] == "sent" and row["nonce"] is not None and await self._nonce_taken(
-            head, int(row["nonce"]))
-        mined = await self._mined_version(versions)
-        if mined is not None:
-            self._taken.look((task_id, int(row["nonce"] or 0)), count_passed=taken, own_receipt=True)
-            return await self._record_mined(pool, row, head, *mined)
-        changed = 0
-        waited = float(row["waited"] or 0.0)
-        if row["status"] in MINED:
-            # Its block was reorged away: the ruling is pending again, with the same nonce.
-            # A reverted one too: its nonce is free again, and left unused it would be a gap
-            # that every later ruling of the key waits behind.
-            async with pool.acquire() as conn:
-                done = await conn.fetchval(
-                    "UPDATE settlement_rulings SET status = 'sent', error = NULL, block_number = NULL,"
-                    " block_hash = NULL, reorgs = reorgs + 1, broadcast_at = now(), updated_at = now()"
-                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = $4 AND final_at IS NULL"
-                    " RETURNING 1",
-                    self.chain_id, self.escrow.lower(), task_id, row["status"],
-                )
-            if not done:
-                return 0
-            RULINGS.labels("reorged").inc()
-            log.warning("ruling_reorged", task_id=task_id, tx_hash=row["tx_hash"], nonce=row["nonce"])
-            changed, waited = 1, 0.0  # broadcast it again first; replaced only if it then waits
-        nonce = int(row["nonce"])
-        live = [v for v in versions if v.nonce == nonce]
-        if not live:
-            return changed
-        if self._taken.look((task_id, nonce), count_passed=taken, own_receipt=False):
-            # Another transaction of the arbiter key took this nonce (none of ours was mined,
-            # two passes in a row): no version can be mined any more. Queue the ruling again;
-            # the preflight sees whether it is still needed, and only then does it get a
-            # fresh nonce.
-            await self._requeue(pool, task_id, nonce)
-            return 1
-        action, fees = stuck_action(
-            live[-1].fees, base_fee=head.base_fee, suggested_priority=await self.rpc.max_priority_fee(),
-            policy=self.policy, waited=waited, replace_after=self.replace_after,
-        )
-        if action == "bump" and fees is not None:
-            return changed + await self._replace(pool, task_id, int(row["agent_share_bps"]), live[-1], fees)
-        if action == "capped":
-            RULINGS.labels("fee_capped").inc()
-            log.warning("ruling_fee_capped", task_id=task_id, nonce=nonce, fee_cap=self.policy.fee_cap,
-                        base_fee=head.base_fee)
-        await self._broadcast(live[-1].raw_tx, live[-1].tx_hash)  # dropped, reorged out, or still waiting
-        return changed
-
-    async def _nonce_taken(self, head: Head, nonce: int) -> bool:
-        """True when the arbiter key's count, `confirmations` deep, is past `nonce`.
-
-        Read at that depth rather than at the head, so a shallow reorg that takes the other
-        transaction away again cannot leave the ruling with two live nonces.
-        """
-        safe = head.number - self.confirmations + 1
-        if safe < 0:
-            return False
+    async def _flush(self) -> None:
+        queued, self._queued_broadcasts = self._queued_broadcasts, []
         try:
-            count = await self._count(hex(safe))
-        except RpcCallError:  # a node without that block's state: the head's count
-            count = await self._count("latest")
-        return count > nonce
+            for slots, reason in queued:
+                await self._broadcast(slots, reason)
+        finally:
+            for slots, _ in queued:
+                for slot in slots:
+                    slot.in_flight = False
 
-    async def _record_mined(
-        self, pool: asyncpg.Pool, row: asyncpg.Record, head: Head, version: Version, receipt: Receipt
-    ) -> int:
-        task_id = int(row["task_id"])
-        block, block_hash = receipt.block_number, receipt.block_hash
-        depth = max(head.number, block) - block + 1
-        if receipt.failed:
-            if row["status"] in ("reverted", "already_resolved") and row["block_hash"] == block_hash \
-                    and row["tx_hash"] == version.tx_hash:
-                outcome, err = str(row["status"]), row["error"]  # the same revert, already decoded
-            else:
-                data = await self.rpc.revert_data(version.tx_hash)
-                error = decode_revert(data or b"")
-                outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
-                    else "reverted"
-                err = str(error)
-        else:
-            outcome, err = "confirmed", None
-        # A reverted transaction is watched like a confirmed one: a reorg can take it away.
-        status, final = mined_status(depth=depth, confirmations=self.confirmations,
-                                     finality_depth=self.finality_depth, outcome=outcome)
-        moved = row["status"] in MINED and (row["block_hash"] != block_hash or status != row["status"])
-        unchanged = (status == row["status"] and not final and not moved and row["tx_hash"] == version.tx_hash
-                     and row["block_hash"] == block_hash)
-        if unchanged:
-            return 0
-        async with pool.acquire() as conn:
-            done = await conn.fetchval(
-                "UPDATE settlement_rulings SET status = $4, error = $5, block_number = $6, block_hash = $7,"
-                " nonce = $8, tx_hash = $9, raw_tx = $10, reorgs = reorgs + $11,"
-                " final_at = CASE WHEN $12 THEN now() END, updated_at = now()"
-                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = $13 RETURNING 1",
-                self.chain_id, self.escrow.lower(), task_id, status, err, block, block_hash, version.nonce,
-                version.tx_hash, version.raw_tx, 1 if moved else 0, final, row["status"],
-            )
-        if not done:
-            return 0
-        if moved:
-            RULINGS.labels("reorged").inc()
-            log.warning("ruling_reorged", task_id=task_id, tx_hash=version.tx_hash, block=block)
-        if status != row["status"] or final:
-            RULINGS.labels("final" if final else status).inc()
-        return 1
+    def _after_send(self, slot: Slot, version: TxVersion, outcome: str, reason: str) -> None:
+        super()._after_send(slot, version, outcome, reason)
+        if outcome not in ("ok", "transient", "nonce_too_high", "underpriced", "below_base_fee", *NODE_HAS_IT):
+            # A real refusal (no gas money, a gas limit the node refuses): counted, alerted
+            # on, and offered again every round until the cause is gone.
+            RULINGS.labels("broadcast_refused").inc()
+            log.warning("ruling_broadcast_refused", tx_hash=version.tx_hash, outcome=outcome)
+            slot.last_broadcast = None
+            slot.resend_reason = "transient"
 
-    async def _replace(self, pool: asyncpg.Pool, task_id: int, share: int, latest: Version, fees: Fees) -> int:
-        """Sign a replacement of `latest` (same nonce, bumped fees), store it, then broadcast it."""
-        tx = await self._sign(latest.nonce, resolve_dispute_data(task_id, share), latest.gas_limit, fees)
-        async with pool.acquire() as conn, conn.transaction():
-            current = await conn.fetchrow(
-                "SELECT status, nonce FROM settlement_rulings WHERE chain_id = $1 AND escrow = $2"
-                " AND task_id = $3 FOR UPDATE", self.chain_id, self.escrow.lower(), task_id,
+    # ------------------------------------------------------------------ hooks
+
+    async def _load(self, conn: asyncpg.Connection, watch_from_block: int) -> list[Slot]:
+        slots = await super()._load(conn, watch_from_block)
+        if not slots:
+            return []
+        nonces = [s.nonce for s in slots]
+        links = {
+            int(r["nonce"]): r
+            for r in await conn.fetch(
+                "SELECT l.nonce, l.task_id, r.final_at, EXTRACT(EPOCH FROM now() - ("
+                "   SELECT max(v.broadcast_at) FROM settlement_tx_versions v WHERE v.chain_id = l.chain_id"
+                "   AND v.sender = l.sender AND v.nonce = l.nonce))::float8 AS waited"
+                " FROM settlement_ruling_slots l JOIN settlement_rulings r"
+                "   ON r.chain_id = l.chain_id AND r.escrow = l.escrow AND r.task_id = l.task_id"
+                " WHERE l.chain_id = $1 AND l.sender = $2 AND l.nonce = ANY($3::bigint[])",
+                self.chain_id, self.address.lower(), nonces,
             )
-            newest = await conn.fetchval(
-                "SELECT max(version) FROM settlement_ruling_txs WHERE chain_id = $1 AND escrow = $2"
-                " AND task_id = $3 AND nonce = $4", self.chain_id, self.escrow.lower(), task_id, latest.nonce,
-            )
-            if current is None or (current["status"], current["nonce"], newest) != (
-                "sent", latest.nonce, latest.version
-            ):
-                return 0  # something else moved the ruling on meanwhile
-            await self._store_version(conn, task_id, tx, latest.version + 1)
+        }
+        now = time.monotonic()
+        out: list[Slot] = []
+        for slot in slots:
+            link = links.get(slot.nonce)
+            if link is None:
+                out.append(slot)  # a filler of the key's own
+                continue
+            if link["final_at"] is not None:
+                continue  # final: no longer watched
+            ruling = RulingSlot(**{f.name: getattr(slot, f.name) for f in fields(Slot)}, task_id=int(link["task_id"]))
+            waited = link["waited"]
+            ruling.last_broadcast = None if waited is None else now - max(0.0, float(waited))
+            out.append(ruling)
+        return out
+
+    async def _record_version(self, conn: asyncpg.Connection, slot: Slot, tx: SignedTx, kind: str) -> None:
+        if isinstance(slot, RulingSlot):
             await conn.execute(
-                "UPDATE settlement_rulings SET raw_tx = $4, tx_hash = $5, broadcast_at = now(), updated_at = now()"
-                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3",
-                self.chain_id, self.escrow.lower(), task_id, tx.raw_hex, tx.tx_hash,
+                "UPDATE settlement_rulings SET raw_tx = $5, tx_hash = $6, broadcast_at = now(), updated_at = now()"
+                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent' AND nonce = $4",
+                self.chain_id, self.escrow, slot.task_id, slot.nonce, tx.raw_hex, tx.tx_hash,
             )
-        RULINGS.labels("replaced").inc()
-        log.info("ruling_replaced", task_id=task_id, nonce=latest.nonce, version=latest.version + 1,
-                 max_fee=fees.max_fee_per_gas, tip=fees.max_priority_fee_per_gas, old_tx=latest.tx_hash,
-                 tx_hash=tx.tx_hash)
-        await self._broadcast(tx.raw_hex, tx.tx_hash)
-        return 1
 
-    async def _requeue(self, pool: asyncpg.Pool, task_id: int, nonce: int) -> None:
-        async with pool.acquire() as conn:
+    def _replaced(self, slot: Slot, kind: str) -> None:
+        RULINGS.labels("replaced").inc()
+        log.info("ruling_replaced", task_id=getattr(slot, "task_id", None), nonce=slot.nonce,
+                 version=slot.latest.version + 1, tx_hash=slot.latest.tx_hash)
+
+    def _fee_capped(self, slot: Slot) -> None:
+        RULINGS.labels("fee_capped").inc()
+        log.warning("ruling_fee_capped", task_id=getattr(slot, "task_id", None), nonce=slot.nonce,
+                    fee_cap=self.policy.fee_cap, base_fee=self.head.base_fee if self.head else None)
+
+    async def _record_lost(self, conn: asyncpg.Connection, slots: Sequence[Slot]) -> None:
+        # Another transaction of the arbiter key took the nonce (none of the ruling's versions
+        # was mined, two looks in a row): queued again; the preflight decides whether it is
+        # still needed, and only then does it get a fresh nonce.
+        for slot in slots:
+            if not isinstance(slot, RulingSlot):
+                continue
             await conn.execute(
                 "UPDATE settlement_rulings SET status = 'queued', nonce = NULL, raw_tx = NULL, tx_hash = NULL,"
-                " sent_at = NULL, broadcast_at = NULL, block_number = NULL, block_hash = NULL, updated_at = now()"
-                " WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND status = 'sent' AND nonce = $4",
-                self.chain_id, self.escrow.lower(), task_id, nonce,
+                " error = NULL, sent_at = NULL, broadcast_at = NULL, block_number = NULL, block_hash = NULL,"
+                " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND nonce = $4"
+                " AND final_at IS NULL",
+                self.chain_id, self.escrow, slot.task_id, slot.nonce,
             )
-        RULINGS.labels("nonce_lost").inc()
-        log.warning("ruling_nonce_lost", task_id=task_id)
+            RULINGS.labels("nonce_lost").inc()
+            log.warning("ruling_nonce_lost", task_id=slot.task_id, nonce=slot.nonce)
+            self._moved += 1
 
-    async def run(self, pool: asyncpg.Pool, stop: asyncio.Event, interval: float = 1.0) -> None:
-        """Step until stopped; RPC faults are logged and retried on the next pass."""
-        from runtime import health
+    async def _after_track(self) -> None:
+        await self._sync_rulings()
 
-        while not stop.is_set():
-            try:
-                await self.step(pool)
-                health.mark(SENDER_PART, True)
-            except BadReply as exc:
-                # A node's reply of the wrong type or out of range: nothing was signed from it.
-                health.mark(SENDER_PART, False)
-                RULINGS.labels("bad_reply").inc()
-                log.warning("ruling_bad_reply", error=str(exc))
-            except SignerError as exc:
-                # The signer cannot answer: nothing was stored or sent for the ruling it was
-                # signing (still queued); tried again next pass, never with another key.
-                health.mark(SENDER_PART, False)
-                RULINGS.labels("signer_unavailable").inc()
-                log.warning("ruling_signer_unavailable", error=str(exc)[:200])
-            except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
-                health.mark(SENDER_PART, False)
-                if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
-                    # The JSON-RPC client refused the reply's shape: the node lies, as above.
-                    RULINGS.labels("bad_reply").inc()
-                    log.warning("ruling_bad_reply", error=str(exc)[:200])
-                else:
-                    log.warning("ruling_step_failed", error_type=type(exc).__name__)
-            except Exception as exc:  # the sending task must outlive any one pass
-                # Anything else (a database refusal, a bug) failed this pass only: the sender
-                # stays not ready (alerting) and tries again, rather than dying silently while
-                # the process and its consumer stay up. The message may quote query arguments:
-                # only the type is logged.
-                health.mark(SENDER_PART, False)
-                RULINGS.labels("step_crashed").inc()
-                log.error("ruling_step_crashed", error_type=type(exc).__name__)
-            await wait_event(stop, interval)
+    # ------------------------------------------------------------------ what the slots mean
+
+    async def _sync_rulings(self) -> None:
+        """Write what each ruling's slot says into `settlement_rulings`: `sent` while pending
+        (or mined shallower than `confirmations`), then the outcome of its receipt, final at
+        `finality_depth` (then no longer watched). A ruling whose receipt went away (a reorg)
+        is `sent` again and counted in `reorgs`."""
+        ours = [s for s in self.slots.values() if isinstance(s, RulingSlot) and s.state != "lost"]
+        if not ours or self.head is None:
+            return
+        async with self._pool.acquire() as conn:
+            rows = {
+                int(r["task_id"]): r
+                for r in await conn.fetch(
+                    "SELECT task_id, status, nonce, tx_hash, block_hash, error, final_at FROM settlement_rulings"
+                    " WHERE chain_id = $1 AND escrow = $2 AND task_id = ANY($3::numeric[])",
+                    self.chain_id, self.escrow, [s.task_id for s in ours],
+                )
+            }
+        for slot in ours:
+            row = rows.get(slot.task_id)
+            if row is not None and row["final_at"] is not None and self.slots.get(slot.nonce) is slot:
+                del self.slots[slot.nonce]  # final (here or elsewhere): no longer watched
+            if row is None or row["final_at"] is not None or row["nonce"] != slot.nonce:
+                continue
+            await self._sync_one(slot, row, self.head)
+
+    async def _sync_one(self, slot: RulingSlot, row: asyncpg.Record, head: Head) -> None:
+        version = slot.latest
+        status, final, err = "sent", False, None
+        block_number = block_hash = None
+        if slot.state in ("mined", "confirmed") and slot.mined_hash is not None and slot.block_number is not None:
+            version = next((v for v in slot.versions if v.tx_hash == slot.mined_hash), slot.latest)
+            block_number, block_hash = slot.block_number, slot.block_hash
+            outcome = "confirmed"
+            if slot.receipt_status == 0:
+                outcome, err = await self._revert_outcome(slot.mined_hash, row)
+            status, final = mined_status(depth=depth(head.number, slot.block_number), confirmations=self._depth,
+                                         finality_depth=self.finality_depth, outcome=outcome)
+            if status == "sent":
+                err = None
+        moved = row["status"] in MINED and (status == "sent" or row["block_hash"] != block_hash)
+        if (status, version.tx_hash, block_hash, err) == (row["status"], row["tx_hash"], row["block_hash"],
+                                                          row["error"]) and not final:
+            return
+        async with self._pool.acquire() as conn:
+            done = await conn.fetchval(
+                "UPDATE settlement_rulings SET status = $4, error = $5, block_number = $6, block_hash = $7,"
+                " tx_hash = $8, raw_tx = $9, reorgs = reorgs + $10, final_at = CASE WHEN $11 THEN now() END,"
+                " updated_at = now() WHERE chain_id = $1 AND escrow = $2 AND task_id = $3 AND nonce = $12"
+                " AND status = $13 AND final_at IS NULL RETURNING 1",
+                self.chain_id, self.escrow, slot.task_id, status, err, block_number, block_hash, version.tx_hash,
+                version.raw_hex, 1 if moved else 0, final, slot.nonce, row["status"],
+            )
+        if not done:
+            return
+        self._moved += 1
+        if moved:
+            RULINGS.labels("reorged").inc()
+            log.warning("ruling_reorged", task_id=slot.task_id, tx_hash=version.tx_hash, nonce=slot.nonce)
+        if status != row["status"] or final:
+            RULINGS.labels("final" if final else status).inc()
+        if final and self.slots.get(slot.nonce) is slot:
+            del self.slots[slot.nonce]  # final: left alone from now on
+
+    async def _revert_outcome(self, tx_hash: str, row: asyncpg.Record) -> tuple[str, str]:
+        """(`reverted` or `already_resolved`, the decoded error) of a mined, failed version."""
+        known = self._reverts.get(tx_hash)
+        if known is not None:
+            return known
+        if row["status"] in ("reverted", "already_resolved") and row["tx_hash"] == tx_hash:
+            known = (str(row["status"]), str(row["error"]))  # the same revert, decoded before
+        else:
+            error = decode_revert(await self._rpc.revert_data(tx_hash) or b"")
+            outcome = "already_resolved" if preflight_outcome(error.name, error.args) == "already_resolved" \
+                else "reverted"
+            known = (outcome, str(error))
+        self._reverts[tx_hash] = known
+        return known
 
 
 def build_ruling_consumer(
@@ -786,6 +870,7 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-relayer-rulings")
     await producer.start()
     publisher = OutboxPublisher(settings.database_url, producer)
+    SENDER_METRICS.at_start([settings.ruling_chain_id], ["ruling", "filler"])
     sender = RulingSender(rpc, key, settings.ruling_chain_id, settings.ruling_escrow,
                           confirmations=settings.ruling_confirmations, policy=settings.fee_policy(),
                           finality_depth=settings.ruling_finality_depth,
@@ -793,7 +878,7 @@ async def run_ruling_relay(settings: RulingRelaySettings, stop: asyncio.Event) -
     tasks = [
         asyncio.create_task(consumer.run()),
         asyncio.create_task(publisher.run()),
-        asyncio.create_task(sender.run(pool, stop, settings.ruling_interval)),
+        asyncio.create_task(sender.serve(pool, stop, settings.ruling_interval)),
     ]
     log.info("ruling_relay_started", arbiter=key.address, chain_id=settings.ruling_chain_id)
     try:

@@ -129,7 +129,7 @@ async def test_dispute_decided_by_bot_panels_lands_on_chain(
         sender = RulingSender(rpc, SecretKey.from_hex(devnet.arbiter.private_key), devnet.chain_id,
                               devnet.escrow_address)
         running = [asyncio.create_task(panel.run()), asyncio.create_task(admit.run()),
-                   asyncio.create_task(sender.run(pool, stop, 0.3))]
+                   asyncio.create_task(sender.serve(pool, stop, 0.3))]
         try:
             for index, (_, key) in enumerate(bots):
                 env = {**os.environ, "ESCROWD_API_URL": api_url, "ESCROWD_RPC_URL": devnet.rpc_url, "ESCROWD_VERIFIER_KEY": key,

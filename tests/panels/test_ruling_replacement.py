@@ -152,7 +152,7 @@ async def test_a_ruling_waiting_too_long_is_replaced_in_the_pool(
 
 
 class _CrashBeforeBroadcast(RulingSender):
-    async def _broadcast(self, raw_hex: str, tx_hash: str) -> None:
+    async def _broadcast(self, *_: object) -> None:
         raise SystemExit("crash between commit and broadcast")
 
 
@@ -278,13 +278,27 @@ async def test_a_version_at_another_nonce_than_the_live_one_is_refused(
     await admit(pool, ruling_consumer(devnet), ruling_message(devnet, task_id, 1_000))
     await _confirm(pool, _sender(devnet, rpc), devnet, task_id)
     (version,) = await _versions(pool, task_id)
+    sender, other = devnet.arbiter.address.lower(), int(version["nonce"]) + 1
     async with pool.acquire() as conn:
+        # The ruling's versions live in the sender's tables: one at another nonce is refused,
+        # and so is linking the ruling to another nonce.
         with pytest.raises(asyncpg.RaiseError, match="live nonce"):
+            await conn.execute(
+                "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
+                " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) VALUES ($1, $2, $3, $4, 1, 'ruling', $5,"
+                " 1, 1, 1)", "0x" + "ab" * 32, version["chain_id"], sender, other, "0x00",
+            )
+        with pytest.raises(asyncpg.RaiseError, match="live nonce"):
+            await conn.execute(
+                "INSERT INTO settlement_ruling_slots (chain_id, sender, nonce, escrow, task_id)"
+                " VALUES ($1, $2, $3, $4, $5)", version["chain_id"], sender, other, version["escrow"], task_id,
+            )
+        # settlement_ruling_txs, kept for the operators' queries, is a view: nothing is written there.
+        with pytest.raises(asyncpg.PostgresError, match="cannot insert into view"):
             await conn.execute(
                 "INSERT INTO settlement_ruling_txs (chain_id, escrow, task_id, nonce, version, tx_hash, raw_tx,"
                 " gas_limit, max_fee_per_gas, max_priority_fee_per_gas) VALUES ($1, $2, $3, $4, 1, $5, $6, 1, 1, 1)",
-                version["chain_id"], version["escrow"], version["task_id"], int(version["nonce"]) + 1,
-                "0x" + "ab" * 32, "0x00",
+                version["chain_id"], version["escrow"], version["task_id"], other, "0x" + "ab" * 32, "0x00",
             )
 
 

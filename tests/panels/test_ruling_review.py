@@ -113,14 +113,21 @@ async def test_a_reorg_under_a_reverted_ruling_sends_it_again_and_leaves_no_nonc
         with pytest.raises(asyncpg.RaiseError, match="final"):
             await conn.execute("UPDATE settlement_rulings SET status = 'sent', final_at = NULL WHERE task_id = $1",
                                task_a)
-        # No new version for a ruling that is not being sent; the signed ones are kept as signed.
+        # No new version for a ruling that is not being sent; the signed ones are kept as
+        # signed (the ruling's versions are in the sender's tables, linked to it by nonce).
         with pytest.raises(asyncpg.RaiseError, match="live nonce while it is sent"):
             await conn.execute(
-                "INSERT INTO settlement_ruling_txs (chain_id, escrow, task_id, nonce, version, tx_hash, raw_tx,"
-                " gas_limit, max_fee_per_gas, max_priority_fee_per_gas) SELECT chain_id, escrow, task_id, nonce, 9,"
-                " $2, raw_tx, 1, 1, 1 FROM settlement_rulings WHERE task_id = $1", task_a, "0x" + "cd" * 32)
-        for statement in ("UPDATE settlement_ruling_txs SET max_fee_per_gas = 0, max_priority_fee_per_gas = 0"
-                          " WHERE task_id = $1", "DELETE FROM settlement_ruling_txs WHERE task_id = $1"):
+                "INSERT INTO settlement_tx_versions (tx_hash, chain_id, sender, nonce, version, kind, raw_tx,"
+                " max_fee_per_gas, max_priority_fee_per_gas, gas_limit) SELECT $2, l.chain_id, l.sender, l.nonce, 9,"
+                " 'ruling', r.raw_tx, 1, 1, 1 FROM settlement_rulings r JOIN settlement_ruling_slots l"
+                " ON l.chain_id = r.chain_id AND l.escrow = r.escrow AND l.task_id = r.task_id AND l.nonce = r.nonce"
+                " WHERE r.task_id = $1", task_a, "0x" + "cd" * 32)
+        ours = ("(chain_id, sender, nonce) IN (SELECT chain_id, sender, nonce FROM settlement_ruling_slots"
+                " WHERE task_id = $1)")
+        for statement in (f"UPDATE settlement_tx_versions SET max_fee_per_gas = 0, max_priority_fee_per_gas = 0"
+                          f" WHERE {ours}", f"DELETE FROM settlement_tx_versions WHERE {ours}",
+                          "UPDATE settlement_ruling_slots SET task_id = task_id + 1 WHERE task_id = $1",
+                          "DELETE FROM settlement_ruling_slots WHERE task_id = $1"):
             with pytest.raises(asyncpg.RaiseError, match="append-only"):
                 await conn.execute(statement, task_a)
 
@@ -166,9 +173,17 @@ class _LyingNode:
                                       headers={"Content-Type": "application/json"}) as upstream:
             reply = await upstream.json(content_type=None)
         sent = json.loads(body)
-        if self.lying and isinstance(sent, dict) and sent.get("method") == self.method and "result" in reply:
-            reply["result"] = self.lie(reply["result"])
-            self.lies += 1
+        # Single requests and batches alike (the sender reads receipts and counts in batches).
+        if isinstance(sent, list) and isinstance(reply, list):
+            by_id = {r.get("id"): r for r in sent if isinstance(r, dict)}
+            pairs = [(by_id.get(a.get("id")) if isinstance(a, dict) else None, a) for a in reply]
+        else:
+            pairs = [(sent, reply)]
+        for request, answer in pairs:
+            if self.lying and isinstance(request, dict) and request.get("method") == self.method \
+                    and isinstance(answer, dict) and "result" in answer:
+                answer["result"] = self.lie(answer["result"])
+                self.lies += 1
         return web.json_response(reply)
 
     async def __aenter__(self) -> _LyingNode:
@@ -219,7 +234,7 @@ async def test_a_node_lying_in_its_replies_cannot_stop_the_ruling_sender(
         stop = asyncio.Event()
         failures_before = _failed_passes()
         health.mark(SENDER_PART, True)
-        running = asyncio.create_task(sender.run(pool, stop, interval=0.02))
+        running = asyncio.create_task(sender.serve(pool, stop, interval=0.02))
         try:
             # Waits end on what they wait for; the deadlines only stop a broken run, and are
             # generous because a loaded machine may take long to make the sender's passes.

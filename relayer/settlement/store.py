@@ -169,7 +169,7 @@ class NewVerdict(VerdictCall):
 
     message_id: str
     signer: str
-    signed_verdict: dict[str, Any]
+    signed_verdict: str  # the SignedVerdict as JSON text (`model_dump_json`)
     status: str
     issued_at: datetime
     wait_until: datetime | None
@@ -207,7 +207,7 @@ async def insert_verdicts(conn: asyncpg.Connection, rows: Sequence[NewVerdict]) 
         [r.score for r in rows],
         [r.message_id for r in rows],
         [r.signer for r in rows],
-        [jsoncodec.dumps_str(r.signed_verdict) for r in rows],
+        [r.signed_verdict for r in rows],
         [r.status for r in rows],
         [r.issued_at for r in rows],
         [r.wait_until for r in rows],

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chain.abi import AbiDecodeError, Codec, to_checksum_address
+from schemas import jsoncodec
 from schemas.events import event_id
 
 
@@ -33,6 +34,9 @@ class DecodedLog:
     event: str
     task_id: int | None
     args: dict[str, Any]
+    args_json: str = ""
+    """`args` as JSON, encoded once: the `escrow_events.args` column and the message body
+    share it ("" when not encoded yet: `runtime.eventlog.args_json` encodes it then)."""
 
 
 class EscrowLogDecoder:
@@ -76,6 +80,7 @@ class EscrowLogDecoder:
                 event=decoder.name,
                 task_id=task_id if isinstance(task_id, int) else None,
                 args=args,
+                args_json=jsoncodec.dumps_str(args),
             )
         except DecodeError:
             raise

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -77,8 +77,12 @@ class ChainIndexer:
         topic: str,
         rpc: RpcClient | None = None,
         finalized_stream: bool = False,
+        on_commit: Callable[[int, int, Sequence[DecodedLog]], None] | None = None,
     ) -> None:
         self.chain = chain
+        # Told of each committed window (chain id, last position, its events): the publisher
+        # of this process sends them from memory instead of reading them back.
+        self._on_commit = on_commit
         self.chain_label = str(chain.chain_id)
         self._database_url = database_url
         self.rpc = rpc or RpcClient(chain.rpc_urls, chain_id=chain.chain_id, timeout=chain.rpc_timeout)
@@ -334,9 +338,11 @@ class ChainIndexer:
     async def _write(
         self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
     ) -> None:
-        await self.store.append(
+        last = await self.store.append(
             conn, events=events, blocks=blocks, tip=tip, confirmations=self.publish_depth, head=self.head
         )
+        if self._on_commit is not None:
+            self._on_commit(self.chain.chain_id, last, events)
         for name, count in Counter(e.event for e in events).items():
             metrics.EVENTS.labels(self.chain_label, name).inc(count)
         if self.head is not None:

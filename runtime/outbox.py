@@ -215,16 +215,17 @@ class OutboxPublisher:
         self._header_values: dict[str, bytes] = {}
         self._builder = MessageBuilder()
         # Committed windows handed over by the indexer in this process (`committed`), per
-        # chain, at most `memory_limit` events; only while this instance publishes.
+        # chain, at most `memory_limit` events; none kept while `run` waits for the lock (a
+        # standby) or has returned.
         self._memory_limit = memory_limit
         self._committed: dict[int, _Committed] = {}
-        self._active = False
+        self._standby = False
 
     def committed(self, chain_id: int, last: int, events: Sequence[LogEvent]) -> None:
         """The indexer committed `events` at the log positions up to `last`: publish them
         from memory instead of reading them back (`_publish_log` checks, under the watermark
         lock, that they are still in the log). Called only after the commit."""
-        if events and self._active:
+        if events and not self._standby:
             held = self._committed.setdefault(chain_id, _Committed())
             held.windows.append(_Window(last - len(events) + 1, events))
             held.count += len(events)
@@ -264,12 +265,13 @@ class OutboxPublisher:
 
         while not self._stopping.is_set():
             conn: asyncpg.Connection | None = None
+            self._standby = True
             try:
                 conn = await connect(self._database_url)
                 await conn.execute("SELECT pg_advisory_lock($1)", _PUBLISHER_LOCK)
                 await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
                 log.info("outbox_publisher_started")
-                self._active = True
+                self._standby = False
                 await self._drain_forever(conn)
             except Exception as exc:
                 if not (is_connection_error(exc) or _is_kafka_error(exc)):
@@ -279,7 +281,7 @@ class OutboxPublisher:
                 await asyncio.sleep(0.5)
             finally:
                 # Whatever was handed over is in the log: the next instance reads it there.
-                self._active = False
+                self._standby = True
                 self._committed.clear()
                 if conn is not None:
                     with contextlib.suppress(Exception):

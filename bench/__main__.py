@@ -1,6 +1,6 @@
 """`python -m bench [name ...]`: run the benchmarks, one JSON object per line on stdout.
 
-Names: autocheck, eip712, cli, indexer, kafka-clients, relayer, restart, rulings, sandbox, static_membership, verification (default: all that exist). Extra arguments after `--`
+Names: autocheck, eip712, cli, indexer, kafka-clients, publisher-read, relayer, restart, rulings, sandbox, static_membership, verification (default: all that exist). Extra arguments after `--`
 are passed to each benchmark module.
 """
 
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "cli": "bench.bench_cli",
     "indexer": "bench.bench_indexer",
     "kafka-clients": "bench.bench_kafka_clients",
+    "publisher-read": "bench.bench_publisher_read",
     "relayer": "bench.bench_relayer",
     "rulings": "bench.bench_rulings",
     "restart": "bench.bench_restart",

@@ -38,18 +38,6 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
     if settings.metrics_port is not None:
         start_server(settings.metrics_port)
     metrics.at_start({chain.chain_id: len(chain.rpc_urls) for chain in settings.chains})
-    indexers = [
-        ChainIndexer(
-            chain,
-            database_url=settings.database_url,
-            topic=settings.events_topic,
-            finalized_stream=settings.finalized_topic is not None,
-        )
-        for chain in settings.chains
-    ]
-    for ix in indexers:
-        metrics.RANGE_SIZE.labels(ix.chain_label).set(ix.sizer.size)  # moves only when the sizer adapts
-    tasks = [asyncio.create_task(ix.run(stop), name=f"index-{ix.chain.chain_id}") for ix in indexers]
     producer = None
     publisher = None
     final_stream = None
@@ -57,6 +45,21 @@ async def run_indexer(settings: IndexerSettings, stop: asyncio.Event | None = No
         producer = make_producer(settings.kafka_bootstrap, client_id="escrowd-indexer")
         await start_producer(producer)
         publisher = OutboxPublisher(settings.database_url, producer)
+    indexers = [
+        ChainIndexer(
+            chain,
+            database_url=settings.database_url,
+            topic=settings.events_topic,
+            finalized_stream=settings.finalized_topic is not None,
+            # The publisher in this process takes each committed window from memory.
+            on_commit=publisher.committed if publisher is not None else None,
+        )
+        for chain in settings.chains
+    ]
+    for ix in indexers:
+        metrics.RANGE_SIZE.labels(ix.chain_label).set(ix.sizer.size)  # moves only when the sizer adapts
+    tasks = [asyncio.create_task(ix.run(stop), name=f"index-{ix.chain.chain_id}") for ix in indexers]
+    if publisher is not None:
         tasks.append(asyncio.create_task(publisher.run(), name="outbox-publisher"))
         if settings.finalized_topic is not None:
             final_stream = FinalizedStream(settings.database_url, publisher, settings.finalized_topic)

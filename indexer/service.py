@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
 import structlog
 
+from chain.logs import RpcLog
 from chain.rpc import (
     RpcCallError,
     RpcClient,
@@ -38,7 +39,7 @@ from chain.rpc import (
     RpcRangeTooLarge,
     RpcTransportError,
     header_reply,
-    logs_reply,
+    parse_logs,
 )
 from indexer import metrics
 from indexer.config import ChainConfig
@@ -52,9 +53,9 @@ from schemas.abi import escrow_abi
 
 log = structlog.get_logger(__name__)
 
-RangeFetch = tuple[list[dict[str, Any]], list[BlockRef | None], float]
+RangeFetch = tuple[list[RpcLog], list[BlockRef | None], float]
 """One range's logs, the headers of its first and last block, and the fetch time."""
-WindowFetch = tuple[list[dict[str, Any]], list[dict[str, Any] | None], float]
+WindowFetch = tuple[list[RpcLog], list[dict[str, Any] | None], float]
 """One head window's logs, the header of every block in it, and the fetch time."""
 
 
@@ -77,8 +78,12 @@ class ChainIndexer:
         topic: str,
         rpc: RpcClient | None = None,
         finalized_stream: bool = False,
+        on_commit: Callable[[int, int, Sequence[DecodedLog]], None] | None = None,
     ) -> None:
         self.chain = chain
+        # Told of each committed window (chain id, last position, its events): the publisher
+        # of this process sends them from memory instead of reading them back.
+        self._on_commit = on_commit
         self.chain_label = str(chain.chain_id)
         self._database_url = database_url
         self.rpc = rpc or RpcClient(chain.rpc_urls, chain_id=chain.chain_id, timeout=chain.rpc_timeout)
@@ -294,17 +299,18 @@ class ChainIndexer:
         metrics.INDEXED_BLOCK.labels(self.chain_label).set(self.cursor.number)
         metrics.LAG_BLOCKS.labels(self.chain_label).set(max(0, self.head.number - self.cursor.number))
 
-    def _decode(self, logs: Sequence[dict[str, Any]], timestamps: dict[int, int]) -> list[DecodedLog]:
+    def _decode(self, logs: Sequence[RpcLog], timestamps: dict[int, int]) -> list[DecodedLog]:
         """The window's events in chain order (block, then log index), whatever order the
         provider answered in: the log's positions follow this order, and the reorg rollback
         and the confirmation hold-back rely on block numbers never decreasing along it."""
         decoded: list[DecodedLog] = []
+        decode, chain_id = self.decoder.decode_parsed, self.chain.chain_id
         for raw in logs:
-            if raw.get("removed"):
+            if raw.removed:
                 continue
-            number = int(raw["blockNumber"], 16)
+            number = raw.block_number
             try:
-                event = self.decoder.decode(self.chain.chain_id, raw, timestamps.get(number))
+                event = decode(chain_id, raw, timestamps.get(number))
             except DecodeError as exc:
                 # Not our ABI's shape: record it loudly and keep indexing the rest.
                 self._bound.error("log_not_decodable", block=number, error=str(exc))
@@ -334,9 +340,11 @@ class ChainIndexer:
     async def _write(
         self, conn: asyncpg.Connection, events: list[DecodedLog], blocks: list[BlockRef], tip: BlockRef
     ) -> None:
-        await self.store.append(
+        last = await self.store.append(
             conn, events=events, blocks=blocks, tip=tip, confirmations=self.publish_depth, head=self.head
         )
+        if self._on_commit is not None:
+            self._on_commit(self.chain.chain_id, last, events)
         for name, count in Counter(e.event for e in events).items():
             metrics.EVENTS.labels(self.chain_label, name).inc(count)
         if self.head is not None:
@@ -423,7 +431,7 @@ class ChainIndexer:
         # Logs without `blockTimestamp` (many providers omit it): the time comes from the
         # headers of their blocks, which must be the blocks the logs claim.
         missing = sorted(
-            {int(raw["blockNumber"], 16) for raw in logs if raw.get("blockTimestamp") is None} - timestamps.keys()
+            {raw.block_number for raw in logs if raw.block_timestamp is None} - timestamps.keys()
         )
         if missing:
             found = [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]
@@ -575,16 +583,15 @@ def _chunks(
     return chunks
 
 
-def _misplaced(logs: Sequence[dict[str, Any]], start: int, end: int) -> str | None:
+def _misplaced(logs: Sequence[RpcLog], start: int, end: int) -> str | None:
     """Why an `eth_getLogs` reply cannot be the logs of blocks `start`..`end`, or None.
 
     A log outside the range, or the same (block, log index) twice, would be stored at a
     position that breaks the log's block order (or fail the window on a duplicate id)."""
     seen: set[tuple[int, int]] = set()
     for raw in logs:
-        try:
-            number, index = int(raw["blockNumber"], 16), int(raw["logIndex"], 16)
-        except (KeyError, TypeError, ValueError):
+        number, index = raw.block_number, raw.log_index
+        if number < 0 or index < 0:  # not hex (`parse_logs`)
             return "a log without a hex blockNumber and logIndex"
         if not start <= number <= end:
             return f"a log of block {number} outside the range {start}..{end}"
@@ -595,16 +602,16 @@ def _misplaced(logs: Sequence[dict[str, Any]], start: int, end: int) -> str | No
     return None
 
 
-def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> dict[int, set[str]]:
+def _hashes_by_block(logs: Sequence[RpcLog], only: set[int] | None) -> dict[int, set[str]]:
     by_block: dict[int, set[str]] = {}
     for raw in logs:
-        number = int(raw["blockNumber"], 16)
+        number = raw.block_number
         if only is None or number in only:
-            by_block.setdefault(number, set()).add(raw["blockHash"])
+            by_block.setdefault(number, set()).add(raw.block_hash)
     return by_block
 
 
 def _window_reply(replies: list[Any]) -> list[Any]:
     """A window's batch reply (logs, then headers) checked field by field before anything
     reads it: a malformed reply is a transport fault, retried on another URL."""
-    return [logs_reply(replies[0]), *(header_reply(h) for h in replies[1:])]
+    return [parse_logs(replies[0]), *(header_reply(h) for h in replies[1:])]

@@ -20,6 +20,7 @@ import structlog
 
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
+from runtime.eventlog import args_json
 from runtime.finalstream import FINALITY_VIOLATIONS
 from runtime.kafka import cloudevent_headers, iso_time
 from runtime.outbox import NOTIFY_CHANNEL, OutboxMessage
@@ -119,10 +120,6 @@ def event_message(
     )
 
 
-def _args_json(args: dict[str, object]) -> str:
-    return jsoncodec.dumps_str(args)
-
-
 class IndexerStore:
     """SQL of one chain's indexer."""
 
@@ -158,12 +155,13 @@ class IndexerStore:
         tip: BlockRef,
         confirmations: int,
         head: BlockRef | None,
-    ) -> None:
+    ) -> int:
         """Store a window: its events (the log rows), its block hashes, and the new cursor.
 
         The cursor row is written first: its `log_position` counter hands this window's
         events their positions, and its row lock keeps the next window's positions until
-        this one has committed.
+        this one has committed. Returns the last position handed out: the events are at the
+        positions up to it, in order.
         """
         head_number = head.number if head is not None else tip.number
         head_timestamp = head.timestamp if head is not None else tip.timestamp
@@ -200,7 +198,7 @@ class IndexerStore:
             if events:
                 await _copy_at_positions(conn, "escrow_events", EVENT_COLUMNS, events, last, lambda e, position: (
                     e.id, e.chain_id, e.escrow_address, e.block_number, e.block_hash, e.block_timestamp, e.tx_hash,
-                    e.tx_index, e.log_index, e.event, e.task_id, _args_json(e.args), position,
+                    e.tx_index, e.log_index, e.event, e.task_id, args_json(e), position,
                 ))  # fmt: skip
             if blocks:
                 await conn.copy_records_to_table(
@@ -216,6 +214,7 @@ class IndexerStore:
                 )
             # Also without events: a deeper cursor may release rows held back by confirmations.
             await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+        return int(last)
 
     async def _tail(self, conn: asyncpg.Connection, above_block: int) -> list[asyncpg.Record]:
         """The log's events of blocks above `above_block`, newest first.

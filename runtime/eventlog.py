@@ -23,6 +23,7 @@ it (and does not contain the removed rows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -46,7 +47,7 @@ SELECT * FROM (
 """
 """The next log rows of a chain after a position, events and retractions in log order."""
 
-_INCARNATIONS_SQL = "SELECT event_id, retractions FROM event_retractions WHERE event_id = ANY($1::text[])"
+INCARNATIONS_SQL = "SELECT event_id, retractions FROM event_retractions WHERE event_id = ANY($1::text[])"
 
 UNPUBLISHED_SQL = """
 SELECT EXISTS (
@@ -75,6 +76,30 @@ class LogMessage:
     headers: list[tuple[str, bytes]]
     block_number: int | None
     """The event's block; None for a retraction (never held back by confirmations)."""
+
+
+class LogEvent(Protocol):
+    """An event as the indexer committed it (`indexer.decode.DecodedLog`): what the
+    publisher builds a message from when it is handed a committed window in memory."""
+
+    id: str
+    chain_id: int
+    escrow_address: str
+    block_number: int
+    block_hash: str
+    block_timestamp: int
+    tx_hash: str
+    tx_index: int
+    log_index: int
+    event: str
+    task_id: int | None
+    args: dict[str, Any]
+    args_json: str
+
+
+def args_json(event: LogEvent) -> str:
+    """The event's args as the JSON stored in `escrow_events.args` (encoded once, at decode)."""
+    return event.args_json or jsoncodec.dumps_str(event.args)
 
 
 class MessageBuilder:
@@ -150,6 +175,45 @@ class MessageBuilder:
         )
 
 
+    def build_event(self, position: int, event: LogEvent, incarnation: int) -> LogMessage:
+        """The message of a committed event handed over in memory: the same id, key, headers
+        and body as `build` makes of its row (the args as encoded for the row, not as
+        PostgreSQL prints them back: the same JSON value)."""
+        message_id = incarnation_id(event.id, incarnation)
+        task_id = event.task_id
+        escrow = event.escrow_address
+        timestamp = event.block_timestamp
+        chain_id = event.chain_id
+        fields = {
+            "id": event.id,
+            "chain_id": chain_id,
+            "escrow_address": escrow,
+            "block_number": event.block_number,
+            "block_hash": event.block_hash,
+            "block_timestamp": timestamp,
+            "tx_hash": event.tx_hash,
+            "tx_index": event.tx_index,
+            "log_index": event.log_index,
+            "event": event.event,
+            "task_id": task_id,
+            "removed": False,
+        }
+        payload = b"%s,\"args\":%s}" % (jsoncodec.dumps(fields)[:-1], args_json(event).encode())
+        source, type_, content_type = self._shape(chain_id, escrow, event.event)
+        headers = [_SPECVERSION, ("ce_id", message_id.encode()), source, type_, content_type]
+        if task_id is not None:
+            headers.append(("ce_subject", b"%d" % task_id))
+        headers.append(self._time(timestamp))
+        return LogMessage(
+            position=position,
+            message_id=message_id,
+            key=message_key(chain_id, task_id, escrow),
+            payload=payload,
+            headers=headers,
+            block_number=event.block_number,
+        )
+
+
 _SPECVERSION = ("ce_specversion", CE_SPECVERSION.encode())
 
 
@@ -184,7 +248,7 @@ async def read_after(
     if not rows:
         return []
     # Only events that came back after a reorg have a count; one indexed look-up per batch.
-    returned = await conn.fetch(_INCARNATIONS_SQL, [r["event_id"] for r in rows if r["retracted_as"] is None])
+    returned = await conn.fetch(INCARNATIONS_SQL, [r["event_id"] for r in rows if r["retracted_as"] is None])
     incarnations = {r["event_id"]: r["retractions"] for r in returned}
     build = (builder or MessageBuilder()).build
     return [build(chain_id, row, incarnations.get(row["event_id"], 0)) for row in rows]

@@ -19,7 +19,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -31,7 +31,14 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.aio import wait_event
 from runtime.db import is_connection_error
-from runtime.eventlog import UNPUBLISHED_SQL, LogMessage, MessageBuilder, read_after
+from runtime.eventlog import (
+    INCARNATIONS_SQL,
+    UNPUBLISHED_SQL,
+    LogEvent,
+    LogMessage,
+    MessageBuilder,
+    read_after,
+)
 from schemas import jsoncodec
 
 log = structlog.get_logger(__name__)
@@ -50,6 +57,12 @@ PUBLISHED_BLOCK = Gauge(
     "escrowd_indexer_published_block", "Highest block whose events were published", ["chain_id"]
 )
 OUTBOX_SEND_ERRORS = Counter("escrowd_outbox_send_errors_total", "Failed outbox batch sends")
+LOG_BATCHES = Counter(
+    "escrowd_outbox_log_batches_total",
+    "Event-log batches published, by where they were read: the windows the indexer handed"
+    " over in memory, or the database (after a restart, or behind)",
+    ["source"],
+)
 OUTBOX_BATCH_SECONDS = Histogram(
     "escrowd_outbox_batch_seconds",
     "Time to send and mark one outbox batch",
@@ -59,6 +72,43 @@ OUTBOX_BATCH_SECONDS = Histogram(
 
 _Item = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
 """One message to send: topic, key, payload, encoded headers."""
+
+_MEMORY_CHECK_SQL = """
+SELECT c.block_number - c.confirmations AS line,
+       EXISTS (SELECT 1 FROM escrow_events e WHERE e.chain_id = $1 AND e.position = $2 AND e.event_id = $3) AS present,
+       EXISTS (SELECT 1 FROM event_retractions) AS returns
+FROM chain_cursor c WHERE c.chain_id = $1
+"""
+"""Under the watermark lock, for a batch taken from memory: the confirmation line, whether
+the batch's last event is still in the log (a rollback deletes a tail, and block numbers
+never decrease along the log, so if the last is there every earlier one is), and whether
+any event ever came back after a reorg (only then are incarnations looked up)."""
+
+
+@dataclass(slots=True)
+class _Window:
+    """Events the indexer committed at positions `first`, `first + 1`, ... (in order)."""
+
+    first: int
+    events: Sequence[LogEvent]
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.events) - 1
+
+
+@dataclass(slots=True)
+class _Committed:
+    """One chain's committed windows not yet published, oldest first."""
+
+    windows: deque[_Window] = field(default_factory=deque)
+    count: int = 0
+
+    def drop_through(self, position: int) -> None:
+        """Forget the windows wholly at or before `position` (published, or read from the database)."""
+        windows = self.windows
+        while windows and windows[0].last <= position:
+            self.count -= len(windows.popleft().events)
 
 
 @dataclass(frozen=True)
@@ -152,6 +202,7 @@ class OutboxPublisher:
         batch_size: int = 2000,
         idle_poll_seconds: float = 0.25,
         batches_per_cycle: int = 16,
+        memory_limit: int = 20_000,
     ) -> None:
         self._database_url = database_url
         self._producer = producer
@@ -163,6 +214,45 @@ class OutboxPublisher:
         self._partitioner = KeyPartitioner()
         self._header_values: dict[str, bytes] = {}
         self._builder = MessageBuilder()
+        # Committed windows handed over by the indexer in this process (`committed`), per
+        # chain, at most `memory_limit` events; none kept while `run` waits for the lock (a
+        # standby) or has returned.
+        self._memory_limit = memory_limit
+        self._committed: dict[int, _Committed] = {}
+        self._standby = False
+
+    def committed(self, chain_id: int, last: int, events: Sequence[LogEvent]) -> None:
+        """The indexer committed `events` at the log positions up to `last`: publish them
+        from memory instead of reading them back (`_publish_log` checks, under the watermark
+        lock, that they are still in the log). Called only after the commit."""
+        if events and not self._standby:
+            held = self._committed.setdefault(chain_id, _Committed())
+            held.windows.append(_Window(last - len(events) + 1, events))
+            held.count += len(events)
+            # Behind (or a standby's backlog): keep the newest; the rest is read from the log.
+            while held.count > self._memory_limit and len(held.windows) > 1:
+                held.count -= len(held.windows.popleft().events)
+        self._wake.set()
+
+    def _from_memory(self, chain_id: int, after: int) -> list[tuple[int, LogEvent]]:
+        """The next batch after position `after` from the committed windows in memory, or
+        [] when memory does not hold the very next position (a restart, a rollback's hole or
+        retractions, or windows dropped while behind: the database has them)."""
+        held = self._committed.get(chain_id)
+        if held is None:
+            return []
+        held.drop_through(after)
+        batch: list[tuple[int, LogEvent]] = []
+        position = after + 1
+        for window in held.windows:
+            if window.first > position or window.last < position:
+                break  # not contiguous: what lies between is only in the database
+            take = window.events[position - window.first : position - window.first + self._batch_size - len(batch)]
+            batch.extend(zip(range(position, position + len(take)), take, strict=True))
+            position += len(take)
+            if len(batch) >= self._batch_size:
+                break
+        return batch
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -175,11 +265,13 @@ class OutboxPublisher:
 
         while not self._stopping.is_set():
             conn: asyncpg.Connection | None = None
+            self._standby = True
             try:
                 conn = await connect(self._database_url)
                 await conn.execute("SELECT pg_advisory_lock($1)", _PUBLISHER_LOCK)
                 await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
                 log.info("outbox_publisher_started")
+                self._standby = False
                 await self._drain_forever(conn)
             except Exception as exc:
                 if not (is_connection_error(exc) or _is_kafka_error(exc)):
@@ -188,6 +280,9 @@ class OutboxPublisher:
                 log.warning("outbox_publisher_retry", error=repr(exc))
                 await asyncio.sleep(0.5)
             finally:
+                # Whatever was handed over is in the log: the next instance reads it there.
+                self._standby = True
+                self._committed.clear()
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=2)
@@ -317,15 +412,15 @@ class OutboxPublisher:
                         break
                     if after is None:
                         after = published
-                    messages = await read_after(
-                        conn,
-                        chain_id,
-                        after,
-                        self._batch_size,
-                        line=line,
-                        sent_through=mark["sending_through"] if mark is not None else 0,
-                        builder=self._builder,
-                    )
+                    sent_through = mark["sending_through"] if mark is not None else 0
+                    messages = await self._read_memory(conn, chain_id, after, sent_through)
+                    if messages is None:
+                        messages = await read_after(
+                            conn, chain_id, after, self._batch_size, line=line, sent_through=sent_through,
+                            builder=self._builder,
+                        )  # fmt: skip
+                        if messages:
+                            LOG_BATCHES.labels("database").inc()
                     if not messages:
                         break
                     after = messages[-1].position
@@ -347,6 +442,42 @@ class OutboxPublisher:
                     await acks
         return total
 
+    async def _read_memory(
+        self, conn: asyncpg.Connection, chain_id: int, after: int, sent_through: int
+    ) -> list[LogMessage] | None:
+        """The next batch from the committed windows in memory (under the watermark lock),
+        or None when it must be read from the database.
+
+        Memory serves only the very next position and only when nothing after `after` may
+        be on Kafka already (`sending_through` not past it: after a failed send the database
+        path's rule for such rows applies). The line cuts the batch as `read_after` does.
+        """
+        if sent_through > after:
+            return None
+        batch = self._from_memory(chain_id, after)
+        if not batch:
+            return None
+        last_position, last_event = batch[-1]
+        check = await conn.fetchrow(_MEMORY_CHECK_SQL, chain_id, last_position, last_event.id)
+        if check is None or not check["present"]:
+            # A rollback took these rows back (they were never sent): the log has what follows.
+            self._committed.pop(chain_id, None)
+            return None
+        line = check["line"]
+        for i, (_, event) in enumerate(batch):
+            if event.block_number > line:
+                batch = batch[:i]
+                break
+        if not batch:
+            return []
+        incarnations: dict[str, int] = {}
+        if check["returns"]:
+            rows = await conn.fetch(INCARNATIONS_SQL, [event.id for _, event in batch])
+            incarnations = {row["event_id"]: row["retractions"] for row in rows}
+        build = self._builder.build_event
+        LOG_BATCHES.labels("memory").inc()
+        return [build(position, event, incarnations.get(event.id, 0)) for position, event in batch]
+
     async def _complete_log(
         self,
         conn: asyncpg.Connection,
@@ -363,6 +494,9 @@ class OutboxPublisher:
             chain_id,
             messages[-1].position,
         )
+        held = self._committed.get(chain_id)
+        if held is not None:
+            held.drop_through(messages[-1].position)
         OUTBOX_PUBLISHED.labels(topic).inc(len(messages))
         blocks = [m.block_number for m in messages if m.block_number is not None]
         if blocks:

@@ -44,7 +44,6 @@ import orjson
 import structlog
 from prometheus_client import Counter, Histogram
 
-from chain.logs import RpcLog
 from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
@@ -340,63 +339,6 @@ def logs_reply(value: Any) -> list[dict[str, Any]]:
         if type(get("removed", False)) is not bool:
             raise _bad("log removed")
     return value
-
-
-def _hex_or_bad(value: str) -> int:
-    try:
-        return int(value, 16)
-    except ValueError:
-        return -1
-
-
-def parse_logs(value: Any) -> list[RpcLog]:
-    """An `eth_getLogs` result checked as `logs_reply` checks it, in the same pass turned into
-    `RpcLog`s: each quantity is parsed here once, not again by every later reader."""
-    if type(value) is not list:
-        raise _bad("logs are not a list")
-    parsed: list[RpcLog] = []
-    append = parsed.append
-    for entry in value:
-        if type(entry) is not dict:
-            raise _bad("log is not an object")
-        get: Callable[..., Any] = entry.get
-        number, index, position = get("blockNumber"), get("logIndex"), get("transactionIndex")
-        if not (_quantity_text(number) and _quantity_text(index) and _quantity_text(position)):
-            raise _bad("log quantities")
-        block_hash, tx_hash, address, data = get("blockHash"), get("transactionHash"), get("address"), get("data")
-        if not (
-            type(block_hash) is str
-            and len(block_hash) == 66
-            and type(tx_hash) is str
-            and len(tx_hash) == 66
-            and type(address) is str
-            and len(address) == 42
-            and type(data) is str
-            and data[:2] == "0x"
-            and not len(data) % 2
-        ):
-            raise _bad("log hashes, address or data")
-        topics = get("topics")
-        if type(topics) is not list or len(topics) > 4:
-            raise _bad("log topics")
-        for topic in topics:
-            if type(topic) is not str or len(topic) != 66:
-                raise _bad("log topic")
-        stamp = get("blockTimestamp")
-        if stamp is not None and not _quantity_text(stamp):
-            raise _bad("log blockTimestamp")
-        removed = get("removed", False)
-        if type(removed) is not bool:
-            raise _bad("log removed")
-        try:
-            numbers = int(number, 16), int(position, 16), int(index, 16), None if stamp is None else int(stamp, 16)
-        except ValueError:
-            numbers = (
-                _hex_or_bad(number), _hex_or_bad(position), _hex_or_bad(index),
-                None if stamp is None else _hex_or_bad(stamp),
-            )  # fmt: skip
-        append(RpcLog(address, topics, data, numbers[0], block_hash, tx_hash, numbers[1], numbers[2], numbers[3], removed))
-    return parsed
 
 
 def safe_url(url: str) -> str:

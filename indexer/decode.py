@@ -4,12 +4,11 @@ log's chain coordinates and its event id. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chain.abi import AbiDecodeError, Codec, to_checksum_address
-from chain.logs import RpcLog
 from schemas import jsoncodec
 from schemas.events import event_id
 
@@ -52,50 +51,31 @@ class EscrowLogDecoder:
         return list(self._codec.events)
 
     def decode(self, chain_id: int, log: Mapping[str, Any], block_timestamp: int | None = None) -> DecodedLog | None:
-        """Decode one raw log (a JSON object); None when its topic0 is not an escrow event."""
-        if self._codec.event_of(log["topics"]) is None:
-            return None
-        try:
-            stamp = log.get("blockTimestamp")
-            parsed = RpcLog(
-                address=log["address"], topics=log["topics"], data=log["data"],
-                block_number=int(log["blockNumber"], 16), block_hash=log["blockHash"],
-                tx_hash=log["transactionHash"], tx_index=int(log["transactionIndex"], 16),
-                log_index=int(log["logIndex"], 16), block_timestamp=None if stamp is None else int(stamp, 16),
-                removed=bool(log.get("removed", False)),
-            )  # fmt: skip
-        except ValueError as exc:
-            raise DecodeError(f"a malformed quantity: {exc}") from None
-        return self.decode_parsed(chain_id, parsed, block_timestamp)
-
-    def decode_parsed(self, chain_id: int, log: RpcLog, block_timestamp: int | None = None) -> DecodedLog | None:
-        """Decode one checked log (`chain.rpc.parse_logs`); None when its topic0 is not an
-        escrow event. A quantity that was not hex (-1) is a DecodeError."""
-        topics = log.topics
+        """Decode one raw log; None when its topic0 is not an escrow event."""
+        topics: Sequence[str] = log["topics"]
         decoder = self._codec.event_of(topics)
         if decoder is None:
             return None
         try:
-            args = decoder.decode(topics, log.data)
+            args = decoder.decode(topics, log["data"])
+            block_hash: str = log["blockHash"]
+            log_index = int(log["logIndex"], 16)
             timestamp = block_timestamp
             if timestamp is None:
-                timestamp = log.block_timestamp
-                if timestamp is None:
+                stamp = log.get("blockTimestamp")
+                if stamp is None:
                     raise DecodeError("log has no blockTimestamp and none was given")
-            block_number, log_index, tx_index = log.block_number, log.log_index, log.tx_index
-            if block_number < 0 or log_index < 0 or tx_index < 0 or timestamp < 0:
-                raise DecodeError(f"{decoder.name}: a quantity of the log is not hex")
+                timestamp = int(stamp, 16)
             task_id = args.get("taskId")
-            block_hash = log.block_hash
             return DecodedLog(
                 id=event_id(chain_id, block_hash, log_index),
                 chain_id=chain_id,
-                escrow_address=to_checksum_address(log.address),
-                block_number=block_number,
+                escrow_address=to_checksum_address(log["address"]),
+                block_number=int(log["blockNumber"], 16),
                 block_hash=block_hash,
                 block_timestamp=timestamp,
-                tx_hash=log.tx_hash,
-                tx_index=tx_index,
+                tx_hash=log["transactionHash"],
+                tx_index=int(log["transactionIndex"], 16),
                 log_index=log_index,
                 event=decoder.name,
                 task_id=task_id if isinstance(task_id, int) else None,

@@ -31,7 +31,6 @@ import asyncpg
 import orjson
 import structlog
 
-from chain.logs import RpcLog
 from chain.rpc import (
     RpcCallError,
     RpcClient,
@@ -39,7 +38,7 @@ from chain.rpc import (
     RpcRangeTooLarge,
     RpcTransportError,
     header_reply,
-    parse_logs,
+    logs_reply,
 )
 from indexer import metrics
 from indexer.config import ChainConfig
@@ -53,9 +52,9 @@ from schemas.abi import escrow_abi
 
 log = structlog.get_logger(__name__)
 
-RangeFetch = tuple[list[RpcLog], list[BlockRef | None], float]
+RangeFetch = tuple[list[dict[str, Any]], list[BlockRef | None], float]
 """One range's logs, the headers of its first and last block, and the fetch time."""
-WindowFetch = tuple[list[RpcLog], list[dict[str, Any] | None], float]
+WindowFetch = tuple[list[dict[str, Any]], list[dict[str, Any] | None], float]
 """One head window's logs, the header of every block in it, and the fetch time."""
 
 
@@ -299,18 +298,17 @@ class ChainIndexer:
         metrics.INDEXED_BLOCK.labels(self.chain_label).set(self.cursor.number)
         metrics.LAG_BLOCKS.labels(self.chain_label).set(max(0, self.head.number - self.cursor.number))
 
-    def _decode(self, logs: Sequence[RpcLog], timestamps: dict[int, int]) -> list[DecodedLog]:
+    def _decode(self, logs: Sequence[dict[str, Any]], timestamps: dict[int, int]) -> list[DecodedLog]:
         """The window's events in chain order (block, then log index), whatever order the
         provider answered in: the log's positions follow this order, and the reorg rollback
         and the confirmation hold-back rely on block numbers never decreasing along it."""
         decoded: list[DecodedLog] = []
-        decode, chain_id = self.decoder.decode_parsed, self.chain.chain_id
         for raw in logs:
-            if raw.removed:
+            if raw.get("removed"):
                 continue
-            number = raw.block_number
+            number = int(raw["blockNumber"], 16)
             try:
-                event = decode(chain_id, raw, timestamps.get(number))
+                event = self.decoder.decode(self.chain.chain_id, raw, timestamps.get(number))
             except DecodeError as exc:
                 # Not our ABI's shape: record it loudly and keep indexing the rest.
                 self._bound.error("log_not_decodable", block=number, error=str(exc))
@@ -431,7 +429,7 @@ class ChainIndexer:
         # Logs without `blockTimestamp` (many providers omit it): the time comes from the
         # headers of their blocks, which must be the blocks the logs claim.
         missing = sorted(
-            {raw.block_number for raw in logs if raw.block_timestamp is None} - timestamps.keys()
+            {int(raw["blockNumber"], 16) for raw in logs if raw.get("blockTimestamp") is None} - timestamps.keys()
         )
         if missing:
             found = [BlockRef.from_header(h) for h in await self.rpc.headers(missing) if h is not None]
@@ -583,15 +581,16 @@ def _chunks(
     return chunks
 
 
-def _misplaced(logs: Sequence[RpcLog], start: int, end: int) -> str | None:
+def _misplaced(logs: Sequence[dict[str, Any]], start: int, end: int) -> str | None:
     """Why an `eth_getLogs` reply cannot be the logs of blocks `start`..`end`, or None.
 
     A log outside the range, or the same (block, log index) twice, would be stored at a
     position that breaks the log's block order (or fail the window on a duplicate id)."""
     seen: set[tuple[int, int]] = set()
     for raw in logs:
-        number, index = raw.block_number, raw.log_index
-        if number < 0 or index < 0:  # not hex (`parse_logs`)
+        try:
+            number, index = int(raw["blockNumber"], 16), int(raw["logIndex"], 16)
+        except (KeyError, TypeError, ValueError):
             return "a log without a hex blockNumber and logIndex"
         if not start <= number <= end:
             return f"a log of block {number} outside the range {start}..{end}"
@@ -602,16 +601,16 @@ def _misplaced(logs: Sequence[RpcLog], start: int, end: int) -> str | None:
     return None
 
 
-def _hashes_by_block(logs: Sequence[RpcLog], only: set[int] | None) -> dict[int, set[str]]:
+def _hashes_by_block(logs: Sequence[dict[str, Any]], only: set[int] | None) -> dict[int, set[str]]:
     by_block: dict[int, set[str]] = {}
     for raw in logs:
-        number = raw.block_number
+        number = int(raw["blockNumber"], 16)
         if only is None or number in only:
-            by_block.setdefault(number, set()).add(raw.block_hash)
+            by_block.setdefault(number, set()).add(raw["blockHash"])
     return by_block
 
 
 def _window_reply(replies: list[Any]) -> list[Any]:
     """A window's batch reply (logs, then headers) checked field by field before anything
     reads it: a malformed reply is a transport fault, retried on another URL."""
-    return [parse_logs(replies[0]), *(header_reply(h) for h in replies[1:])]
+    return [logs_reply(replies[0]), *(header_reply(h) for h in replies[1:])]

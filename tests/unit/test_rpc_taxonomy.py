@@ -25,7 +25,6 @@ from chain.rpc import (
     logs_reply,
     node_error,
     node_error_kind,
-    parse_logs,
     quantity,
 )
 from relayer.settlement.rulings import node_has_it
@@ -150,7 +149,7 @@ def test_any_error_object_becomes_one_rpc_error(method: str, error: Any) -> None
 @given(value=JSON)
 def test_reply_checks_refuse_anything_malformed_with_a_transport_error(value: Any) -> None:
     """Every checker either hands back a well-formed value or raises RpcTransportError: nothing else."""
-    for check in (quantity, hash32, header_reply, logs_reply, parse_logs):
+    for check in (quantity, hash32, header_reply, logs_reply):
         with contextlib.suppress(RpcTransportError):
             check(value)
 
@@ -191,20 +190,6 @@ def test_a_malformed_log_is_refused(changes: dict[str, Any]) -> None:
     assert logs_reply([_log()]) == [_log()]
     with pytest.raises(RpcTransportError):
         logs_reply([_log(), _log(**changes)])
-    with pytest.raises(RpcTransportError):
-        parse_logs([_log(), _log(**changes)])
-
-
-def test_a_parsed_log_carries_its_quantities_once_parsed() -> None:
-    """`parse_logs` accepts what `logs_reply` accepts and parses each quantity once; digits
-    that are not hex become -1, for the reader of that field to refuse."""
-    (log,) = parse_logs([_log(blockTimestamp="0x5")])
-    assert (log.block_number, log.log_index, log.tx_index, log.block_timestamp) == (16, 1, 0, 5)
-    assert (log.block_hash, log.tx_hash, log.address, log.removed) == ("0x" + "33" * 32, "0x" + "44" * 32, "0x" + "11" * 20, False)
-    (unstamped,) = parse_logs([_log()])
-    assert unstamped.block_timestamp is None
-    (bad,) = parse_logs([_log(transactionIndex="0xzz", blockTimestamp="0xq")])
-    assert (bad.block_number, bad.tx_index, bad.block_timestamp) == (16, -1, -1)
 
 
 def test_hex_digits_of_a_log_are_checked_where_they_are_decoded() -> None:
@@ -232,12 +217,6 @@ def test_hex_digits_of_a_log_are_checked_where_they_are_decoded() -> None:
         assert logs_reply([bad]) == [bad]
         with pytest.raises(DecodeError):
             decoder.decode(1, bad)
-        if field in ("transactionIndex", "blockTimestamp"):  # the coordinates fail the window first
-            (parsed,) = parse_logs([bad])
-            with pytest.raises(DecodeError):
-                decoder.decode_parsed(1, parsed)
-    (parsed,) = parse_logs([good])
-    assert decoder.decode_parsed(1, parsed) == decoded
 
 
 def test_quantities_and_headers() -> None:

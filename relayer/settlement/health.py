@@ -149,13 +149,19 @@ def indexer_liveness(
     cursor: int | None, head: int | None, age: float | None, stale_after: float
 ) -> tuple[bool | None, str | None]:
     """(live, reason): an indexer behind the head whose cursor has not moved for
-    `stale_after` seconds is dead or stuck; a cursor at the head may rest (no new blocks)."""
+    `stale_after` seconds, or whose cursor is stamped in the future, is dead or stuck (or
+    unknowable); a cursor at the head may rest (no new blocks)."""
     if cursor is None:
         return None, "the indexer has stored no cursor for this chain"
     if head is None or age is None:
         return None, None
     if head > cursor and age > stale_after:
         return False, f"the indexer's cursor ({cursor}) has not moved for {age:.0f} s, {head - cursor} blocks behind"
+    if head > cursor and age < -FUTURE_TOLERANCE_SECONDS:
+        # Stamped ahead of the database's clock: its age says nothing about whether it moves.
+        return False, (
+            f"the indexer's cursor ({cursor}) is stamped {-age:.0f} s in the future, {head - cursor} blocks behind"
+        )
     return True, None
 
 

@@ -139,7 +139,8 @@ async def settlement_events_of(conn: asyncpg.Connection, keys: Sequence[TaskRef]
 
 async def cursor_state(conn: asyncpg.Connection, chain_id: int) -> tuple[int | None, float | None]:
     """The indexer's cursor block and the seconds since it last moved, by the database's
-    clock (None, None before it stored anything)."""
+    clock (None, None before it stored anything). Negative when the stamp is ahead of the
+    clock (it stepped back): not clamped to 0, which read as "moved just now" for as long."""
     row = await conn.fetchrow(
         "SELECT block_number, extract(epoch FROM now() - updated_at)::float8 AS age"
         " FROM chain_cursor WHERE chain_id = $1",
@@ -147,7 +148,7 @@ async def cursor_state(conn: asyncpg.Connection, chain_id: int) -> tuple[int | N
     )
     if row is None:
         return None, None
-    return int(row["block_number"]), max(0.0, float(row["age"]))
+    return int(row["block_number"]), float(row["age"])
 
 
 async def chain_time(conn: asyncpg.Connection, chain_id: int) -> int | None:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chain.keys import SecretKey
 from chain.txs import SignedTx, UnsignedTx, signature_of
-from schemas import eip712
+from schemas import eip712, jsonbounds
 
 SignerKind = Literal["keystore", "aws-kms", "remote"]
 SIGNER_KINDS: tuple[SignerKind, ...] = ("keystore", "aws-kms", "remote")
@@ -312,10 +312,14 @@ class RemoteSigner:
         if len(raw) > MAX_REPLY_BYTES:
             raise SignerError(f"remote signer {method}: reply too large")
         try:
-            reply = json.loads(raw)
+            # The bounded decoder: a reply nested 100,000 deep overflowed the C stack (SIGSEGV)
+            # or raised RecursionError, which no caller's fail-closed handling expects.
+            reply = jsonbounds.loads(raw, max_bytes=MAX_REPLY_BYTES)
         except ValueError:
             raise SignerError(f"remote signer {method}: reply is not JSON") from None
-        if not isinstance(reply, dict) or reply.get("id") != self._ids:
+        reply_id = reply.get("id") if isinstance(reply, dict) else None
+        # `true == 1` in Python: the id must be the integer we sent, not a bool that equals it.
+        if not isinstance(reply, dict) or type(reply_id) is not int or reply_id != self._ids:
             raise SignerError(f"remote signer {method}: not a JSON-RPC reply")
         if "error" in reply:
             error = reply["error"]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from escrowd.invariants import PlannedTask, Report
 from runtime.aio import wait_event
@@ -475,6 +476,103 @@ def soak_generator(devnet: Any, offchain: TimedOffChain, seed: int) -> Any:
     return SoakTraffic()
 
 
+MAX_DEVNET_FILE_BYTES = 8 * 1024 * 1024
+"""`--devnet FILE` is read up to this (the CLI files' bound, `docs/security.md`)."""
+
+
+class DevnetFileError(ValueError):
+    """`--devnet FILE` cannot describe the chain the soak would drive (the message says why)."""
+
+
+_ADDRESS = r"^0x[0-9a-fA-F]{40}$"
+
+
+class _ActorEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    name: str = Field(max_length=64)
+    address: str = Field(pattern=_ADDRESS)
+    private_key: str = Field(pattern=r"^0x[0-9a-fA-F]{64}$")
+
+
+class _Actors(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    owner: _ActorEntry
+    arbiter: _ActorEntry
+    marketplace_verifier: _ActorEntry
+    fee_recipient: _ActorEntry
+    posters: list[_ActorEntry] = Field(min_length=1, max_length=1000)
+    agents: list[_ActorEntry] = Field(min_length=1, max_length=1000)
+    verifier_agents: list[_ActorEntry] = Field(max_length=1000)
+    spare: list[_ActorEntry] = Field(max_length=1000)
+
+
+class _Contracts(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    escrow: str = Field(pattern=_ADDRESS)
+    token: str = Field(pattern=_ADDRESS)
+
+
+class DevnetDescription(BaseModel):
+    """`escrowd devnet`'s JSON, strictly (its other keys, `token`, `mnemonic`, `warning`, are
+    notes for people)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    rpc_url: str = Field(max_length=2048)
+    ws_url: str | None = Field(default=None, max_length=2048)
+    chain_id: int = Field(ge=1, le=2**53 - 1)
+    deploy_block: int = Field(default=0, ge=0)
+    contracts: _Contracts
+    actors: _Actors
+
+
+def read_devnet_file(path: Path) -> dict[str, Any]:
+    """`--devnet FILE` checked: bounded JSON (`jsonbounds`), `escrowd devnet`'s shape, and
+    every actor's key deriving its address (the soak signs with the key and checks balances
+    and events by the address). DevnetFileError naming the problem."""
+    from eth_account import Account
+
+    from schemas import jsonbounds
+
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_DEVNET_FILE_BYTES + 1)
+        data = jsonbounds.loads(raw, max_bytes=MAX_DEVNET_FILE_BYTES)
+    except OSError as exc:
+        raise DevnetFileError(f"cannot read it: {exc.strerror or type(exc).__name__}") from None
+    except jsonbounds.JsonRefused as exc:
+        raise DevnetFileError(f"not JSON `escrowd devnet` printed ({exc.code})") from None
+    try:
+        description = DevnetDescription.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise DevnetFileError(f"{where}: {first['msg']} ({exc.error_count()} problem(s))") from None
+    actors = description.actors
+    for entry in [actors.owner, actors.arbiter, actors.marketplace_verifier, actors.fee_recipient,
+                  *actors.posters, *actors.agents, *actors.verifier_agents, *actors.spare]:  # fmt: skip
+        if Account.from_key(entry.private_key).address.lower() != entry.address.lower():
+            raise DevnetFileError(f"actor {entry.name!r}: its private key is not the key of {entry.address}")
+    dumped: dict[str, Any] = description.model_dump()
+    return dumped
+
+
+def check_devnet_chain(devnet: Any) -> None:
+    """The chain at the RPC is the file's: its chain id, and contract code at the escrow and
+    the token (the soak would otherwise sign and send the file's keys' transactions to
+    whatever chain the URL reaches). DevnetFileError naming the difference."""
+    try:
+        chain_id = int(str(devnet.rpc("eth_chainId")), 16)
+        codes = {name: str(devnet.rpc("eth_getCode", address, "latest"))
+                 for name, address in (("escrow", devnet.escrow_address), ("token", devnet.token_address))}  # fmt: skip
+    except Exception as exc:  # any transport or reply fault: nothing was sent
+        raise DevnetFileError(f"the RPC did not answer eth_chainId/eth_getCode ({type(exc).__name__})") from None
+    if chain_id != devnet.chain_id:
+        raise DevnetFileError(f"chain_id is {devnet.chain_id}, the RPC's chain is {chain_id}")
+    for name, code in codes.items():
+        if code in ("", "0x", "None"):
+            raise DevnetFileError(f"contracts.{name}: no contract at that address on chain {chain_id}")
+
+
 def attach_devnet(description: Mapping[str, Any], rpc_url: str | None = None) -> Any:
     """A `Devnet` for a chain described by `escrowd devnet`'s JSON (actors, contracts, endpoints)."""
     from web3 import Web3
@@ -656,7 +754,13 @@ def soak(
     if api is not None:
         if devnet_file is None:
             raise typer.BadParameter("--api needs --devnet (the deployment's contracts and actors)")
-        devnet = attach_devnet(json.loads(devnet_file.read_text(encoding="utf-8")), rpc_url)
+        try:
+            devnet = attach_devnet(read_devnet_file(devnet_file), rpc_url)
+            check_devnet_chain(devnet)
+        except DevnetFileError as exc:
+            # An operator's file: exit 2 naming it and the problem, before any transaction.
+            sys.stderr.write(f"escrowd soak: --devnet {devnet_file}: {exc}\n")
+            raise typer.Exit(2) from None
         work = _measure(options, devnet, api.rstrip("/"), None, database_url, kafka_bootstrap)
     else:
         work = soak_local(options, database_url or "", kafka_bootstrap or "")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,6 +37,14 @@ from runtime.aio import wait_event
 from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)
+
+MAX_REPORT_BYTES = 256 * 1024
+"""A published chain report larger than this is unreadable (a relayer's is a few KiB)."""
+MAX_STALE_AFTER_SECONDS = 600.0
+"""No published report is fresh for longer than this, whatever its row's `stale_after_seconds`
+says (the column only refuses values <= 0: `Infinity` passes it)."""
+FUTURE_TOLERANCE_SECONDS = 5.0
+"""A row stamped further than this ahead of the database's clock is not trusted as fresh."""
 
 
 class _Model(BaseModel):
@@ -140,13 +149,19 @@ def indexer_liveness(
     cursor: int | None, head: int | None, age: float | None, stale_after: float
 ) -> tuple[bool | None, str | None]:
     """(live, reason): an indexer behind the head whose cursor has not moved for
-    `stale_after` seconds is dead or stuck; a cursor at the head may rest (no new blocks)."""
+    `stale_after` seconds, or whose cursor is stamped in the future, is dead or stuck (or
+    unknowable); a cursor at the head may rest (no new blocks)."""
     if cursor is None:
         return None, "the indexer has stored no cursor for this chain"
     if head is None or age is None:
         return None, None
     if head > cursor and age > stale_after:
         return False, f"the indexer's cursor ({cursor}) has not moved for {age:.0f} s, {head - cursor} blocks behind"
+    if head > cursor and age < -FUTURE_TOLERANCE_SECONDS:
+        # Stamped ahead of the database's clock: its age says nothing about whether it moves.
+        return False, (
+            f"the indexer's cursor ({cursor}) is stamped {-age:.0f} s in the future, {head - cursor} blocks behind"
+        )
     return True, None
 
 
@@ -322,11 +337,23 @@ async def publish_report(pool: asyncpg.Pool, report: BridgeHealth, *, stale_afte
 
 
 def judge_published(chain: ChainHealth, *, age: float, stale_after: float) -> ChainHealth:
-    """A published chain report as of now: older than `stale_after` seconds, the relayer
-    has stopped checking (dead, or cut off from the database) and nothing vouches for sending."""
-    if age <= stale_after:
+    """A published chain report as of now: older than `stale_after` seconds (at most
+    `MAX_STALE_AFTER_SECONDS`), the relayer has stopped checking (dead, or cut off from the
+    database) and nothing vouches for sending. A report stamped in the future (the database's
+    clock stepped back, or the row was not written by the relayer's `now()`) has no age to
+    trust: stale too, until the relayer writes it again."""
+    bound = stale_after if math.isfinite(stale_after) and 0 < stale_after <= MAX_STALE_AFTER_SECONDS else (
+        MAX_STALE_AFTER_SECONDS
+    )
+    if age < -FUTURE_TOLERANCE_SECONDS:
+        why = (
+            f"the relayer's last health report is stamped {-age:.0f} s in the future"
+            " (did the database's clock move back?)"
+        )
+    elif age <= bound:
         return chain
-    why = f"the relayer's last health report is {age:.0f} s old (is the relayer running?)"
+    else:
+        why = f"the relayer's last health report is {age:.0f} s old (is the relayer running?)"
     relayer = chain.relayer.model_copy(update={"sending": False, "paused_reason": why})
     return chain.model_copy(update={"stale": True, "relayer": relayer})
 
@@ -362,24 +389,47 @@ class PublishedHealth:
 
     async def _read(self) -> BridgeHealth:
         async with self._pool.acquire() as conn:
-            rows = await store.published_health(conn)
-        chains = [
-            judge_published(ChainHealth.model_validate_json(r.report), age=r.age_seconds, stale_after=r.stale_after)
-            for r in rows
-            if not self._chain_ids or r.chain_id in self._chain_ids
-        ]
+            rows = await store.published_health(conn, max_bytes=MAX_REPORT_BYTES)
+        chains: list[ChainHealth] = []
+        unreadable: list[int] = []
+        for r in rows:
+            if self._chain_ids and r.chain_id not in self._chain_ids:
+                continue
+            parsed = _parse_report(r.report, r.chain_id)
+            if parsed is None:
+                unreadable.append(r.chain_id)
+                continue
+            chains.append(judge_published(parsed, age=r.age_seconds, stale_after=r.stale_after))
         if self._arbiter is not None:
             address, targets = self._arbiter
             for i, chain in enumerate(chains):
                 target = targets.get(chain.chain_id)
                 if target is not None:
                     chains[i] = chain.model_copy(update={"arbiter": await arbiter_health(target[0], target[1], address)})
-        missing = sorted(set(self._chain_ids) - {c.chain_id for c in chains})
-        if not chains and not missing:
+        missing = sorted(set(self._chain_ids) - {c.chain_id for c in chains} - set(unreadable))
+        if not chains and not missing and not unreadable:
             raise NoReport("the relayer has published no health report yet")
-        reason = None if not missing else f"no health report from the relayer for chain(s) {missing}"
-        status = "failing" if missing else overall_status(chains)
-        return BridgeHealth(status=status, checked_at=datetime.now(UTC), chains=chains, reason=reason)
+        reasons = []
+        if missing:
+            reasons.append(f"no health report from the relayer for chain(s) {missing}")
+        if unreadable:
+            reasons.append(
+                f"unreadable health report for chain(s) {unreadable} (too large, not a report, or another chain's)"
+            )
+        status = "failing" if reasons else overall_status(chains)
+        return BridgeHealth(status=status, checked_at=datetime.now(UTC), chains=chains, reason="; ".join(reasons) or None)
+
+
+def _parse_report(report: str | None, chain_id: int) -> ChainHealth | None:
+    """A row's report, or None when it is over the size bound, is not a `ChainHealth`, or
+    names another chain than its row (it cannot vouch for the chain it is filed under)."""
+    if report is None:
+        return None
+    try:
+        parsed = ChainHealth.model_validate_json(report)
+    except ValueError:  # pydantic's ValidationError
+        return None
+    return parsed if parsed.chain_id == chain_id else None
 
 
 class NoReport(Exception):

@@ -127,8 +127,8 @@ class PublishedReport:
     """One chain's last health report from the relayer (`bridge_health`)."""
 
     chain_id: int
-    report: str  # ChainHealth as JSON
-    age_seconds: float
+    report: str | None  # ChainHealth as JSON; None when larger than the reader's bound
+    age_seconds: float  # by the database's clock; negative for a row stamped in the future
     stale_after: float
 
 
@@ -148,14 +148,25 @@ async def publish_health(
     )
 
 
-async def published_health(conn: asyncpg.Connection) -> list[PublishedReport]:
-    """Every chain's published report with its age by the database's clock, by chain id."""
+async def published_health(conn: asyncpg.Connection, *, max_bytes: int) -> list[PublishedReport]:
+    """Every chain's published report with its age by the database's clock, by chain id.
+
+    A report over `max_bytes` is not fetched (the API reads this table every second). The
+    age is not clamped at 0: a row stamped in the future is the reader's to judge, since
+    reading it as "0 s old" kept it fresh for as long as it was ahead."""
     rows = await conn.fetch(
-        "SELECT chain_id, report::text AS report, extract(epoch FROM now() - checked_at)::float8 AS age,"
-        " stale_after_seconds FROM bridge_health ORDER BY chain_id"
+        "SELECT chain_id, CASE WHEN octet_length(report::text) <= $1 THEN report::text END AS report,"
+        " extract(epoch FROM clock_timestamp() - checked_at)::float8 AS age, stale_after_seconds"
+        " FROM bridge_health ORDER BY chain_id",
+        max_bytes,
     )
     return [
-        PublishedReport(int(r["chain_id"]), str(r["report"]), max(0.0, float(r["age"])), float(r["stale_after_seconds"]))
+        PublishedReport(
+            int(r["chain_id"]),
+            None if r["report"] is None else str(r["report"]),
+            float(r["age"]),
+            float(r["stale_after_seconds"]),
+        )
         for r in rows
     ]
 

@@ -4,7 +4,9 @@ common self-hosted signers serve them, signing with eth_account (an implementati
 independent of `chain.signers`, so the tests cross-check the two). Loopback only, no auth.
 
 `python -m runtime.services.localsigner --port N` with the key in `$REMOTE_SIGNER_KEY`;
-`--mode wrong-key` signs with another key, `--mode high-s` returns high-s signatures.
+`--mode wrong-key` signs with another key, `--mode high-s` returns high-s signatures,
+`--mode deep-reply` answers every signing call with a result nested 100,000 levels deep (a
+hostile signer's reply, under the reply's size bound).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def serve(port: int, key: str, mode: str) -> None:
 
     async def endpoint(request: web.Request) -> web.Response:
         body = await request.json()
+        if mode == "deep-reply" and body["method"] != "eth_accounts":
+            deep = "[" * 100_000 + "]" * 100_000
+            return web.Response(text=f'{{"jsonrpc": "2.0", "id": {int(body["id"])}, "result": {deep}}}',
+                                content_type="application/json")
         try:
             result = handle(account, signing, mode, body["method"], body.get("params", []))
         except KeyError:
@@ -97,7 +103,7 @@ def main() -> None:
     """`python -m runtime.services.localsigner --port N [--mode ...]`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", default="honest", choices=["honest", "wrong-key", "high-s"])
+    parser.add_argument("--mode", default="honest", choices=["honest", "wrong-key", "high-s", "deep-reply"])
     args = parser.parse_args()
     serve(args.port, os.environ["REMOTE_SIGNER_KEY"], args.mode)
 

@@ -240,3 +240,21 @@ async def test_remote_high_s_and_outage() -> None:
 def test_keystore_signer_repr_hides_the_key() -> None:
     signer = KeystoreSigner(SecretKey.from_hex(KEY))
     assert KEY[2:] not in repr(signer) and ADDRESS in repr(signer)
+
+
+async def test_remote_signer_deep_reply_is_a_signer_error() -> None:
+    """A reply nested 100,000 deep (200 KB, under the size bound) is a refusal, never a
+    RecursionError (or a crashed process) that the callers' fail-closed handling does not expect."""
+    process = RemoteSignerProcess(KEY, mode="deep-reply").start()
+    try:
+        signer = await open_signer(SignerSpec(kind="remote", remote_url=process.url, address=ADDRESS), "test", _keystore)
+        tx = UnsignedTx(chain_id=1, nonce=0, to=ADDRESS, data=b"", gas_limit=21_000, fees=Fees(10, 1))
+        with pytest.raises(SignerError, match="not JSON"):
+            await signer.sign_transaction(tx)
+        domain, message = eip712.domain("d", "1", 1, ADDRESS), {"to": ADDRESS, "amount": 1, "ref": "0x" + "00" * 32,
+                                                                 "note": "", "urgent": False}
+        with pytest.raises(SignerError, match="not JSON"):
+            await signer.sign_typed_data(eip712.typed_data(domain, MAIL, message), eip712.digest(domain, MAIL, message))
+        await signer.aclose()
+    finally:
+        process.stop()

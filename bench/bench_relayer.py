@@ -295,7 +295,8 @@ class Publisher:
         assert self._proc.stdin is not None
         self._proc.stdin.close()
         try:
-            await asyncio.wait_for(self._proc.wait(), 10)
+            async with asyncio.timeout(10):
+                await self._proc.wait()
         except TimeoutError:
             self._proc.kill()
             await self._proc.wait()

@@ -94,6 +94,32 @@ def verdict_counts(events: Iterable[ChainEvent]) -> dict[str, tuple[int, int]]:
     return counts
 
 
+@dataclass(frozen=True)
+class LostNonce:
+    """A nonce one of our senders judged taken by someone else (its slot is `lost`)."""
+
+    sender: str
+    nonce: int
+    ours: frozenset[str]
+    """Every version of it we signed (lower-case hashes)."""
+    taken_by: str | None
+    """The hash the chain mined at that nonce (None: the chain says no transaction did)."""
+
+
+def lost_nonces_check(lost: Iterable[LostNonce]) -> tuple[bool, str]:
+    """Every nonce judged lost was consumed on chain by a transaction that is not ours.
+
+    A sender that calls its own mined transaction lost queues its work again and sends it
+    twice (the failure two looks in `chain.taken` exist for); this holds it to the chain."""
+    wrong = []
+    for item in lost:
+        if item.taken_by is None:
+            wrong.append(f"{item.sender} nonce {item.nonce}: judged lost, no transaction mined at it")
+        elif item.taken_by.lower() in item.ours:
+            wrong.append(f"{item.sender} nonce {item.nonce}: judged lost, our own {item.taken_by} was mined")
+    return not wrong, "; ".join(wrong[:5])
+
+
 def check_run(
     planned: Iterable[PlannedTask],
     statuses: Mapping[int, int],

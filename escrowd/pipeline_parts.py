@@ -401,6 +401,26 @@ async def checks(pipeline: Any, planned: Any, events: Any) -> list[tuple[str, bo
     return results
 
 
+async def lost_nonces(pipeline: Any, dn: Any) -> list[Any]:
+    """Every nonce a sender of the run judged lost, with what the chain mined at it (anvil's
+    `ots_getTransactionBySenderAndNonce`). In a run the human arbiter of the
+    `dispute_and_ruling` path sends `resolveDispute` from the same key as the ruling relay,
+    so lost ruling nonces are expected: each must be one of those transactions."""
+    from escrowd.invariants import LostNonce
+
+    rows = await pipeline.conn.fetch(
+        "SELECT t.sender, t.nonce, array_agg(lower(v.tx_hash)) AS ours FROM settlement_transactions t"
+        " JOIN settlement_tx_versions v USING (chain_id, sender, nonce) WHERE t.state = 'lost'"
+        " GROUP BY t.sender, t.nonce ORDER BY t.sender, t.nonce"
+    )
+    lost = []
+    for row in rows:
+        taken = await asyncio.to_thread(dn.rpc, "ots_getTransactionBySenderAndNonce", row["sender"], hex(row["nonce"]))
+        lost.append(LostNonce(str(row["sender"]), int(row["nonce"]), frozenset(row["ours"]),
+                              taken if isinstance(taken, str) else None))
+    return lost
+
+
 class LocalSigner:
     """The devnet's stand-in for where the keys live (`escrowd run --signer`): nothing for
     `keystore`; one local KMS process (`runtime.services.localkms`) holding every key for

@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from chain.signers import SIGNER_KINDS
-from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run
+from escrowd.invariants import ChainEvent, PlannedTask, Report, check_run, lost_nonces_check
 from runtime.errors import redact_url
 from runtime.logging import configure_logging
 from runtime.services.ports import free_port
@@ -251,6 +251,10 @@ async def _settle_and_check(
     )
     for name, ok, detail in await pipeline_parts.checks(pipeline, planned, events):
         report.add(name, ok, detail)
+    lost = await pipeline_parts.lost_nonces(pipeline, dn)
+    ok, detail = lost_nonces_check(lost)
+    report.add("senders: every nonce judged lost was taken by a transaction not ours", ok,
+               detail or f"{len(lost)} lost, each taken by another transaction of the key")
     failed = pipeline.failed()
     report.add("no pipeline component crashed", not failed, ", ".join(failed))
     snapshot = await pipeline.snapshot()

@@ -35,6 +35,7 @@ def test_run_drives_every_path_and_the_invariants_hold(
     assert "token conservation (deposits = payouts + fees + refunds + escrowed)" in names
     assert "indexer holds exactly the chain's events" in names
     assert "panels: each panel dispute resolved on chain once, with the panel's split" in names
+    assert "senders: every nonce judged lost was taken by a transaction not ours" in names
     assert summary["paths"].get("panel_dispute", 0) >= 1
     assert all(c["ok"] for c in summary["invariants"]["checks"])
     assert len(summary["paths"]) >= 6

@@ -312,7 +312,9 @@ def _panel_components(config: PipelineConfig, stop: asyncio.Event) -> list[Compo
 
 
 async def settle(pipeline: Any) -> None:
-    """Wait until the consumers have caught up with every indexed event."""
+    """Wait until the consumers have caught up with every indexed event and the relays have
+    seen the receipt of everything they sent: a ruling or verdict mined in the last block is
+    on chain before its sender has tracked it, and the checks compare both sides."""
     from chain import indexed
 
     conn = pipeline.conn
@@ -321,7 +323,11 @@ async def settle(pipeline: Any) -> None:
         behind = await indexed.task_events_not(
             conn, "EXISTS (SELECT 1 FROM lifecycle_events l WHERE l.event_id = e.event_id)"
         )
-        if behind == 0:
+        in_flight = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM settlement_rulings WHERE status IN ('queued', 'sent'))"
+            " + (SELECT count(*) FROM settlement_verdicts WHERE status IN ('queued', 'sent'))"
+        )
+        if behind == 0 and in_flight == 0:
             return
         await asyncio.sleep(0.2)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
+from runtime.heap import pace_for_bulk
 from runtime.logging import configure_logging
 from runtime.shell import run_service, startup_failure, wait_stopped
 
@@ -27,6 +28,7 @@ def run(
     except (ValidationError, OSError, ValueError) as exc:
         startup_failure("invalid configuration", exc)
     configure_logging(json=settings.log_json)
+    pace_for_bulk()
     run_service("indexer", lambda stop: run_indexer(settings, stop), configure=False)
 
 
@@ -62,6 +64,7 @@ def publish(
         raise StartupError(f"invalid settings: {missing}: required (ESCROWD_{missing.upper()} or the config file)")
     db_url, bootstrap = str(database_url), str(kafka_bootstrap)
     configure_logging(json=log_json)
+    pace_for_bulk()
 
     async def main(stop: asyncio.Event) -> None:
         await migrate_url(db_url)  # like every service: the schema before the first query

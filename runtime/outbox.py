@@ -202,11 +202,16 @@ class OutboxPublisher:
         batch_size: int = 2000,
         idle_poll_seconds: float = 0.25,
         batches_per_cycle: int = 16,
-        memory_limit: int = 20_000,
+        memory_batch_size: int = 10_000,
+        memory_limit: int = 40_000,
     ) -> None:
         self._database_url = database_url
         self._producer = producer
         self._batch_size = batch_size
+        # A batch from memory costs one lock, one check and one watermark move whatever its
+        # size, and its messages are built without a read: take up to a whole committed
+        # window (the indexer's `commit_rows`) at once. The database path keeps `batch_size`.
+        self._memory_batch_size = memory_batch_size
         self._idle_poll_seconds = idle_poll_seconds
         self._batches_per_cycle = batches_per_cycle
         self._wake = asyncio.Event()
@@ -247,10 +252,11 @@ class OutboxPublisher:
         for window in held.windows:
             if window.first > position or window.last < position:
                 break  # not contiguous: what lies between is only in the database
-            take = window.events[position - window.first : position - window.first + self._batch_size - len(batch)]
+            size = self._memory_batch_size
+            take = window.events[position - window.first : position - window.first + size - len(batch)]
             batch.extend(zip(range(position, position + len(take)), take, strict=True))
             position += len(take)
-            if len(batch) >= self._batch_size:
+            if len(batch) >= size:
                 break
         return batch
 
@@ -404,17 +410,19 @@ class OutboxPublisher:
                         chain_id,
                     )
                     published = mark["published_through"] if mark is not None else None
-                    # Read once the lock is held: after a rollback, its cursor (and line).
-                    line = await conn.fetchval(
-                        "SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", chain_id
-                    )
-                    if published is None or line is None:
+                    if published is None:
                         break
                     if after is None:
                         after = published
-                    sent_through = mark["sending_through"] if mark is not None else 0
+                    sent_through = mark["sending_through"]
                     messages = await self._read_memory(conn, chain_id, after, sent_through)
                     if messages is None:
+                        # Read once the lock is held: after a rollback, its cursor (and line).
+                        line = await conn.fetchval(
+                            "SELECT block_number - confirmations FROM chain_cursor WHERE chain_id = $1", chain_id
+                        )
+                        if line is None:
+                            break
                         messages = await read_after(
                             conn, chain_id, after, self._batch_size, line=line, sent_through=sent_through,
                             builder=self._builder,

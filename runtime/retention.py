@@ -242,6 +242,8 @@ class Pruner:
         self._url = database_url
         self.config = config
         self._stopping = asyncio.Event()
+        # Before the service says it is ready: a scrape right after /readyz sees every series.
+        at_start()
 
     def stop(self) -> None:
         """Ask `run` to return after the batch in flight."""
@@ -249,7 +251,6 @@ class Pruner:
 
     async def run(self) -> None:
         """Lead (or wait as a standby), then prune every `interval_seconds` until stopped."""
-        at_start()
         await run_as_leader(
             self._url, _PRUNER_LOCK, self._stopping, self._prune, name="retention", poll=5.0
         )

@@ -91,7 +91,7 @@ async def test_a_committed_window_goes_out_from_memory_as_the_log_would_send_it(
         await create_topic(kafka_bootstrap, topic, partitions=1)
     conn = await connect(database_url)
     try:
-        async with _publisher(database_url, kafka_bootstrap, batch_size=7) as publisher:
+        async with _publisher(database_url, kafka_bootstrap, batch_size=7, memory_batch_size=7) as publisher:
             store = IndexerStore(CHAIN, memory_topic)
             memory, database = _batches("memory"), _batches("database")
             events = await _commit(store, conn, _block(1), 10, publisher)
@@ -191,7 +191,7 @@ async def test_a_backlog_from_before_a_restart_is_read_from_the_log_then_memory_
     conn = await connect(database_url)
     try:
         backlog = await _commit(store, conn, _block(1), 6, None) + await _commit(store, conn, _block(2), 6, None)
-        async with _publisher(database_url, kafka_bootstrap, batch_size=5) as publisher:
+        async with _publisher(database_url, kafka_bootstrap, batch_size=5, memory_batch_size=5) as publisher:
             live = await _commit(store, conn, _block(3), 6, publisher)
             memory, database = _batches("memory"), _batches("database")
             assert await publisher.publish_logs(conn) == 18
@@ -232,3 +232,29 @@ async def test_an_event_back_after_a_reorg_goes_out_from_memory_under_its_new_id
     records = _by_id(await read_topic(kafka_bootstrap, topic))
     assert again[0].id == first[0].id
     assert incarnation_id(first[0].id, 1) in records, "the comeback has a new id"
+
+
+async def test_a_whole_committed_window_goes_out_as_one_batch_from_memory(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A batch from memory takes up to `memory_batch_size` events (a whole window: one lock,
+    one check, one watermark move), while the log is read back in `batch_size` pieces."""
+    topic = f"{topic_prefix}escrow.events.v1"
+    await create_topic(kafka_bootstrap, topic, partitions=1)
+    store = IndexerStore(CHAIN, topic)
+    conn = await connect(database_url)
+    try:
+        backlog = await _commit(store, conn, _block(1), 12, None)
+        async with _publisher(database_url, kafka_bootstrap, batch_size=5, memory_batch_size=25) as publisher:
+            memory, database = _batches("memory"), _batches("database")
+            assert await publisher.publish_logs(conn) == 12
+            assert _batches("database") - database == 3, "the log in pieces of 5"
+            window = await _commit(store, conn, _block(2), 20, publisher)
+            window += await _commit(store, conn, _block(3), 20, publisher)
+            assert await publisher.publish_logs(conn) == 40
+            assert _batches("memory") - memory == 2, "40 events handed over: two batches of at most 25"
+            assert _batches("database") - database == 3, "nothing of the windows read back"
+    finally:
+        await conn.close()
+    ids = [r.id for r in await read_topic(kafka_bootstrap, topic)]
+    assert ids == [e.id for e in backlog + window]

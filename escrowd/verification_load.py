@@ -113,10 +113,12 @@ class LatencyVerifier:
 class Feed:
     """Writes terms, escrow events and signed finalize requests for the verification consumer."""
 
-    def __init__(self, database_url: str, bootstrap: str, prefix: str) -> None:
+    def __init__(self, database_url: str, bootstrap: str, prefix: str, *, session_timeout_ms: int | None = None) -> None:
         self.database_url = database_url
         self.bootstrap = bootstrap
         self.prefix = prefix
+        self.session_timeout_ms = session_timeout_ms
+        """The consumers' group session timeout (None: the service's default)."""
         self.events = f"{prefix}escrow.events.v1"
         self.requests = f"{prefix}escrow.verification-requests.v1"
         self.verdicts = f"{prefix}escrow.verdicts.v1"
@@ -137,7 +139,9 @@ class Feed:
             "ESCROWD_EVENTS_TOPIC": self.events, "ESCROWD_VERIFICATION_REQUESTS_TOPIC": self.requests,
             "ESCROWD_VERDICTS_TOPIC": self.verdicts, "ESCROWD_DEAD_LETTER_TOPIC": self.dead_letters,
             "ESCROWD_TRUSTED_API_SIGNERS": jsoncodec.dumps([service]).decode(),
-            "ESCROWD_ENDPOINT_HOSTS": '["127.0.0.1"]', **extra,
+            "ESCROWD_ENDPOINT_HOSTS": '["127.0.0.1"]',
+            **({} if self.session_timeout_ms is None else {"ESCROWD_KAFKA_SESSION_TIMEOUT_MS": str(self.session_timeout_ms)}),
+            **extra,
         }  # fmt: skip
 
     async def start(self, partitions: int = 4) -> None:

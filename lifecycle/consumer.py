@@ -298,6 +298,7 @@ def _timer_message_id(chain_id: int, task_id: int, kind: str, at: int, generatio
 def build_consumer(
     *, bootstrap: str, database_url: str, events_topic: str = ESCROW_EVENTS, group: str = GROUP,
     tasks_topic: str = TASKS, timers_topic: str = TIMERS, dlq_topic: str | None = None,
+    session_timeout_ms: int = 10_000,
 ) -> IdempotentConsumer:
     """The lifecycle consumer group member."""
     handler = LifecycleHandler(events_topic=events_topic, tasks_topic=tasks_topic, timers_topic=timers_topic)
@@ -309,4 +310,5 @@ def build_consumer(
         handler=handler,
         on_idle=handler.on_idle,
         dlq_topic=dlq_topic or DEAD_LETTERS,
+        session_timeout_ms=session_timeout_ms,
     )

@@ -626,6 +626,7 @@ def build_consumer(
     group: str = GROUP,
     dlq_topic: str = DEAD_LETTERS,
     idle_interval: float = 1.0,
+    session_timeout_ms: int = 10_000,
 ) -> IdempotentConsumer:
     """The panel consumer group member; its idle hook closes due rounds."""
 
@@ -641,4 +642,5 @@ def build_consumer(
         dlq_topic=dlq_topic,
         on_idle=on_idle,
         idle_interval=idle_interval,
+        session_timeout_ms=session_timeout_ms,
     )

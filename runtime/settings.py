@@ -120,11 +120,18 @@ class ConsumerSettings(EventServiceSettings):
     """What every consumer of the escrow events has: the above and where poison messages go."""
 
     dead_letter_topic: str = Field(default=DEAD_LETTERS, description="Poison messages, with the reason")
+    kafka_session_timeout_ms: int = Field(
+        default=10_000, ge=1_000, le=300_000,
+        description="The consumer group's session timeout: how long the group waits for a member that"
+        " stopped heartbeating before it moves the member's partitions (a broker may also hold each"
+        " join for part of it)",
+    )  # fmt: skip
 
     def consumer_args(self) -> ConsumerArgs:
         """What every consumer builder takes from these settings (`build_consumer(**args, ...)`)."""
         return ConsumerArgs(bootstrap=self.kafka_bootstrap, database_url=self.database_url,
-                            events_topic=self.events_topic, dlq_topic=self.dead_letter_topic)  # fmt: skip
+                            events_topic=self.events_topic, dlq_topic=self.dead_letter_topic,
+                            session_timeout_ms=self.kafka_session_timeout_ms)  # fmt: skip
 
 
 class ConsumerArgs(TypedDict):
@@ -134,3 +141,4 @@ class ConsumerArgs(TypedDict):
     database_url: str
     events_topic: str
     dlq_topic: str
+    session_timeout_ms: int

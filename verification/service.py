@@ -328,6 +328,7 @@ def build_consumer(settings: VerificationSettings, handler: VerificationHandler)
         handler=handler,
         dlq_topic=t.dead_letters,
         max_records=settings.max_records,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
     )
 
 

@@ -127,6 +127,7 @@ def build_consumer(
     rules: ReputationRules = DEFAULT_RULES,
     reputation_topic: str = REPUTATION,
     dlq_topic: str = DEAD_LETTERS,
+    session_timeout_ms: int = 10_000,
 ) -> IdempotentConsumer:
     """The reputation consumer group member."""
     return IdempotentConsumer(
@@ -136,4 +137,5 @@ def build_consumer(
         database_url=database_url,
         handler=ReputationHandler(rules=rules, topic=reputation_topic),
         dlq_topic=dlq_topic,
+        session_timeout_ms=session_timeout_ms,
     )

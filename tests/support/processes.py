@@ -115,11 +115,17 @@ def api_process(database_url: str, **env: str) -> Iterator[ServiceProcess]:
                 service.stop()
 
 
+QUICK_GROUP_ENV = {"ESCROWD_KAFKA_SESSION_TIMEOUT_MS": "3000"}
+"""A short group session for the tests' consumer processes: the broker holds each group join
+for about half the session timeout, so every start, restart and stop of a member waits on it
+(the default 10 s suits production, where a member's restart should not move its partitions)."""
+
+
 @contextlib.contextmanager
 def consumer_process(args: list[str], env: dict[str, str], log_path: Path) -> Iterator[ServiceProcess]:
     """A consumer process (`escrowd consume ...`), stopped afterwards; its log appended to `log_path`."""
     with log_path.open("ab") as log:
-        service = ServiceProcess(spawn(args, env, log), log_path)
+        service = ServiceProcess(spawn(args, {**QUICK_GROUP_ENV, **env}, log), log_path)
         try:
             yield service
         finally:

@@ -335,7 +335,8 @@ async def until(predicate: Callable[[], Awaitable[bool]], what: str, process: Ve
 @pytest.fixture
 async def feed(database_url: str, kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Feed]:
     await migrate_url(database_url)
-    fed = Feed(database_url, kafka_bootstrap, topic_prefix)
+    # A short group session: every start and stop of the consumer waits on the group's join.
+    fed = Feed(database_url, kafka_bootstrap, topic_prefix, session_timeout_ms=3000)
     await fed.start(partitions=1)  # one partition: every task's messages queue behind each other
     yield fed
     await fed.stop()

@@ -29,6 +29,7 @@ SLOW_FIRST = (
     "tests/consumers/test_poison_pill.py",
     "tests/contract/test_escrow_stateful.py",
     "tests/settlement/test_relay_crash.py",
+    "tests/settlement/test_relay_crash_packed.py",
     "tests/consumers/test_hostile_messages.py",
     "tests/unit/test_lifecycle_machine.py",
     "tests/verification/test_request_trust.py",

@@ -14,7 +14,8 @@ verdict in exactly one, none reverted), no nonce gap (mined count = pool count =
 counter), every verdict in exactly one live slot, and the key never appeared in the logs.
 
 It runs at full size in CI (300 verdicts, 20 kills: 1–2.5 minutes on two shared cores),
-twice: one transaction per verdict, and packed (the default, `completeVerificationBatch`).
+twice: one transaction per verdict here, and packed (the default, `completeVerificationBatch`)
+in `test_relay_crash_packed.py`.
 """
 
 from __future__ import annotations
@@ -257,16 +258,25 @@ def carried_attempts(tx: dict) -> list[tuple[int, int]]:
     return [(int(t), int(a)) for t, a, *_ in items]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("packed", [False, True], ids=["single", "packed"])
-async def test_kill_nine_300_verdicts_20_kills_keeps_exactly_once(
-    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path, packed
+async def kill_nine_300_verdicts_20_kills(
+    devnet: Devnet, database_url: str, kafka_bootstrap: str, topic_prefix: str, indexer: IndexerRun,
+    service_signer: object, tmp_path: Path, *, packed: bool,
 ) -> None:
-    """300 verdicts, 20 kills: every crash point twice plus ten random external kills; with
-    one transaction per verdict, and packed (the default)."""
+    """300 verdicts, 20 kills: every crash point twice plus ten random external kills."""
     result = await crash_campaign(
         devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer, tmp_path,
         verdicts=300, point_cycles=2, external_kills=10, seed=11, packed=packed,
     )  # fmt: skip
     assert result["kills"] >= 20
     assert result["points_hit"] == set(POINTS), result
+
+
+@pytest.mark.timeout(600)
+async def test_kill_nine_300_verdicts_20_kills_keeps_exactly_once(
+    devnet: Devnet, database_url, kafka_bootstrap, topic_prefix, indexer: IndexerRun, service_signer, tmp_path
+) -> None:
+    """The campaign with one transaction per verdict (the packed campaign, the default, is
+    `test_relay_crash_packed.py`: a file of its own, so the suite's workers run both at once)."""
+    await kill_nine_300_verdicts_20_kills(
+        devnet, database_url, kafka_bootstrap, topic_prefix, indexer, service_signer, tmp_path, packed=False
+    )

@@ -55,6 +55,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import orjson
 
 from bench.agent_send import agent_send_figure
 from bench.services import on_services
@@ -310,38 +311,35 @@ async def settled_on_chain(
     session: aiohttp.ClientSession, devnet: Devnet, from_block: int, task_ids: set[int], verifier: str
 ) -> float:
     """`time.monotonic()` when the chain shows every task of `task_ids` judged by `verifier`
-    (its `VerificationCompleted` logs from `from_block` on), polled every POLL seconds like
-    the raw figure's mined count. Each poll asks only from the block of the last log seen."""
+    (its `VerificationCompleted` logs after block `from_block`), polled every POLL seconds
+    like the raw figure's mined count: the head's number, and the logs of each new block
+    once (this runs on the relayer's event loop: it must cost it little)."""
     topic = event_topic("VerificationCompleted")
     verifier_topic = "0x" + verifier.lower().removeprefix("0x").rjust(64, "0")
     settled: set[int] = set()
-    start = from_block
-    while True:
-        body = {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "eth_getLogs",
-            "params": [
-                {
-                    "address": devnet.escrow_address,
-                    "fromBlock": hex(start),
-                    "toBlock": "latest",
-                    "topics": [topic, None, verifier_topic],
-                }
-            ],
-        }
+    checked = from_block
+
+    async def call(method: str, params: list[Any]) -> Any:
+        body = {"jsonrpc": "2.0", "id": 0, "method": method, "params": params}
         async with session.post(devnet.rpc_url, json=body) as response:
-            reply = await response.json()
+            reply = await response.json(loads=orjson.loads)
         if "result" not in reply:
-            raise RuntimeError(f"eth_getLogs refused: {reply.get('error')}")
-        logs = reply["result"]
-        for entry in logs:
-            settled.add(int(entry["topics"][1], 16))
-            # Blocks after the newest log but at or below the query's `latest` held none; its
-            # own block is asked again (a range must not start past the head).
-            start = max(start, int(entry["blockNumber"], 16))
-        if task_ids <= settled:
-            return time.monotonic()
+            raise RuntimeError(f"{method} refused: {reply.get('error')}")
+        return reply["result"]
+
+    while True:
+        head = int(await call("eth_blockNumber", []), 16)
+        if head > checked:
+            query = {
+                "address": devnet.escrow_address,
+                "fromBlock": hex(checked + 1),
+                "toBlock": hex(head),
+                "topics": [topic, None, verifier_topic],
+            }
+            settled.update(int(entry["topics"][1], 16) for entry in await call("eth_getLogs", [query]))
+            checked = head
+            if task_ids <= settled:
+                return time.monotonic()
         await asyncio.sleep(POLL)
 
 

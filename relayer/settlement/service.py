@@ -155,6 +155,7 @@ class Relayer:
                 # far likelier to be one of those than a poison verdict, so it takes two.
                 poison_after_deaths=2,
                 assignment=s.relayer_consumer_assignment,
+                on_queued=self._on_queued,
             )
             log.info(
                 "relayer_starting",
@@ -202,6 +203,11 @@ class Relayer:
         )
         self.server = QuietServer(config)
         await self.server.serve()
+
+    def _on_queued(self, chain_id: int, count: int) -> None:
+        sender = self.senders.get(chain_id)
+        if sender is not None:
+            sender.queued(count)
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         if channel == store.NOTIFY_CHANNEL:

@@ -28,7 +28,12 @@ from chain.keys import SecretKey, load_key
 from chain.signers import Signer, open_signer
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
-from relayer.settlement.consumer import COMMIT_CHUNK, VerdictConsumer, VerdictHandler
+from relayer.settlement.consumer import (
+    COMMIT_BATCHES,
+    COMMIT_CHUNK,
+    VerdictConsumer,
+    VerdictHandler,
+)
 from relayer.settlement.crash import CrashPoints
 from relayer.settlement.health import (
     BridgeHealth,
@@ -146,9 +151,11 @@ class Relayer:
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
                 max_records=s.relayer_consumer_max_records,
-                # One packed batch per consumer commit: the sender starts on the first
+                # Whole packed batches per consumer commit: the sender starts on the first
                 # verdicts of a burst while the rest are being checked.
-                commit_chunk=s.relayer_settle_batch_size if s.relayer_settle_batch_size > 1 else COMMIT_CHUNK,
+                commit_chunk=(
+                    COMMIT_BATCHES * s.relayer_settle_batch_size if s.relayer_settle_batch_size > 1 else COMMIT_CHUNK
+                ),
                 fetch_max_wait_ms=s.relayer_consumer_fetch_max_wait_ms,
                 # Verdicts are signed and only stored here; the relayer is killed at random
                 # instants by design (kill -9 tests, crash points): a death in a handler is

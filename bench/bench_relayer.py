@@ -202,13 +202,24 @@ async def raw_rate(
         while await mined_count() < end_nonce:  # noqa: ASYNC110 -- polling the node is the measurement
             await asyncio.sleep(POLL)
         elapsed = time.perf_counter() - started
-    receipts = [devnet.rpc("eth_getTransactionReceipt", tx.tx_hash) for tx in signed]
+    receipts = [_receipt(devnet, tx.tx_hash) for tx in signed]
     assert all(int(r["status"], 16) == 1 for r in receipts), "a raw transaction reverted"
     judged = [devnet.is_judged(t, 1) for t, _ in (tasks[0], tasks[-1])]
     assert all(judged), "raw verdicts not settled"
     kind = f"settle_batch_{settle_batch}" if settle_batch else ("raw_batched" if batched else "raw")
     GAS_USED.setdefault(kind, []).append(sum(int(r["gasUsed"], 16) for r in receipts) / len(tasks))
     return len(tasks) / elapsed
+
+
+def _receipt(devnet: Devnet, tx_hash: str) -> dict[str, Any]:
+    """A mined transaction's receipt, after the clock stopped. Anvil may answer the mined
+    count before the receipt is readable (seen under load: a None receipt failed the run)."""
+    for _ in range(100):
+        receipt = devnet.rpc("eth_getTransactionReceipt", tx_hash)
+        if receipt is not None:
+            return dict(receipt)
+        time.sleep(0.05)
+    raise RuntimeError(f"no receipt for {tx_hash}")
 
 
 async def index(devnet: Devnet, database_url: str) -> None:

@@ -287,6 +287,8 @@ class TxSender:
         self.last_error: str | None = None
         self.started = asyncio.Event()
         self._tracking = False
+        # The nonce counter as this process's last `_sign_new` left it (None: read it).
+        self._counter_hint: int | None = None
 
     # ------------------------------------------------------------------ hooks
 
@@ -433,6 +435,7 @@ class TxSender:
             slot = self.slots.get(nonce)
             if slot is not None and not slot.in_flight:
                 slot.last_broadcast = None
+        self._counter_hint = None
         async with self._pool.acquire() as conn:
             await txstore.set_next_nonce(conn, self.chain_id, self.address, plan.next_nonce)
         # A nonce with a slot mined or confirmed at or above the chain's count is one a reorg
@@ -457,6 +460,7 @@ class TxSender:
     async def _fill(self, nonces: Sequence[int], next_nonce: int) -> None:
         fees = await self._fees_now()
         signed = await self._sign_all([(n, self.address, b"", FILLER_GAS) for n in nonces], fees)
+        self._counter_hint = None
         async with self._pool.acquire() as conn, conn.transaction():
             await txstore.insert_slots(conn, self.chain_id, self.address, [NewSlot(tx, "filler") for tx in signed])
             await txstore.set_next_nonce(conn, self.chain_id, self.address, next_nonce)
@@ -522,10 +526,16 @@ class TxSender:
         fees = await self._fees_now()
         while True:
             low = max(self._chain_latest, floor)
-            async with self._pool.acquire() as conn:
-                first = max(await txstore.next_nonce(conn, self.chain_id, self.address) or 0, low)
+            # The counter as this process's last round left it, else as stored: a hint only,
+            # the locked read below decides (a stale one costs signatures made again).
+            stored = self._counter_hint
+            if stored is None:
+                async with self._pool.acquire() as conn:
+                    stored = await txstore.next_nonce(conn, self.chain_id, self.address)
+            first = max(stored or 0, low)
             signed = await self._sign_all([(first + i, to, data, gas) for i, (to, data, gas) in enumerate(calls)], fees)
             self._crash_at("after_sign")
+            self._counter_hint = None  # unknown until this round's transaction commits
             try:
                 async with self._pool.acquire() as conn, conn.transaction():
                     locked = await txstore.lock_next_nonce(conn, self.chain_id, self.address, floor=low)
@@ -535,6 +545,7 @@ class TxSender:
             except NonceMoved:
                 log.info("nonce_moved_while_signing", chain_id=self.chain_id, signed_at=first)
                 continue
+            self._counter_hint = first + len(signed)  # what `store` advanced the counter to
             return signed
 
     def _note_chain_count(self, chain_latest: int) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from coincurve import PrivateKey, PublicKey
+from eth_hash.auto import keccak as _keccak256
 from eth_utils.address import to_checksum_address
 from eth_utils.crypto import keccak
 
@@ -212,7 +213,8 @@ class Struct:
         """`hashStruct(message)`; ValueError naming the member for a missing, extra or bad value."""
         try:
             if len(message) == len(self._encoders):
-                return bytes(keccak(self.typehash + b"".join([encode(message[name]) for name, encode in self._encoders])))
+                # eth_hash directly: eth_utils' `keccak` converts its argument first (bytes here).
+                return _keccak256(self.typehash + b"".join([encode(message[name]) for name, encode in self._encoders]))
         except (KeyError, ValueError):
             pass
         raise self._refusal(message)
@@ -289,7 +291,7 @@ def domain(name: str, version: str, chain_id: int, verifying_contract: str) -> D
 
 def digest(domain: Domain, struct: Struct, message: Mapping[str, Any]) -> bytes:
     """The 32 bytes that are signed: `keccak(0x19 0x01 || domainSeparator || hashStruct(message))`."""
-    return bytes(keccak(b"\x19\x01" + domain.separator + struct.hash(message)))
+    return _keccak256(b"\x19\x01" + domain.separator + struct.hash(message))
 
 
 def typed_data(domain: Domain, struct: Struct, message: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,10 @@ through the runtime's per-message path, unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,9 +57,15 @@ from schemas.verdict import (
 log = structlog.get_logger(__name__)
 
 MAX_ATTEMPTS = 3  # the escrow's MAX_SUBMISSIONS
-# Verdicts per consumer transaction within one fetch (`VerdictConsumer`): the packing
-# sender's batch size, so each commit hands over one full `completeVerificationBatch`.
-COMMIT_CHUNK = 50
+# Verdicts per consumer transaction within one fetch (`VerdictConsumer`) when the sender
+# does not pack; a packing sender's batches per consumer transaction (COMMIT_BATCHES), so
+# each commit hands over whole `completeVerificationBatch`es. Two, not one: each consumer
+# transaction costs ~8 round trips whatever its size, and a burst of 300 verdicts was
+# consumed in 0.05-0.09 s instead of 0.09-0.13 s (bench_relayer, docs/performance.md).
+COMMIT_CHUNK = 100
+COMMIT_BATCHES = 2
+# Messages parsed and signature-checked between two yields to the event loop (~0.1 ms each).
+CHECK_SLICE = 10
 SIGNATURE_REASONS = frozenset({"bad_signature", "signer_mismatch", "untrusted_signer"})
 
 
@@ -173,6 +180,9 @@ class VerdictHandler:
         self._served = {chain: frozenset(e.lower() for e in escrows) for chain, escrows in served.items()}
         self._wait_limit = wait_limit
         self._clock = clock
+        # Verdicts newly queued per chain in the consumer's open transaction: the consumer
+        # wakes the senders with them once it committed (`take_queued`).
+        self._queued: Counter[int] = Counter()
 
     async def __call__(self, conn: asyncpg.Connection, message: InboundMessage) -> None:
         try:
@@ -264,6 +274,13 @@ class VerdictHandler:
             log.info("verdict_accepted", **where, status=row.status, passed=row.passed, score=row.score)
         for outcome, count in counts.items():
             metrics.VERDICTS_RECEIVED.labels(outcome).inc(count)
+        self._queued.update(row.chain_id for row in rows if row.key in inserted and row.status == "queued")
+
+    def take_queued(self) -> dict[int, int]:
+        """Verdicts queued per chain since the last call (a hint: a transaction rolled back
+        after counting them makes it larger than what committed, never a reason to send)."""
+        queued, self._queued = dict(self._queued), Counter()
+        return queued
 
     async def _reject(
         self,
@@ -382,13 +399,20 @@ class VerdictConsumer(IdempotentConsumer):
     applies_batches = True
 
     def __init__(
-        self, *, handler: VerdictHandler, fetch_max_wait_ms: int = 20, commit_chunk: int = COMMIT_CHUNK, **kwargs: Any
+        self,
+        *,
+        handler: VerdictHandler,
+        fetch_max_wait_ms: int = 20,
+        commit_chunk: int = COMMIT_CHUNK,
+        on_queued: Callable[[int, int], None] | None = None,
+        **kwargs: Any,
     ) -> None:
         # A 20 ms fetch wait: measured on Tansu, ~50 ms between a publish and its delivery at
         # aiokafka's default (500 ms), ~7 ms at 20 ms.
         super().__init__(handler=handler, fetch_max_wait_ms=fetch_max_wait_ms, **kwargs)
         self._verdicts = handler
         self._commit_chunk = max(1, commit_chunk)
+        self._on_queued = on_queued
 
     async def _process_prepared(
         self,
@@ -398,19 +422,31 @@ class VerdictConsumer(IdempotentConsumer):
         """A fetch applied in consecutive transactions of `commit_chunk` verdicts at most.
 
         Each chunk is a whole runtime transaction (inbox rows, idempotency rows, offsets in
-        direct mode, the sender's wake-up on commit): the sender signs and sends the first
+        direct mode, the senders' wake-up on commit: `on_queued`, then the database's
+        notification): the sender signs and sends the first
         chunk's verdicts while the next ones are still being checked, instead of the chain
         waiting for the whole fetch. A death between chunks resumes after the last committed
         one (direct mode) or replays the committed ones as duplicates (group mode: the
         broker's offsets are committed after the whole fetch)."""
         for chunk in split_fetch(batches, self._commit_chunk):
+            self._verdicts.take_queued()  # what a failed chunk counted before
             await super()._process_prepared(conn, chunk)
+            if self._on_queued is not None:
+                # Committed: the senders of this process look now, without waiting for the
+                # database's notification (which still wakes a sender in another process).
+                for chain_id, count in self._verdicts.take_queued().items():
+                    self._on_queued(chain_id, count)
 
-    def _ordinary(self, messages: Sequence[InboundMessage]) -> list[tuple[InboundMessage, SignedVerdict]]:
+    async def _ordinary(self, messages: Sequence[InboundMessage]) -> list[tuple[InboundMessage, SignedVerdict]]:
         seen_ids: set[str] = set()
         seen_attempts: set[tuple[int, str, int, int]] = set()
         ordinary: list[tuple[InboundMessage, SignedVerdict]] = []
-        for message in messages:
+        for position, message in enumerate(messages):
+            if position and position % CHECK_SLICE == 0:
+                # The checks are CPU on the event loop the senders share: let them run
+                # between slices, so a burst's first groups are signed and sent while the
+                # rest are checked, rather than after.
+                await asyncio.sleep(0)
             message_id = message.message_id
             fresh_id = bool(message_id) and message_id not in seen_ids
             if message_id:
@@ -432,7 +468,7 @@ class VerdictConsumer(IdempotentConsumer):
 
     async def handle_batch(self, conn: asyncpg.Connection, messages: Sequence[InboundMessage]) -> Mapping[Where, str]:
         """The ordinary verdicts of a fetch, one statement per step (see the class)."""
-        ordinary = self._ordinary(messages)
+        ordinary = await self._ordinary(messages)
         if not ordinary:
             return {}
         done: dict[Where, str] = {}

@@ -131,6 +131,16 @@ class ChainSender(TxSender):
         self.chain = chain
         self._on_key_refused = on_key_refused or (lambda: None)
         self._refusals: dict[int, tuple[int, VerdictRow]] = {}  # verdict id -> (nonce, item) to record
+        self._group_ready = False  # a wake-up that brought a whole group: no pause to gather more
+
+    def queued(self, count: int) -> None:
+        """`count` verdicts were just queued (committed) in this process: look now, and when
+        they make a whole group (a packed batch, or a full round of single sends), without
+        the pause that lets small commits pile up."""
+        full = self._opt.settle_batch if self._opt.settle_batch > 1 else self._opt.batch_size
+        if count >= full:
+            self._group_ready = True
+        self.wake()
 
     # ------------------------------------------------------------------ the core's hooks
 
@@ -280,8 +290,11 @@ class ChainSender(TxSender):
             await self.gate.wait_sendable()
             # Verdicts arrive in many small consumer commits, each with its notification:
             # a short pause lets them pile up into one round (one preflight round trip, one
-            # database transaction) instead of one round per commit.
-            await asyncio.sleep(self._opt.dispatch_coalesce)
+            # database transaction) instead of one round per commit. Not when a commit of
+            # this process brought a whole group: nothing is gained by waiting.
+            if not self._group_ready:
+                await asyncio.sleep(self._opt.dispatch_coalesce)
+            self._group_ready = False
             while self.gate.is_open and self.gate.fee_hold is None:
                 capacity = self._opt.max_in_flight - len(self._pending())
                 if capacity <= 0:

@@ -20,7 +20,6 @@ from chain.txstore import (
     NewSlot,
     StoredSlot,
     insert_slots,
-    set_next_nonce,
     signed_versions,
     slot_columns,
 )
@@ -401,29 +400,33 @@ async def record_new_slots(
     `batch_items`: (nonce, verdict ids in calldata order) of each 'batch' slot among them.
     """
     address = sender.lower()
-    # One statement per table (unnest), not one per row: a round of hundreds of verdicts
-    # is stored in four round trips.
+    # One statement per table (unnest), not one per row, and the last three as one statement
+    # (data-modifying CTEs): a round of hundreds of verdicts is stored in three round trips.
+    # The batch items' statement-level trigger (one live slot per verdict) fires at the end
+    # of that statement, as it did at the end of the items' own; a refusal aborts it all.
     await insert_slots(conn, chain_id, sender, [NewSlot(tx, kind, verdict_id) for tx, verdict_id, kind in slots])
     verdict_ids = [verdict_id for _, verdict_id, kind in slots if verdict_id is not None and kind == "verdict"]
     items = [(nonce, position, v) for nonce, ids in batch_items for position, v in enumerate(ids)]
-    if items:
-        await conn.execute(
-            "INSERT INTO settlement_batch_items (chain_id, sender, nonce, position, verdict_id)"
-            " SELECT $1, $2, n, p, v FROM unnest($3::bigint[], $4::integer[], $5::bigint[]) AS u(n, p, v)",
-            chain_id,
-            address,
-            [n for n, _, _ in items],
-            [p for _, p, _ in items],
-            [v for _, _, v in items],
-        )
-        verdict_ids += [v for _, _, v in items]
-    if verdict_ids:
-        await conn.execute(
-            "UPDATE settlement_verdicts SET status = 'sent', sent_at = now(), updated_at = now()"
-            " WHERE id = ANY($1::bigint[])",
-            verdict_ids,
-        )
-    await set_next_nonce(conn, chain_id, sender, counter)
+    verdict_ids += [v for _, _, v in items]
+    await conn.execute(
+        "WITH items AS ("
+        "  INSERT INTO settlement_batch_items (chain_id, sender, nonce, position, verdict_id)"
+        "  SELECT $1, $2, n, p, v FROM unnest($3::bigint[], $4::integer[], $5::bigint[]) AS u(n, p, v)"
+        "), sent AS ("
+        "  UPDATE settlement_verdicts SET status = 'sent', sent_at = now(), updated_at = now()"
+        "  WHERE id = ANY($6::bigint[])"
+        ")"
+        " INSERT INTO settlement_nonces (chain_id, address, next_nonce) VALUES ($1, $2, $7)"
+        " ON CONFLICT (chain_id, address) DO UPDATE SET"
+        " next_nonce = GREATEST(settlement_nonces.next_nonce, EXCLUDED.next_nonce), updated_at = now()",
+        chain_id,
+        address,
+        [n for n, _, _ in items],
+        [p for _, p, _ in items],
+        [v for _, _, v in items],
+        verdict_ids,
+        counter,
+    )
 
 
 async def confirm_verdicts(

@@ -70,9 +70,13 @@ class LifecycleHandler:
             await roles.record(conn, event_message)
             return
         key = (event_message.chain_id, event_message.escrow_address.lower(), event_message.task_id)
+        # The cause names what we publish: the id the event was delivered under, not the event's
+        # own, so that an event back after a reorg (`<id>#1`) publishes under new ids (the outbox
+        # and every subscriber drop an id they have seen). The first publication keeps its id.
+        cause = message.message_id or (f"{event_message.id}:removed" if event_message.removed else event_message.id)
         if event_message.removed:
             await conn.execute("DELETE FROM lifecycle_events WHERE event_id = $1", event_message.id)
-            await self._refold(conn, key, message.partition, cause=f"{event_message.id}:removed")
+            await self._refold(conn, key, message.partition, cause=cause)
             return
         inserted = await conn.fetchval(
             "INSERT INTO lifecycle_events (event_id, chain_id, escrow, task_id, block_number, log_index, message)"
@@ -94,15 +98,15 @@ class LifecycleHandler:
         latest_position = state.position if state is not None else None
         if latest_position is not None and (event.block_number, event.log_index) <= latest_position:
             # Arrives behind the state (history rewritten by a reorg): refold everything.
-            await self._refold(conn, key, message.partition, cause=event_message.id)
+            await self._refold(conn, key, message.partition, cause=cause)
             return
         try:
             new_state, effects = machine.transition(state, event, event.block_timestamp)
         except machine.TransitionError:
-            await self._refold(conn, key, message.partition, cause=event_message.id)
+            await self._refold(conn, key, message.partition, cause=cause)
             return
         await self._save(conn, new_state, message.partition)
-        await self._emit(conn, new_state, effects, cause=event_message.id)
+        await self._emit(conn, new_state, effects, cause=cause)
 
     async def _load(self, conn: asyncpg.Connection, key: tuple[int, str, int]) -> TaskState | None:
         raw = await conn.fetchval(

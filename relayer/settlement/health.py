@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 
 from chain import txstore
 from chain.eth_rpc import EthRpc, RpcError
+from chain.rpc import quantity
 from chain.txs import marketplace_verifier_data, selector
 from relayer.settlement import metrics, store
 from relayer.settlement.config import ChainSettings
@@ -37,6 +38,22 @@ from runtime.aio import wait_event
 from schemas.verdict import checksum_address
 
 log = structlog.get_logger(__name__)
+
+
+def _address_word(reply: object) -> str | None:
+    """The address an `eth_call` returned as one ABI word, or None when the reply is an error
+    or not such a word."""
+    if isinstance(reply, Exception) or not isinstance(reply, str) or len(reply) != 66 or not reply.startswith("0x"):
+        return None
+    word = reply[2:]
+    if word[:24] != "0" * 24:
+        return None
+    try:
+        int(word, 16)
+    except ValueError:
+        return None
+    return checksum_address("0x" + word[24:])
+
 
 MAX_REPORT_BYTES = 256 * 1024
 """A published chain report larger than this is unreadable (a relayer's is a few KiB)."""
@@ -232,19 +249,17 @@ class BridgeHealthChecker:
             calls.append(("eth_gasPrice", []))
             replies = await rpc.batch(calls)
             gas_price = replies.pop()
+            # Every reply checked before use (a node may answer null or garbage): a malformed
+            # quantity is a failed check of this chain, never an exception out of the monitor.
             if not isinstance(gas_price, Exception):
-                price = int(str(gas_price), 16)
+                price = quantity(gas_price, "eth_gasPrice")
             if not isinstance(replies[0], Exception):
-                head = int(str(replies[0]), 16)
+                head = quantity(replies[0], "eth_blockNumber")
             else:
                 error = type(replies[0]).__name__
             if not isinstance(replies[1], Exception):
-                balance = int(str(replies[1]), 16)
-            for reply in replies[2:]:
-                if isinstance(reply, Exception) or len(str(reply)) < 42:
-                    trusted.append(None)
-                else:
-                    trusted.append(checksum_address("0x" + str(reply)[-40:]))
+                balance = quantity(replies[1], "eth_getBalance")
+            trusted = [_address_word(reply) for reply in replies[2:]]
         except RpcError as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
             trusted = [None for _ in chain.escrow_addresses]

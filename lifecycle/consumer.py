@@ -70,10 +70,8 @@ class LifecycleHandler:
             await roles.record(conn, event_message)
             return
         key = (event_message.chain_id, event_message.escrow_address.lower(), event_message.task_id)
-        # The cause names what we publish: the id the event was delivered under, not the event's
-        # own, so that an event back after a reorg (`<id>#1`) publishes under new ids (the outbox
-        # and every subscriber drop an id they have seen). The first publication keeps its id.
-        cause = message.message_id or (f"{event_message.id}:removed" if event_message.removed else event_message.id)
+        # Not the event's own id: the outbox and every subscriber drop an id they have seen.
+        cause = message.delivered_id
         if event_message.removed:
             await conn.execute("DELETE FROM lifecycle_events WHERE event_id = $1", event_message.id)
             await self._refold(conn, key, message.partition, cause=cause)

@@ -145,6 +145,15 @@ class InboundMessage:
         return self.headers.get("ce_id")
 
     @property
+    def delivered_id(self) -> str:
+        """The id this message was delivered under: what a handler names its outputs after, so
+        that an event back after a reorg (`<id>#1`) publishes under new ids. The runtime hands
+        a handler no message without one."""
+        if not self.message_id:
+            raise PermanentError("message has no ce_id")
+        return self.message_id
+
+    @property
     def type(self) -> str | None:
         """The CloudEvents type (`ce_type`)."""
         return self.headers.get("ce_type")

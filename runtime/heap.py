@@ -17,9 +17,15 @@ BULK_THRESHOLDS = (50_000, 10, 10)
 """A young collection every 50,000 net allocations (about one window), the older ones as usual."""
 
 
-def pace_for_bulk() -> None:
-    """Freeze what start-up allocated (modules, settings, codecs: never garbage, never scanned
-    again) and collect at the bulk pace from here on. Call it once, after start-up."""
+def freeze_startup() -> None:
+    """Move what start-up allocated (modules, settings, codecs, clients: alive as long as the
+    process, never garbage) out of the collector's reach, so its full passes walk only what the
+    traffic allocates. Call it once, after start-up."""
     gc.collect()
     gc.freeze()
+
+
+def pace_for_bulk() -> None:
+    """`freeze_startup`, then collect at the bulk pace from here on. Call it once, after start-up."""
+    freeze_startup()
     gc.set_threshold(*BULK_THRESHOLDS)

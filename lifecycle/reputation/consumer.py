@@ -73,11 +73,8 @@ class ReputationHandler:
                 outcome.block_timestamp,
             )
         reputation = await self.recompute(conn, agent)
-        # From the id the event was delivered under, not the event's own id: an event back after
-        # a reorg (A → B → A) comes as `<id>#1` and its record must be new too (the outbox and
-        # every subscriber drop an id they have seen). The first publication keeps its id.
-        delivered = message.message_id or (f"{event.id}:removed" if event.removed else event.id)
-        message_id = f"reputation:{agent}:{delivered}"
+        # Not the event's own id: the outbox and every subscriber drop an id they have seen.
+        message_id = f"reputation:{agent}:{message.delivered_id}"
         await enqueue(
             conn,
             [

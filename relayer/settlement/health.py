@@ -25,10 +25,12 @@ from typing import Literal, Protocol
 
 import asyncpg
 import structlog
+from eth_abi.exceptions import DecodingError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from chain import txstore
+from chain.abi import escrow_codec
 from chain.eth_rpc import EthRpc, RpcError
 from chain.rpc import quantity
 from chain.txs import marketplace_verifier_data, selector
@@ -41,18 +43,15 @@ log = structlog.get_logger(__name__)
 
 
 def _address_word(reply: object) -> str | None:
-    """The address an `eth_call` returned as one ABI word, or None when the reply is an error
-    or not such a word."""
-    if isinstance(reply, Exception) or not isinstance(reply, str) or len(reply) != 66 or not reply.startswith("0x"):
-        return None
-    word = reply[2:]
-    if word[:24] != "0" * 24:
+    """The address a `marketplaceVerifier()` call returned, decoded by the escrow's codec
+    (strict: padding checked), or None when the reply is an error or does not decode."""
+    if not isinstance(reply, str) or not reply.startswith("0x"):
         return None
     try:
-        int(word, 16)
-    except ValueError:
+        (address,) = escrow_codec().decode_output("marketplaceVerifier", bytes.fromhex(reply[2:]))
+    except (ValueError, DecodingError):
         return None
-    return checksum_address("0x" + word[24:])
+    return checksum_address(str(address))
 
 
 MAX_REPORT_BYTES = 256 * 1024

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -47,6 +46,7 @@ from relayer.settlement.routes import metrics_router, router
 from relayer.settlement.sender import ChainSender, SenderOptions, SendGate
 from runtime.aio import wait_event
 from runtime.db import connect, create_pool, is_connection_error, migrate_url
+from runtime.heap import freeze_startup
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import NOTIFY_CHANNEL as OUTBOX_CHANNEL
 from runtime.web.probes import router as probes_router
@@ -165,11 +165,9 @@ class Relayer:
                 assignment=s.relayer_consumer_assignment,
                 on_queued=self._on_queued,
             )
-            # What start-up made (modules, settings, clients, pools) lives as long as the
-            # process: out of the cyclic collector's reach, so that its full passes walk only
-            # what the traffic allocates. One pass over everything paused a 300-verdict burst
-            # for ~100 ms in bench_relayer (whose process also holds the devnet's objects).
-            gc.freeze()
+            # One full collection over everything start-up made paused a 300-verdict burst for
+            # ~100 ms in bench_relayer (whose process also holds the devnet's objects).
+            freeze_startup()
             log.info(
                 "relayer_starting",
                 address=self.key.address,

@@ -25,7 +25,7 @@ On one fresh anvil (automine, as the devnet runs), in the same run:
   of `--settle-batch` items each (JSON-RPC batches of 16, 16 in flight): what packing verdicts
   into one transaction gives on this chain, next to the single sends, with the gas per
   verdict of both (from the receipts, after the clock stops): the ceiling of a packing
-  sender. The relayer packs by default (`relayer_settle_batch_size` 50, from 2 verdicts in a
+  sender. The relayer packs by default (`relayer_settle_batch_size` 100, from 2 verdicts in a
   round); `--variant single:relayer_settle_batch_size=0` measures one transaction per verdict.
 
 - restart: the relayer CLI as a subprocess relays one verdict, is killed with SIGKILL, a
@@ -80,7 +80,7 @@ POLL = 0.02  # both measurements poll for completion at the same rate
 OVERRIDES: dict[str, Any] = {}  # relayer settings from --set name=value (experiments only)
 RESTART_MODES = ["group", "direct"]  # --restart-modes
 VARIANTS: dict[str, dict[str, Any]] = {"relayer": {}}  # --variant name:k=v,k=v (A/B in one run)
-SETTLE_BATCH = [50]  # --settle-batch: items per completeVerificationBatch in raw_settle_batch (0: skip)
+SETTLE_BATCH = [100]  # --settle-batch: items per completeVerificationBatch in raw_settle_batch (0: skip)
 AGENT_VERDICTS = [30]  # --agent-verdicts: the verifier agent's send path figure (0: skip)
 TASK_CHUNK = 600  # tasks per set-up batch: larger ones fill blocks and drive the base fee up until sends fail
 
@@ -746,7 +746,7 @@ def cli() -> None:
         help="verdicts per figure of the hosted verifier agent's send path (bench/agent_send.py; 0: skip)",
     )
     parser.add_argument(
-        "--settle-batch", type=int, default=50, help="items per completeVerificationBatch of the raw batch figure (0: skip)"
+        "--settle-batch", type=int, default=100, help="items per completeVerificationBatch of the raw batch figure (0: skip)"
     )
     args = parser.parse_args()
     SETTLE_BATCH[0] = args.settle_batch

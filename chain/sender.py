@@ -170,7 +170,7 @@ class SenderOptions:
     track_interval: float = 0.02  # at most one receipts round per this many seconds
     simulate: bool = True  # eth_call each verdict before spending a nonce on it
     dispatch_coalesce: float = 0.005  # seconds to let queued verdicts accumulate
-    settle_batch: int = 50  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
+    settle_batch: int = 100  # verdicts per completeVerificationBatch transaction (0 or 1: one per tx)
     settle_batch_min: int = 2  # pack only rounds with at least this many verdicts ready
     batch_gas_per_item: int = 60_000
     batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas

@@ -57,13 +57,11 @@ from schemas.verdict import (
 log = structlog.get_logger(__name__)
 
 MAX_ATTEMPTS = 3  # the escrow's MAX_SUBMISSIONS
-# Verdicts per consumer transaction within one fetch (`VerdictConsumer`) when the sender
-# does not pack; a packing sender's batches per consumer transaction (COMMIT_BATCHES), so
-# each commit hands over whole `completeVerificationBatch`es. Two, not one: each consumer
-# transaction costs ~8 round trips whatever its size, and a burst of 300 verdicts was
-# consumed in 0.05-0.09 s instead of 0.09-0.13 s (bench_relayer, docs/performance.md).
-COMMIT_CHUNK = 100
-COMMIT_BATCHES = 2
+# Verdicts per consumer transaction within one fetch (`VerdictConsumer`; the relayer's
+# `relayer_consumer_commit_verdicts`). Each consumer transaction costs ~8 round trips
+# whatever its size, and each commit wakes the sender: a whole fetch per commit sends a
+# burst as one round (docs/performance.md, "Relayer: one round per fetch").
+COMMIT_CHUNK = 500
 # Messages parsed and signature-checked between two yields to the event loop (~0.1 ms each).
 CHECK_SLICE = 10
 SIGNATURE_REASONS = frozenset({"bad_signature", "signer_mismatch", "untrusted_signer"})
@@ -423,9 +421,8 @@ class VerdictConsumer(IdempotentConsumer):
 
         Each chunk is a whole runtime transaction (inbox rows, idempotency rows, offsets in
         direct mode, the senders' wake-up on commit: `on_queued`, then the database's
-        notification): the sender signs and sends the first
-        chunk's verdicts while the next ones are still being checked, instead of the chain
-        waiting for the whole fetch. A death between chunks resumes after the last committed
+        notification). Small chunks let the sender start on a burst's first verdicts while
+        the rest are checked; whole fetches (the default) send it in one round. A death between chunks resumes after the last committed
         one (direct mode) or replays the committed ones as duplicates (group mode: the
         broker's offsets are committed after the whole fetch)."""
         for chunk in split_fetch(batches, self._commit_chunk):
@@ -443,9 +440,8 @@ class VerdictConsumer(IdempotentConsumer):
         ordinary: list[tuple[InboundMessage, SignedVerdict]] = []
         for position, message in enumerate(messages):
             if position and position % CHECK_SLICE == 0:
-                # The checks are CPU on the event loop the senders share: let them run
-                # between slices, so a burst's first groups are signed and sent while the
-                # rest are checked, rather than after.
+                # The checks are CPU on the event loop the senders share: let their
+                # receipts, broadcasts and head updates run between slices.
                 await asyncio.sleep(0)
             message_id = message.message_id
             fresh_id = bool(message_id) and message_id not in seen_ids

@@ -29,8 +29,6 @@ from chain.signers import Signer, open_signer
 from relayer.settlement import store
 from relayer.settlement.config import RelayerSettings
 from relayer.settlement.consumer import (
-    COMMIT_BATCHES,
-    COMMIT_CHUNK,
     VerdictConsumer,
     VerdictHandler,
 )
@@ -152,11 +150,7 @@ class Relayer:
                 dlq_topic=s.dlq_topic,
                 session_timeout_ms=s.relayer_kafka_session_timeout_ms,
                 max_records=s.relayer_consumer_max_records,
-                # Whole packed batches per consumer commit: the sender starts on the first
-                # verdicts of a burst while the rest are being checked.
-                commit_chunk=(
-                    COMMIT_BATCHES * s.relayer_settle_batch_size if s.relayer_settle_batch_size > 1 else COMMIT_CHUNK
-                ),
+                commit_chunk=s.relayer_consumer_commit_verdicts,
                 fetch_max_wait_ms=s.relayer_consumer_fetch_max_wait_ms,
                 # Verdicts are signed and only stored here; the relayer is killed at random
                 # instants by design (kill -9 tests, crash points): a death in a handler is

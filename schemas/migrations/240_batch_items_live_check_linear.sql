@@ -12,7 +12,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     verdict bigint;
 BEGIN
-    SELECT clash.verdict_id INTO verdict
+    SELECT min(clash.verdict_id) INTO verdict
     FROM (
         SELECT t.verdict_id FROM settlement_transactions t
         WHERE t.verdict_id = ANY (ARRAY(SELECT verdict_id FROM new_items))
@@ -24,12 +24,10 @@ BEGIN
         WHERE b.verdict_id = ANY (ARRAY(SELECT verdict_id FROM new_items))
           AND t.kind = 'batch' AND t.state <> 'lost' AND t.receipt_status IS DISTINCT FROM 0
           AND (b.chain_id, b.sender, b.nonce, b.position) IS DISTINCT FROM (n.chain_id, n.sender, n.nonce, n.position)
-    ) AS clash
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'verdict % already has a live slot', verdict
-            USING ERRCODE = 'unique_violation';
-    END IF;
+    ) AS clash;
+    -- The lowest clashing verdict is named: the same statement fails with the same message.
+    IF verdict IS NOT NULL THEN RAISE EXCEPTION 'verdict % already has a live slot', verdict
+        USING ERRCODE = 'unique_violation'; END IF;
     RETURN NULL;
 END
 $$;

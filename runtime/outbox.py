@@ -174,21 +174,32 @@ async def copy_into_outbox(conn: asyncpg.Connection, messages: list[OutboxMessag
 
 
 _PENDING_SQL = """
-WITH picked AS (
+WITH pending AS (
     SELECT o.seq
     FROM outbox o
     LEFT JOIN chain_cursor c ON c.chain_id = o.chain_id
-    WHERE o.published_at IS NULL AND o.seq > $2
+    WHERE o.published_at IS NULL
       AND (o.block_number IS NULL OR o.block_number <= c.block_number - c.confirmations)
     ORDER BY o.seq
+    LIMIT $1 + cardinality($2::bigint[])
+), picked AS (
+    SELECT seq FROM pending EXCEPT SELECT unnest($2::bigint[])
+    ORDER BY seq
     LIMIT $1
 )
 UPDATE outbox o SET send_attempts = o.send_attempts + 1
 FROM picked WHERE o.seq = picked.seq
 RETURNING o.seq, o.topic, o.key, o.headers::text AS headers, o.payload, o.chain_id, o.block_number
 """
-"""Pick the next rows and record, before anything is sent, that a send is being attempted:
-a reorg rollback retracts such rows even when the publisher died before marking them."""
+"""Pick the next rows, the lowest publishable seqs but those sent and not yet marked ($2),
+and record, before anything is sent, that a send is being attempted: a reorg rollback
+retracts such rows even when the publisher died before marking them.
+
+Never a cursor past the last batch: a row whose transaction was still open when a batch of
+higher seqs was read is the lowest pending row once it commits, and goes out in the next
+batch, ahead of every row committed after it. A writer whose rows of one key must keep
+their order takes a lock on the key before it enqueues them (the reputation consumer, per
+agent): their seqs are then in commit order, and so is the topic."""
 
 
 class OutboxPublisher:
@@ -315,10 +326,11 @@ class OutboxPublisher:
     async def publish_cycle(self, conn: asyncpg.Connection, *, max_batches: int | None = None) -> int:
         """Send batches back to back; the acks and marking of one overlap the next's send.
 
-        Outbox rows go out in `seq` order (one producer keeps per-partition order). A cycle
-        only moves forward in `seq`, so a row held back by confirmations and released
-        meanwhile waits for the next cycle. Then each chain's event log, past its watermark
-        (`publish_logs`). (Outbox rows are never deleted unsent: the reorg rollback that did
+        Outbox rows go out in `seq` order (one producer keeps per-partition order), each
+        batch the lowest pending rows but those already in flight (`_PENDING_SQL`): a row
+        whose transaction committed late goes out in the next batch, ahead of every row
+        committed after it, and so does a row released by confirmations. Then each chain's
+        event log, past its watermark (`publish_logs`). (Outbox rows are never deleted unsent: the reorg rollback that did
         works on the event log, under the watermark row's lock.)
         """
         limit = max_batches or self._batches_per_cycle
@@ -328,13 +340,12 @@ class OutboxPublisher:
     async def _publish_outbox(self, conn: asyncpg.Connection, limit: int) -> int:
         in_flight: deque[tuple[list[asyncpg.Record], asyncio.Future[Any], float]] = deque()
         total = 0
-        after = 0
         try:
             for _ in range(limit):
-                rows = sorted(await conn.fetch(_PENDING_SQL, self._batch_size, after), key=lambda r: r["seq"])
+                sending = [row["seq"] for batch, _, _ in in_flight for row in batch]
+                rows = sorted(await conn.fetch(_PENDING_SQL, self._batch_size, sending), key=lambda r: r["seq"])
                 if not rows:
                     break
-                after = rows[-1]["seq"]
                 started = time.perf_counter()
                 in_flight.append((rows, await self._send([_outbox_item(self, r) for r in rows]), started))
                 if len(in_flight) > 1:

@@ -54,6 +54,11 @@ class ReputationHandler:
             return
         outcome = outcome_of(event)
         agent = outcome.agent.lower()
+        # An agent's verdicts come from many tasks, so from every member of the group at once.
+        # The agent's lock, taken before its outcomes are read, makes each fold include every
+        # verdict committed before it, and gives the agent's outbox rows their seqs in commit
+        # order (the publisher keeps that order on the topic).
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_reputation'), hashtext($1))", agent)
         if event.removed:
             await conn.execute("DELETE FROM reputation_outcomes WHERE event_id = $1", event.id)
         else:

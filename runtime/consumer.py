@@ -75,6 +75,12 @@ RETRIES = Counter("escrowd_consumer_retries_total", "Batches retried after a tra
 MAX_MESSAGE_ID_CHARS = 512
 """Longest `ce_id` accepted: it is a key of the inbox."""
 
+BATCH_MARK = -1
+"""The `deaths` of the mark a batch hook runs under (it names the batch's first message): a run
+that died there died somewhere in the batch, or in another task while the hook awaited, not
+necessarily in that message. The next run goes message by message from there, charging that
+message no death; only deaths under a message's own mark count towards `poison_after_deaths`."""
+
 DLQ_PAYLOAD_MAX_BYTES = 900 * 1024
 """Largest payload copied onto the dead-letter topic: a producer refuses requests above 1 MiB,
 and one unsendable row would hold up the whole outbox. Larger payloads stay in `dead_letters`."""
@@ -386,8 +392,9 @@ class IdempotentConsumer:
     async def _mark(self, message: InboundMessage, deaths: int = 0) -> None:
         """Record `message` as in its handler, committed at once (one insert: no row is updated).
 
-        `deaths`: how many runs already died in this message's handler. The newest row of a
-        run says what it was doing; an older one is superseded.
+        `deaths`: how many runs already died in this message's handler (`BATCH_MARK`: the
+        mark of a batch hook, naming its first message). The newest row of a run says what it
+        was doing; an older one is superseded.
         """
         if self._marks is None:
             return
@@ -430,7 +437,7 @@ class IdempotentConsumer:
         if suspect is None or suspect[0] != message.offset:
             return 0, None
         del self._suspects[(message.topic, message.partition)]
-        return suspect[1] + 1, suspect[2]
+        return (0 if suspect[1] == BATCH_MARK else suspect[1] + 1), suspect[2]
 
     async def _lead(self, conn: asyncpg.Connection) -> None:
         # Held for the life of this connection: a crashed leader's lock goes with its socket.
@@ -521,10 +528,11 @@ class IdempotentConsumer:
             messages = [from_record(record) for records in batches.values() for record in records]
             done: Mapping[Where, str] = {}
             # While a dead run's mark is unresolved, message by message: their marks find the
-            # message that kills. Otherwise one mark (the batch's first message) covers the
-            # batch hook, before it parses any payload.
+            # message that kills. Otherwise one mark (the batch's first message, `BATCH_MARK`:
+            # a death under it charges that message nothing) covers the batch hook, before it
+            # parses any payload.
             if self.applies_batches and len(messages) > 1 and not self._suspects:
-                await self._mark(messages[0])
+                await self._mark(messages[0], BATCH_MARK)
                 done = await self.handle_batch(conn, messages)
                 for outcome in done.values():
                     MESSAGES.labels(self.name, outcome).inc()

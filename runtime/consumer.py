@@ -374,9 +374,25 @@ class IdempotentConsumer:
                 self.name,
                 self._run_id,
             )
+            # Direct mode: a mark below the partition's committed offset is stale (its message
+            # was applied since, by a later run, while another dead run's mark on the same
+            # partition was the suspect). Kept, it would never come round and every later run
+            # would go message by message for ever, where every kill charges a death.
+            committed = (
+                {
+                    (r["topic"], r["partition"]): r["next_offset"]
+                    for r in await marks.fetch(
+                        "SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = $1",
+                        self.name,
+                    )
+                }
+                if self._direct
+                else {}
+            )
             self._suspects = {}
             for row in latest:
-                if row["offset"] is None:  # that run was between handlers: nothing to suspect
+                stale = row["offset"] is not None and row["offset"] < committed.get((row["topic"], row["partition"]), 0)
+                if row["offset"] is None or stale:  # between handlers, or past: nothing to suspect
                     await marks.execute(
                         "DELETE FROM consumer_in_flight WHERE consumer = $1 AND run_id = $2 AND seq <= $3",
                         self.name,

@@ -24,6 +24,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from runtime.consumer import IdempotentConsumer, InboundMessage
 from runtime.kafka import TopicSpec, ensure_topics
 from tests.settlement.conftest import Relay, Submitted, fetch, publish, verdict_statuses, wait_until
 from tests.settlement.test_relay_crash import kill9, spawn
@@ -138,3 +139,42 @@ async def test_two_deaths_in_the_message_s_own_handler_still_make_it_poison(
     assert [r["reason"] for r in dead] == [
         "poison: the consumer process died while handling this message (2x); not handled again"
     ]
+
+
+async def test_a_dead_run_s_mark_below_the_committed_offset_suspects_nothing(database_url: str) -> None:
+    """Two dead runs with marks on one partition: the next run keeps one as the suspect, and
+    the other, once a later run has committed past it, would never come round; loaded at
+    every start it kept each later run message by message for ever (in the campaigns, where
+    every kill then charges some message a death). A mark below the committed offset is
+    dropped; one at or above it is still the suspect."""
+    consumer_name, topic = "marks.settlement", "marks.verdicts"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO consumer_offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, 0, 10), ($1, $2, 1, 3)",
+            consumer_name,
+            topic,
+        )
+        await conn.executemany(
+            'INSERT INTO consumer_in_flight (consumer, run_id, topic, partition, "offset", deaths) VALUES ($1, $2, $3, $4, $5, $6)',
+            [
+                (consumer_name, "1:past", topic, 0, 7, 0),  # applied since: offset 7 < 10
+                (consumer_name, "2:ahead", topic, 1, 3, 0),  # not applied yet: the suspect
+            ],
+        )
+        consumer = IdempotentConsumer(
+            name=consumer_name, topics=[topic], bootstrap="unused:9092", database_url=database_url,
+            handler=_never, assignment="direct", poison_after_deaths=2,
+        )  # fmt: skip
+        await consumer._open_marks()
+        assert consumer._marks is not None
+        await consumer._marks.close()
+        assert consumer._suspects == {(topic, 1): (3, 0, "2:ahead")}
+        left = await conn.fetch("SELECT run_id FROM consumer_in_flight WHERE consumer = $1", consumer_name)
+        assert [r["run_id"] for r in left] == ["2:ahead"]
+    finally:
+        await conn.close()
+
+
+async def _never(_conn: asyncpg.Connection, _message: InboundMessage) -> None:
+    raise AssertionError("no message is handled here")

@@ -18,32 +18,42 @@ import pytest
 pytest_plugins = ["tests.fixtures.services", "tests.fixtures.chain"]
 
 # The files with the longest tests (whole-system runs, kill -9 campaigns, consumer processes
-# across restarts, stateful runs against anvil), longest first, from `pytest --durations`
-# summed per file. `make test` hands out whole files (`--dist loadfile`, so module fixtures
-# are set up once), in this order first: they run beside the many short files instead of
-# finishing the run alone on one worker. A path that no longer matches only loses its place.
+# across restarts, stateful runs against anvil), longest first, from `pytest --durations=80`
+# summed per file (December 2026, 1,840 tests). `make test` hands out whole files (`--dist
+# loadfile`, so module fixtures are set up once), in this order first: they run beside the
+# many short files instead of finishing the run alone on one worker. A path that no longer
+# matches only loses its place.
 SLOW_FIRST = (
-    "tests/integration/test_lifecycle_consumers.py",
     "tests/simulation/test_whole_system.py",
-    "tests/verification/test_consumer_integration.py",
-    "tests/consumers/test_poison_pill.py",
     "tests/contract/test_escrow_stateful.py",
-    "tests/settlement/test_relay_crash.py",
+    "tests/integration/test_lifecycle_consumers.py",
+    "tests/integration/test_example_subscribers.py",
     "tests/settlement/test_relay_crash_packed.py",
-    "tests/consumers/test_hostile_messages.py",
+    "tests/consumers/test_poison_pill.py",
+    "tests/integration/test_indexer_crash.py",
+    "tests/settlement/test_relay_crash.py",
+    "tests/verification/test_sandbox_corpus.py",
     "tests/unit/test_lifecycle_machine.py",
+    "tests/consumers/test_drain.py",
+    "tests/consumers/test_runbook_replay.py",
+    "tests/settlement/test_relay_batches.py",
+    "tests/api/test_bridge_health_on_api.py",
+    "tests/verification/test_consumer_integration.py",
+    "tests/house/test_config_check.py",
+    "tests/verification/test_judging_stage.py",
+    "tests/e2e/test_run_signers.py",
     "tests/verification/test_request_trust.py",
     "tests/house/test_service_signals.py",
-    "tests/integration/test_indexer_crash.py",
-    "tests/integration/test_indexer_faults.py",
-    "tests/verification/test_sandbox_hostile.py",
+    "tests/panels/test_ruling_relay_process.py",
     "tests/e2e/test_run_signals.py",
-    "tests/verification/test_registry.py",
-    "tests/verification/test_request_signatures.py",
+    "tests/integration/test_indexer_faults.py",
     "tests/e2e/test_run_exit.py",
-    "tests/settlement/test_relay_faults.py",
-    "tests/panels/test_panels_e2e.py",
     "tests/house/test_keys_init.py",
+    "tests/verification/test_request_signatures.py",
+    "tests/verification/test_sandbox_hostile.py",
+    "tests/api/test_schemathesis.py",
+    "tests/verification/test_verification_signers.py",
+    "tests/api/test_bridge_health_rows.py",
 )
 
 

@@ -64,13 +64,13 @@ class RelayerSettings(ServiceSettings):
     relayer_consumer_max_records: int = Field(
         default=500, ge=1, description="Verdicts per consumer transaction at most"
     )
-    relayer_consumer_commit_verdicts: int = Field(
-        default=500,
+    relayer_consumer_commit_verdicts: int | None = Field(
+        default=None,
         ge=1,
         description=(
-            "Verdicts per consumer transaction within one fetch: each commit wakes the sender, so a"
-            " smaller one starts signing sooner and a larger one sends a burst in fewer rounds and"
-            " transactions (measured in docs/performance.md)"
+            "Verdicts per consumer transaction within one fetch (unset: the whole fetch): each commit"
+            " wakes the sender, so a smaller one starts signing sooner and a whole fetch sends a burst in"
+            " fewer rounds and transactions (measured in docs/performance.md)"
         ),
     )
     relayer_consumer_fetch_max_wait_ms: int = Field(

@@ -57,11 +57,6 @@ from schemas.verdict import (
 log = structlog.get_logger(__name__)
 
 MAX_ATTEMPTS = 3  # the escrow's MAX_SUBMISSIONS
-# Verdicts per consumer transaction within one fetch (`VerdictConsumer`; the relayer's
-# `relayer_consumer_commit_verdicts`). Each consumer transaction costs ~8 round trips
-# whatever its size, and each commit wakes the sender: a whole fetch per commit sends a
-# burst as one round (docs/performance.md, "Relayer: one round per fetch").
-COMMIT_CHUNK = 500
 # Messages parsed and signature-checked between two yields to the event loop (~0.1 ms each).
 CHECK_SLICE = 10
 SIGNATURE_REASONS = frozenset({"bad_signature", "signer_mismatch", "untrusted_signer"})
@@ -401,7 +396,7 @@ class VerdictConsumer(IdempotentConsumer):
         *,
         handler: VerdictHandler,
         fetch_max_wait_ms: int = 20,
-        commit_chunk: int = COMMIT_CHUNK,
+        commit_chunk: int | None = None,
         on_queued: Callable[[int, int], None] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -409,7 +404,10 @@ class VerdictConsumer(IdempotentConsumer):
         # aiokafka's default (500 ms), ~7 ms at 20 ms.
         super().__init__(handler=handler, fetch_max_wait_ms=fetch_max_wait_ms, **kwargs)
         self._verdicts = handler
-        self._commit_chunk = max(1, commit_chunk)
+        # Each consumer transaction costs ~8 round trips whatever its size, and each commit
+        # wakes the sender: a whole fetch per commit (None) sends a burst as one round
+        # (docs/performance.md, "Relayer: one round per fetch").
+        self._commit_chunk = commit_chunk
         self._on_queued = on_queued
 
     async def _process_prepared(
@@ -417,15 +415,17 @@ class VerdictConsumer(IdempotentConsumer):
         conn: asyncpg.Connection,
         batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
     ) -> None:
-        """A fetch applied in consecutive transactions of `commit_chunk` verdicts at most.
+        """A fetch applied in one transaction, or in consecutive ones of `commit_chunk` verdicts at most.
 
         Each chunk is a whole runtime transaction (inbox rows, idempotency rows, offsets in
         direct mode, the senders' wake-up on commit: `on_queued`, then the database's
         notification). Small chunks let the sender start on a burst's first verdicts while
-        the rest are checked; whole fetches (the default) send it in one round. A death between chunks resumes after the last committed
-        one (direct mode) or replays the committed ones as duplicates (group mode: the
-        broker's offsets are committed after the whole fetch)."""
-        for chunk in split_fetch(batches, self._commit_chunk):
+        the rest are checked; whole fetches (the default) send it in one round. A death
+        between chunks resumes after the last committed one (direct mode) or replays the
+        committed ones as duplicates (group mode: the broker's offsets are committed after
+        the whole fetch)."""
+        chunks = [batches] if self._commit_chunk is None else split_fetch(batches, max(1, self._commit_chunk))
+        for chunk in chunks:
             self._verdicts.take_queued()  # what a failed chunk counted before
             await super()._process_prepared(conn, chunk)
             if self._on_queued is not None:

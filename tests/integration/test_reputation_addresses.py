@@ -15,34 +15,18 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from indexer.decode import DecodedLog
 from indexer.store import event_message
 from lifecycle.reputation import consumer as reputation_consumer
 from lifecycle.routes import router as lifecycle_router
 from runtime.db import connect, create_pool
 from runtime.kafka import TopicSpec, encode_headers, ensure_topics, make_producer
-from schemas.events import event_id
+from tests.support.escrow_logs import verification_completed
 from tests.support.indexer_harness import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 AGENT = "0x82f3a1c9d04b7e5a68c21b9d30a7f4e5c8d6291a"
 CHECKSUMMED = "0x82f3a1c9d04B7e5A68c21b9d30A7F4E5C8D6291A"
-ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
-
-
-def verification_completed(block: int, agent: str, passed: bool) -> DecodedLog:
-    block_hash = "0x" + f"{block:064x}"
-    return DecodedLog(
-        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=ESCROW, block_number=block,
-        block_hash=block_hash, block_timestamp=1_767_225_600 + block, tx_hash=block_hash, tx_index=0, log_index=0,
-        event="VerificationCompleted", task_id=block,
-        args={
-            "taskId": block, "verifier": "0x" + "99" * 20, "attempt": 1, "evidenceHash": "0x" + "ab" * 32,
-            "passed": passed, "score": 90 if passed else 10, "agent": agent, "agentPayout": 0, "fee": 0,
-            "failedAt": 0, "status": 4 if passed else 2,
-        },
-    )  # fmt: skip
 
 
 async def test_the_reputation_consumer_counts_an_agent_in_any_case(

@@ -18,7 +18,6 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from indexer.decode import DecodedLog
 from indexer.store import event_message
 from lifecycle.reputation.consumer import ReputationHandler, outcome_of
 from lifecycle.reputation.rules import fold
@@ -27,29 +26,19 @@ from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.outbox import OutboxPublisher
 from schemas import jsoncodec
-from schemas.events import EscrowEventMessage, event_id
+from schemas.events import EscrowEventMessage
+from tests.support.escrow_logs import verification_completed
 from tests.support.indexer_harness import read_topic, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 AGENT = "0x976e00000000000000000000000000000000a9e1"
 OTHER = "0x5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
-ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 
 
 def verdict(block: int, agent: str, passed: bool, events_topic: str) -> InboundMessage:
     """Task `block`'s VerificationCompleted as the reputation consumer receives it."""
-    block_hash = "0x" + f"{block:064x}"
-    log = DecodedLog(
-        id=event_id(31337, block_hash, 0), chain_id=31337, escrow_address=ESCROW, block_number=block,
-        block_hash=block_hash, block_timestamp=1_767_225_600 + block, tx_hash=block_hash, tx_index=0, log_index=0,
-        event="VerificationCompleted", task_id=block,
-        args={
-            "taskId": block, "verifier": "0x" + "99" * 20, "attempt": 1, "evidenceHash": "0x" + "ab" * 32,
-            "passed": passed, "score": 90 if passed else 10, "agent": agent, "agentPayout": 0, "fee": 0,
-            "failedAt": 0, "status": 4 if passed else 2,
-        },
-    )  # fmt: skip
+    log = verification_completed(block, agent, passed)
     row = event_message(log, events_topic)
     return InboundMessage(
         topic=events_topic, partition=block % 2, offset=block, key=row.key, headers=dict(row.headers),

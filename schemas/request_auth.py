@@ -174,13 +174,17 @@ def _auth_headers(signer: str, nonce: str, expires_at: int, signature: str) -> d
 # ---------------------------------------------------------------------------- proofs on Kafka
 
 
+MAX_SIGNED_PATH_CHARS = 2048
+"""Longest request path with its query a signature may cover: a proof carries it on Kafka."""
+
+
 class RequesterProof(BaseModel):
     """The requester's signed HTTP request, relayed so the consumer can verify it again."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     method: str = Field(pattern=r"^[A-Z]{3,7}$")
-    path: str = Field(max_length=2048)
+    path: str = Field(max_length=MAX_SIGNED_PATH_CHARS)
     body: str = Field(description="The raw request body, base64")
     signer: str = Field(pattern=ADDRESS_PATTERN)
     nonce: str = Field(pattern=NONCE_PATTERN)

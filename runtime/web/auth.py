@@ -39,6 +39,7 @@ from fastapi import Depends, Header, Request
 from runtime.web.errors import ApiProblem
 from schemas import eip712
 from schemas.request_auth import (
+    MAX_SIGNED_PATH_CHARS,
     Deployment,
     RequesterProof,
     UnsignedRequest,
@@ -105,8 +106,11 @@ async def verify_signature(request: Request, deployment: Deployment, *, now: int
         raise ApiProblem(401, "SIGNATURE_EXPIRED", "the signature has expired")
     if expires_at > now + max_ttl:
         raise ApiProblem(401, "SIGNATURE_EXPIRY_TOO_FAR", f"X-Escrowd-Expires-At may be at most {max_ttl} s ahead")
-    body = await request.body()
     path = request_path(request)
+    if len(path) > MAX_SIGNED_PATH_CHARS:
+        # Refused before any hashing: no proof could carry it (a 2 KiB+ query made a 500).
+        raise ApiProblem(400, "PATH_TOO_LONG", f"the path with its query may be at most {MAX_SIGNED_PATH_CHARS} characters")
+    body = await request.body()
     digest = request_digest(deployment, request.method, path, body, signer, nonce, expires_at)
     try:
         recovered = eip712.recover(digest, signature)

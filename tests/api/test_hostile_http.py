@@ -21,7 +21,8 @@ import pytest
 
 from runtime.services.postgres import PostgresService
 from schemas.jsonbounds import MAX_DEPTH, SAFE_RECURSION_LIMIT
-from tests.support.processes import ServiceProcess, api_process, get
+from schemas.request_auth import MAX_SIGNED_PATH_CHARS, Deployment, UnsignedRequest, sign_request
+from tests.support.processes import TEST_CHAIN_ID, TEST_ESCROW, ServiceProcess, api_process, get
 
 ESCROW = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
 POSTER = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
@@ -332,3 +333,17 @@ def test_an_integral_float_is_an_integer(api: ServiceProcess) -> None:
     response = post(api, "/v1/terms", json.dumps(terms_body(chainId=31337.0)).encode())
     assert response.status_code == 401
     assert code_of(response) == "AUTH_REQUIRED"
+
+
+def test_a_signed_path_too_long_for_a_proof_is_400_not_500(api: ServiceProcess) -> None:
+    """A validly signed request whose path and query exceed what a proof may carry (found by
+    the signed fuzz: a 2 KiB+ query string made the proof's validation raise, a 500)."""
+    path = "/v1/verifiers/me/queue?limit=5&pad=" + "x" * MAX_SIGNED_PATH_CHARS
+    request = UnsignedRequest(
+        "GET", path, deployment=Deployment(chain_id=TEST_CHAIN_ID, escrow=TEST_ESCROW),
+        expires_at=int(time.time()) + 60,
+    )  # fmt: skip
+    response = httpx.get(api.url + path, headers=sign_request("0x" + "4f" * 32, request), timeout=30)
+    assert response.status_code == 400, response.text
+    assert code_of(response) == "PATH_TOO_LONG"
+    assert_alive(api)

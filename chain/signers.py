@@ -300,8 +300,11 @@ class RemoteSigner:
     async def _rpc(self, method: str, params: list[Any]) -> Any:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
+        # Each call keeps its own id: concurrent calls (a batch's verdicts signed at once) move the
+        # counter while this one awaits its reply.
         self._ids += 1
-        body = {"jsonrpc": "2.0", "id": self._ids, "method": method, "params": params}
+        request_id = self._ids
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         try:
             async with self._session.post(self._url, json=body) as response:
                 if response.status != 200:
@@ -319,7 +322,7 @@ class RemoteSigner:
             raise SignerError(f"remote signer {method}: reply is not JSON") from None
         reply_id = reply.get("id") if isinstance(reply, dict) else None
         # `true == 1` in Python: the id must be the integer we sent, not a bool that equals it.
-        if not isinstance(reply, dict) or type(reply_id) is not int or reply_id != self._ids:
+        if not isinstance(reply, dict) or type(reply_id) is not int or reply_id != request_id:
             raise SignerError(f"remote signer {method}: not a JSON-RPC reply")
         if "error" in reply:
             error = reply["error"]

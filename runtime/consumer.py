@@ -315,7 +315,7 @@ class IdempotentConsumer:
                 bound.info("consumer_started", topics=self._topics)
                 await self._loop(consumer, conn)
             except Exception as exc:
-                if not (is_connection_error(exc) or isinstance(exc, KafkaError | RetryableError | _TRANSIENT_SQL)):
+                if not (is_connection_error(exc) or isinstance(exc, (KafkaError, RetryableError, *_TRANSIENT_SQL))):
                     raise
                 RETRIES.labels(self.name).inc()
                 health.mark(self.name, False)

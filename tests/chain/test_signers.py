@@ -258,3 +258,20 @@ async def test_remote_signer_deep_reply_is_a_signer_error() -> None:
         await signer.aclose()
     finally:
         process.stop()
+
+
+async def test_remote_signer_answers_concurrent_requests(remote: RemoteSignerProcess) -> None:
+    """The verification consumer signs a batch's verdicts at once: each reply is matched to the
+    id of its own request. A shared counter read after the await refused every reply but the
+    last as 'not a JSON-RPC reply' (seen in a whole run with the remote signer)."""
+    signer = await open_signer(SignerSpec(kind="remote", remote_url=remote.url, address=ADDRESS), "test", _keystore)
+    try:
+        domain = eip712.domain("d", "1", 1, ADDRESS)
+        messages = [{"to": ADDRESS, "amount": i, "ref": "0x" + "00" * 32, "note": "", "urgent": False} for i in range(16)]
+        sigs = await asyncio.gather(*(
+            signer.sign_typed_data(eip712.typed_data(domain, MAIL, m), eip712.digest(domain, MAIL, m)) for m in messages
+        ))
+        for message, sig in zip(messages, sigs, strict=True):
+            assert eip712.recover(eip712.digest(domain, MAIL, message), sig) == ADDRESS
+    finally:
+        await signer.aclose()

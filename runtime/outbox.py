@@ -618,8 +618,18 @@ async def send_batches(
     return asyncio.gather(*futures)
 
 
+def sequence_header(seq: int) -> tuple[str, bytes]:
+    """The CloudEvents `sequence` extension of an outbox row: its `seq`, zero-padded to 20
+    digits so that text order is number order.
+
+    A failed send retried after a later batch went through puts an older record of a key
+    after a newer one (and a redelivered newer one is then dropped as seen): subscribers of
+    a key's whole state keep the record with the highest sequence, whatever the offsets."""
+    return ("ce_sequence", f"{seq:020d}".encode())
+
+
 def _outbox_item(publisher: OutboxPublisher, row: asyncpg.Record) -> _Item:
-    return (row["topic"], row["key"], row["payload"], publisher._headers(row["headers"]))
+    return (row["topic"], row["key"], row["payload"], [*publisher._headers(row["headers"]), sequence_header(row["seq"])])
 
 
 async def unpublished(conn: asyncpg.Connection) -> bool:

@@ -15,7 +15,7 @@ import yaml
 
 from schemas.channels import CHANNELS, Channel, Message
 from schemas.cloudevents import CE_SPECVERSION, CONTENT_TYPE
-from schemas.topics import all_topics
+from schemas.topics import ESCROW_EVENTS, ESCROW_EVENTS_FINALIZED, all_topics
 
 ASYNCAPI_FILE = Path(__file__).parent / "asyncapi.yaml"
 KAFKA_BINDING_VERSION = "0.5.0"
@@ -35,12 +35,28 @@ record value is the JSON body described here. What every topic guarantees:
   again under `<event id>#<n>`. Derived topics publish their new whole state instead.
 - **Compacted topics** (`escrow.tasks.v1`, `escrow.reputation.v1`, `escrow.panel-calibration.v1`)
   hold at least the newest record of every key: the newest record of a key is its state.
+- **Sequence.** Every record but the escrow events carries `ce_sequence` (the CloudEvents
+  `sequence` extension): a send retried after a broker failure can put an older record of a key
+  after a newer one, so a view of a key's whole state keeps the record with the highest sequence.
 - **Versions.** A topic's name ends in its major version. Within `v1` fields may be added and
   new `ce_type`s may appear; no field is removed, renamed or retyped. An incompatible change is a
   new topic (`v2`), published beside `v1` for a migration period.
 
 See docs/subscribing.md for the rules a subscriber follows.
 """
+
+
+_SEQUENCE_HEADER = {
+    "type": "string", "pattern": "^[0-9]{20}$",
+    "description": (
+        "CloudEvents `sequence` extension: the publisher's order, 20 digits (text order is number"
+        " order). Of two records of one key, the higher sequence was computed later, whatever their"
+        " offsets: a view of the key's whole state keeps the highest"
+    ),
+}
+EVENT_LOG_TOPICS = frozenset({ESCROW_EVENTS, ESCROW_EVENTS_FINALIZED})
+"""Published from the indexer's event log, in chain order (no `ce_sequence`); every other topic
+is published from the outbox, with one."""
 
 
 def _headers(ce_type: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -114,7 +130,9 @@ def document() -> dict[str, Any]:
         refs: dict[str, Any] = {}
         for message in entry.messages:
             mid = f"{cid}.{message.name}"
-            extra = _DLQ_HEADERS if entry.topic == "escrow.dlq.v1" else None
+            extra = dict(_DLQ_HEADERS) if entry.topic == "escrow.dlq.v1" else {}
+            if entry.topic not in EVENT_LOG_TOPICS:
+                extra["ce_sequence"] = _SEQUENCE_HEADER
             messages[mid] = {
                 "name": message.name,
                 "title": message.ce_type,

@@ -11,7 +11,9 @@ the events that remain, so the order retractions and comebacks arrive in does no
   event in chain order (block number, log index). Every escrow task event carries the task's
   status after the event.
 - `reputation` (from `escrow.reputation.v1`, compacted): each record is the agent's whole
-  reputation; one agent's records are in order on one partition, so the newest one wins.
+  reputation; the one with the highest `ce_sequence` wins. (Offsets are not enough: a send the
+  publisher retried after a broker failure can land an older record after a newer one, and the
+  newer one's redelivery is then dropped as seen.)
 
 Dependencies: aiokafka only (and the standard library). Stop it with Ctrl-C or SIGTERM.
 """
@@ -44,7 +46,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE TABLE IF NOT EXISTS reputation (
     agent TEXT PRIMARY KEY, score INTEGER NOT NULL, dispute_count INTEGER NOT NULL,
-    passes INTEGER NOT NULL, failures INTEGER NOT NULL, matching_score REAL NOT NULL
+    passes INTEGER NOT NULL, failures INTEGER NOT NULL, matching_score REAL NOT NULL,
+    sequence TEXT NOT NULL
 );
 """
 
@@ -89,13 +92,17 @@ def apply_event(db: sqlite3.Connection, ce_id: str, body: dict[str, Any]) -> Non
     refold_task(db, chain_id, escrow, task)
 
 
-def apply_reputation(db: sqlite3.Connection, body: dict[str, Any]) -> None:
+def apply_reputation(db: sqlite3.Connection, body: dict[str, Any], sequence: str) -> None:
+    """Keep the agent's record with the highest sequence (20 digits: text order is number order)."""
+    if len(sequence) != 20 or not sequence.isascii() or not sequence.isdigit():
+        raise ValueError("ce_sequence is not 20 digits")
     db.execute(
-        "INSERT INTO reputation VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent) DO UPDATE SET score = excluded.score,"
+        "INSERT INTO reputation VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (agent) DO UPDATE SET score = excluded.score,"
         " dispute_count = excluded.dispute_count, passes = excluded.passes, failures = excluded.failures,"
-        " matching_score = excluded.matching_score",
+        " matching_score = excluded.matching_score, sequence = excluded.sequence"
+        " WHERE excluded.sequence > reputation.sequence",
         (str(body["agent"]).lower(), int(body["score"]), int(body["dispute_count"]), int(body["passes"]),
-         int(body["failures"]), float(body["matching_score"])),
+         int(body["failures"]), float(body["matching_score"]), sequence),
     )
 
 
@@ -113,7 +120,7 @@ def apply(db: sqlite3.Connection, topic: str, record: Any, topics: dict[str, str
         if topic == topics["events"]:
             apply_event(db, ce_id, body)
         elif topic == topics["reputation"]:
-            apply_reputation(db, body)
+            apply_reputation(db, body, headers.get("ce_sequence", ""))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         # Never stop a partition on one record: undo its partial effect and go on (a production
         # service would dead-letter it). It stays in `seen`, so a redelivery is skipped too.

@@ -79,9 +79,12 @@ class Stream:
     def __init__(self, producer: AIOKafkaProducer, prefix: str) -> None:
         self.producer, self.prefix = producer, prefix
 
-    async def send(self, topic: str, key: str, ce_id: str | None, ce_type: str, body: Any) -> None:
+    async def send(self, topic: str, key: str, ce_id: str | None, ce_type: str, body: Any,
+                   sequence: int | None = None) -> None:
         headers = {"ce_specversion": "1.0", "ce_source": "escrowd/test", "ce_type": ce_type,
                    "content-type": "application/json"}
+        if sequence is not None:
+            headers["ce_sequence"] = f"{sequence:020d}"
         if ce_id is not None:
             headers["ce_id"] = ce_id
             assert problems(topic, headers, body) == [], problems(topic, headers, body)
@@ -99,8 +102,9 @@ class Stream:
         event_id, body = record
         await self.event((event_id, {**body, "removed": True}), ce_id=f"{incarnation or event_id}:removed")
 
-    async def reputation(self, ce_id: str, body: dict[str, Any]) -> None:
-        await self.send("escrow.reputation.v1", AGENT.lower(), ce_id, "io.escrowd.agent.Reputation.v1", body)
+    async def reputation(self, ce_id: str, body: dict[str, Any], sequence: int) -> None:
+        """A reputation record as the outbox publishes it: `sequence` is its outbox row's seq."""
+        await self.send("escrow.reputation.v1", AGENT.lower(), ce_id, "io.escrowd.agent.Reputation.v1", body, sequence)
 
 
 async def eventually(read: Callable[[], Views], want: Views, sub: Subscriber, *, deadline: float = 180.0) -> None:
@@ -161,12 +165,18 @@ async def test_example_subscriber_handles_redeliveries_retractions_and_comebacks
             topic_prefix + "escrow.events.v1", json.dumps(poison[1]).encode(), key=f"{CHAIN}:3".encode(),
             headers=[("ce_id", poison[0].encode()), ("ce_type", b"io.escrowd.escrow.TaskAccepted.v1")])
         # Reputation: the newest record of the key wins; a redelivered old one changes nothing.
-        await stream.reputation("reputation:a:1", reputation(50, 1))
-        await stream.reputation("reputation:a:2", reputation(60, 2))
-        await stream.reputation("reputation:a:1", reputation(50, 1))
+        await stream.reputation("reputation:a:1", reputation(50, 1), 101)
+        await stream.reputation("reputation:a:2", reputation(60, 2), 102)
+        await stream.reputation("reputation:a:1", reputation(50, 1), 101)
+        # The publisher's batch holding a:3 failed at the broker while the next one, a:4, went
+        # through; both were sent again in order. Offsets put a:3 last of the new ones, and the
+        # second a:4 is a redelivery of a seen id: only the sequence says a:4 is the state.
+        await stream.reputation("reputation:a:4", reputation(80, 4), 104)
+        await stream.reputation("reputation:a:3", reputation(70, 3), 103)
+        await stream.reputation("reputation:a:4", reputation(80, 4), 104)
 
         sub.start()
-        want: Views = ({task_1: 2, task_2: 0}, {AGENT.lower(): (60, 1, 2, 1, 54.0)})
+        want: Views = ({task_1: 2, task_2: 0}, {AGENT.lower(): (80, 1, 4, 1, 72.0)})
         await eventually(sub.views, want, sub)
         assert sub.stop() == 0
 

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError
 
 from indexer.store import event_message
 from lifecycle.reputation.consumer import ReputationHandler, outcome_of
@@ -168,4 +169,70 @@ async def test_an_agents_reputations_reach_the_topic_in_the_order_they_were_comm
         for conn in (a, b, other, pub):
             with contextlib.suppress(Exception):
                 await conn.close()
+        await producer.stop()
+
+
+class FailsFirstBatch(AIOKafkaProducer):
+    """A real producer whose first batch the broker never takes (its request timed out in an
+    outage) while the next batch goes through, as aiokafka does once the broker is back."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.failed = False
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        if not self.failed:
+            self.failed = True
+            lost: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            lost.set_exception(KafkaTimeoutError("the broker did not take the batch in time"))
+            return lost
+        return await super().send_batch(batch, topic, partition=partition)
+
+
+async def test_a_batch_retried_after_a_later_one_went_through_keeps_the_sequence(
+    database_url: str, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Offsets can put an agent's older reputation after its newer one (and the newer one's
+    second copy is a redelivery a subscriber drops as seen); `ce_sequence`, the outbox row's
+    seq, still orders them, so "keep the highest sequence" ends on the state we hold."""
+    topic = f"{topic_prefix}reputation"
+    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, compacted=True)])
+    handler = ReputationHandler(topic=topic)
+    events = f"{topic_prefix}escrow.events.v1"
+    producer = FailsFirstBatch(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False, linger_ms=1)
+    await producer.start()
+    conn, pub = await connect(database_url), await connect(database_url)
+    try:
+        await handle(conn, handler, verdict(401, AGENT, True, events))
+        await handle(conn, handler, verdict(402, AGENT, False, events))
+        rows = await pub.fetch("SELECT seq, message_id FROM outbox WHERE key = $1 ORDER BY seq", AGENT.encode())
+        assert len(rows) == 2
+        publisher = OutboxPublisher(database_url, producer, batch_size=1)
+        with pytest.raises(KafkaTimeoutError):
+            await publisher.publish_cycle(pub)  # the first batch failed; the second one was sent
+        while await publisher.publish_cycle(pub):
+            pass
+        assert await pub.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+
+        records = [r for r in await read_topic(kafka_bootstrap, topic) if r.key == AGENT.encode()]
+        older, newer = rows[0]["message_id"], rows[1]["message_id"]
+        ids = [r.id for r in records]
+        assert ids[:3] == [newer, older, newer]  # the reorder: offsets alone end on `older` once seen-dedup drops the copy
+        for record in records:
+            assert record.headers["ce_sequence"] == f"{next(r['seq'] for r in rows if r['message_id'] == record.id):020d}"
+        seen: set[str] = set()
+        by_offset: dict[str, Any] = {}
+        for record in records:  # newest by offset, deduplicated on ce_id: stale
+            if record.id not in seen:
+                seen.add(record.id)
+                by_offset = record.payload
+        assert by_offset["failures"] == 0
+        highest = max(records, key=lambda r: r.headers["ce_sequence"]).payload
+        held = await held_as_published(pub)
+        assert (highest["score"], highest["dispute_count"], highest["passes"], highest["failures"]) == held
+        assert held[3] == 1
+    finally:
+        for c in (conn, pub):
+            with contextlib.suppress(Exception):
+                await c.close()
         await producer.stop()

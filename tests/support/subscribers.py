@@ -72,7 +72,9 @@ class Subscriber:
                 if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
                     return {}, {}
                 tasks = {f"{c}:{e}:{t}": s for c, e, t, s in db.execute("SELECT * FROM tasks")}
-                reputation = {a: (s, d, p, f, m) for a, s, d, p, f, m in db.execute("SELECT * FROM reputation")}
+                reputation = {a: (s, d, p, f, m) for a, s, d, p, f, m in db.execute(
+                    "SELECT agent, score, dispute_count, passes, failures, matching_score FROM reputation"
+                )}
             finally:
                 db.close()
             return tasks, reputation

@@ -11,7 +11,9 @@
 // - tasks (escrow.events.v1): a task's status is the `status` field of its newest live event in
 //   chain order (block number, log index); every escrow task event carries the status after it.
 // - reputation (escrow.reputation.v1, compacted): each record is the agent's whole reputation;
-//   one agent's records are in order on one partition, so the newest wins.
+//   the one with the highest `ce_sequence` wins. (Offsets are not enough: a send the publisher
+//   retried after a broker failure can land an older record after a newer one, and the newer
+//   one's redelivery is then dropped as seen.)
 
 import { readFileSync, renameSync, writeFileSync } from "node:fs";
 import { parseArgs } from "node:util";
@@ -34,6 +36,7 @@ interface Reputation {
   passes: number;
   failures: number;
   matching_score: number;
+  sequence: string; // ce_sequence: 20 digits, so string order is number order
 }
 
 interface Store {
@@ -86,9 +89,13 @@ function applyEvent(store: Store, ceId: string, body: any): void {
   refold(store, task);
 }
 
-function applyReputation(store: Store, body: any): void {
+function applyReputation(store: Store, body: any, sequence: string): void {
+  if (!/^[0-9]{20}$/.test(sequence)) throw new Error("ce_sequence is not 20 digits");
+  const agent = String(body.agent).toLowerCase();
+  const held = store.reputation[agent];
+  if (held && held.sequence >= sequence) return; // an older record, landed after a newer one
   const { score, dispute_count, passes, failures, matching_score } = body;
-  store.reputation[String(body.agent).toLowerCase()] = { score, dispute_count, passes, failures, matching_score };
+  store.reputation[agent] = { score, dispute_count, passes, failures, matching_score, sequence };
 }
 
 async function main(): Promise<void> {
@@ -123,7 +130,9 @@ async function main(): Promise<void> {
           try {
             const body = JSON.parse(message.value.toString("utf8"));
             if (batch.topic === eventsTopic) applyEvent(store, ceId, body);
-            else if (batch.topic === reputationTopic) applyReputation(store, body);
+            else if (batch.topic === reputationTopic) {
+              applyReputation(store, body, message.headers?.ce_sequence?.toString() ?? "");
+            }
           } catch (error) {
             // Never stop a partition on one record (a production service dead-letters it).
             console.log(JSON.stringify({ event: "record_skipped", ceId, error: String(error) }));

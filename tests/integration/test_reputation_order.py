@@ -47,20 +47,39 @@ def verdict(block: int, agent: str, passed: bool, events_topic: str) -> InboundM
     )  # fmt: skip
 
 
-class SlowBroker(AIOKafkaProducer):
-    """A real producer whose first batch the broker is slow to take (as during an outage):
-    `waiting` is set once the publisher is held there, `gate` lets it go on."""
+class FaultyBroker(AIOKafkaProducer):
+    """A real producer with a fault at its first batch. `hold`: the broker is slow to take it
+    (as during an outage): `waiting` is set once the publisher is held there, `gate` lets it go
+    on. `lose`: the broker never takes it (its request timed out) while the next batch goes
+    through, as aiokafka's does once the broker is back."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, fault: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.fault = fault
         self.waiting = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
-        if not self.gate.is_set():
+        if self.fault == "lose" and not self.waiting.is_set():
+            self.waiting.set()
+            lost: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            lost.set_exception(KafkaTimeoutError("the broker did not take the batch in time"))
+            return lost
+        if self.fault == "hold" and not self.gate.is_set():
             self.waiting.set()
             await self.gate.wait()
         return await super().send_batch(batch, topic, partition=partition)
+
+
+async def reputation_topic(
+    bootstrap: str, prefix: str, partitions: int, fault: str
+) -> tuple[str, ReputationHandler, str, FaultyBroker]:
+    """The reputation topic, its handler, the events topic's name and a started faulty producer."""
+    topic = f"{prefix}reputation"
+    await ensure_topics(bootstrap, [TopicSpec(topic, partitions, compacted=True)])
+    producer = FaultyBroker(fault, bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=1)
+    await producer.start()
+    return topic, ReputationHandler(topic=topic), f"{prefix}escrow.events.v1", producer
 
 
 async def handle(conn: asyncpg.Connection, handler: ReputationHandler, message: InboundMessage) -> None:
@@ -127,12 +146,7 @@ async def test_an_agents_reputations_reach_the_topic_in_the_order_they_were_comm
     seq lower than a committed row of another agent); the broker is slow to take that batch;
     meanwhile A commits and member B commits the agent's next reputation. The older record
     must still reach the topic first: the last record of the agent is the state we hold."""
-    topic = f"{topic_prefix}reputation"
-    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2, compacted=True)])
-    handler = ReputationHandler(topic=topic)
-    events = f"{topic_prefix}escrow.events.v1"
-    producer = SlowBroker(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False, linger_ms=1)
-    await producer.start()
+    topic, handler, events, producer = await reputation_topic(kafka_bootstrap, topic_prefix, 2, "hold")
     a, b, other, pub = [await connect(database_url) for _ in range(4)]
     publishing: asyncio.Task[int] | None = None
     try:
@@ -172,35 +186,13 @@ async def test_an_agents_reputations_reach_the_topic_in_the_order_they_were_comm
         await producer.stop()
 
 
-class FailsFirstBatch(AIOKafkaProducer):
-    """A real producer whose first batch the broker never takes (its request timed out in an
-    outage) while the next batch goes through, as aiokafka does once the broker is back."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.failed = False
-
-    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
-        if not self.failed:
-            self.failed = True
-            lost: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            lost.set_exception(KafkaTimeoutError("the broker did not take the batch in time"))
-            return lost
-        return await super().send_batch(batch, topic, partition=partition)
-
-
 async def test_a_batch_retried_after_a_later_one_went_through_keeps_the_sequence(
     database_url: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     """Offsets can put an agent's older reputation after its newer one (and the newer one's
     second copy is a redelivery a subscriber drops as seen); `ce_sequence`, the outbox row's
     seq, still orders them, so "keep the highest sequence" ends on the state we hold."""
-    topic = f"{topic_prefix}reputation"
-    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, compacted=True)])
-    handler = ReputationHandler(topic=topic)
-    events = f"{topic_prefix}escrow.events.v1"
-    producer = FailsFirstBatch(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=False, linger_ms=1)
-    await producer.start()
+    topic, handler, events, producer = await reputation_topic(kafka_bootstrap, topic_prefix, 1, "lose")
     conn, pub = await connect(database_url), await connect(database_url)
     try:
         await handle(conn, handler, verdict(401, AGENT, True, events))

@@ -787,6 +787,17 @@ class TxSender:
         reverted = [
             s for s in newly_mined if s.receipt_status == 0 and s.kind != "filler" and not s.reverted_handled
         ]
+        # Confirmed and reorged in memory only once the database has it: a round cut short
+        # (a dropped connection) is retried from the same states and writes them then.
+        confirming = {id(s) for s in confirmed}
+        updates = [
+            MinedUpdate(s.nonce, "confirmed" if id(s) in confirming else s.state, s.mined_hash, s.block_number,
+                        s.block_hash, s.receipt_status)
+            for s in {id(s): s for s in [*newly_mined, *confirmed]}.values()
+        ] + [MinedUpdate(s.nonce, "pending", None, None, None, None) for s in reorged]
+        async with self._pool.acquire() as conn, conn.transaction():
+            await txstore.update_slots(conn, self.chain_id, self.address, updates)
+            await self._record_tracked(conn, confirmed, reorged)
         for slot in confirmed:
             slot.state = "confirmed"
         for slot in reorged:
@@ -797,13 +808,6 @@ class TxSender:
             slot.resend_reason = "reorg"
             slot.reverted_handled = False
             self._on_reorged(slot)
-        updates = [
-            MinedUpdate(s.nonce, s.state, s.mined_hash, s.block_number, s.block_hash, s.receipt_status)
-            for s in {id(s): s for s in [*newly_mined, *confirmed, *reorged]}.values()
-        ]
-        async with self._pool.acquire() as conn, conn.transaction():
-            await txstore.update_slots(conn, self.chain_id, self.address, updates)
-            await self._record_tracked(conn, confirmed, reorged)
         self._tracked(confirmed, reorged)
         if reorged:
             self._m.reorgs.labels(self._label).inc()

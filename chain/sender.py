@@ -353,7 +353,9 @@ class TxSender:
         """After the tracked states were committed."""
 
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
-        """Newly mined transactions whose receipt says reverted (fillers excluded)."""
+        """Mined transactions whose receipt says reverted (fillers excluded), not handled yet:
+        set `reverted_handled` once a slot's outcome is recorded (a fault before that: the
+        next tracking round passes it again)."""
         for slot in slots:
             slot.reverted_handled = True
 
@@ -784,9 +786,6 @@ class TxSender:
         ]
         if newly_mined:
             self._crash_at("after_mined")
-        reverted = [
-            s for s in newly_mined if s.receipt_status == 0 and s.kind != "filler" and not s.reverted_handled
-        ]
         # Confirmed and reorged in memory only once the database has it: a round cut short
         # (a dropped connection) is retried from the same states and writes them then.
         confirming = {id(s) for s in confirmed}
@@ -809,6 +808,14 @@ class TxSender:
             slot.reverted_handled = False
             self._on_reorged(slot)
         self._tracked(confirmed, reorged)
+        # Every mined revert not handled yet, not only this round's: a round (or a handler) cut
+        # short by a transient fault leaves them to the next one.
+        reverted = [
+            s
+            for s in self.slots.values()
+            if s.state in ("mined", "confirmed") and s.receipt_status == 0 and s.kind != "filler"
+            and not s.reverted_handled
+        ]
         if reorged:
             self._m.reorgs.labels(self._label).inc()
             log.warning("reorg_dropped_transactions", chain_id=self.chain_id, nonces=[s.nonce for s in reorged])

@@ -605,16 +605,17 @@ class ChainSender(TxSender):
             # A whole batch reverted: nothing settled, and the cause may be the batch's (its
             # gas) rather than any item's: `_set_settled` put every item among the refusals,
             # each checked alone and recorded or queued again (`_handle_refused_items`).
-            slot.reverted_handled = True
             data = await self._rpc.revert_data(slot.mined_hash or "")
             error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            slot.reverted_handled = True
             metrics.TX_REVERTED.labels(self._label, f"batch:{error.name}").inc()
             log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
         slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         requeue: list[VerdictSlot] = []
+        # Each slot is marked handled only once its outcome is stored: an RPC or database fault
+        # on the way leaves them all to the next tracking round (recording again is idempotent).
         for slot in map(_vs, slots):
-            slot.reverted_handled = True
             data = await self._rpc.revert_data(slot.mined_hash or "")
             error = decode_revert(data) if data is not None else DecodedError("Reverted")
             kind = revert_outcome(error)
@@ -630,6 +631,9 @@ class ChainSender(TxSender):
                 for slot in requeue:
                     assert slot.verdict is not None
                     await store.requeue_verdict(conn, slot.verdict.id, "NotVerifier: key rotated; queued again")
+        for done in slots:
+            done.reverted_handled = True
+        if requeue:
             self.gate.close("the escrow refused our key (NotVerifier)")
             self._on_key_refused()
             log.warning("verdicts_requeued_key_refused", chain_id=self.chain_id, count=len(requeue))

@@ -72,6 +72,7 @@ __all__ = [
     "SenderOptions",
     "VerdictSlot",
     "classify_send_error",
+    "judged_answer",
     "revert_outcome",
 ]
 
@@ -83,6 +84,18 @@ def revert_outcome(error: DecodedError) -> str:
     if error.name == "NotVerifier":
         return "key_refused"
     return "reverted"
+
+
+def judged_answer(reply: object) -> bool | None:
+    """An `isJudged` reply from a batch: whether the attempt is judged, or None when the reply
+    tells nothing (an error, or not one 32-byte word: a node without the escrow's code yet
+    answers "0x"). A node's reply is hostile: never an exception out of the send loops."""
+    if not isinstance(reply, str) or len(reply) != 66 or not reply.startswith("0x"):
+        return None
+    try:
+        return int(reply[2:], 16) != 0
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -187,9 +200,10 @@ class ChainSender(TxSender):
                 ]
             )
             for slot, reply in zip(verdict_slots, replies, strict=True):
-                if isinstance(reply, Exception):
+                answer = judged_answer(reply)
+                if answer is None:
                     due.remove(slot)  # cannot tell: do not send blind
-                elif int(str(reply), 16) != 0:
+                elif answer:
                     judged.add(slot.nonce)
         if judged:
             # By the slots screened, not `self.slots`: the tracker may have dropped one meanwhile.
@@ -376,9 +390,10 @@ class ChainSender(TxSender):
         ready: list[VerdictRow] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         for row, result in zip(rows, results, strict=True):
-            if isinstance(result, Exception):
-                continue  # transient: stays queued for the next round
-            if int(str(result), 16) != 0:
+            answer = judged_answer(result)
+            if answer is None:
+                continue  # transient or malformed: stays queued for the next round
+            if answer:
                 outcomes.append((row, "already_judged", None))
             else:
                 ready.append(row)

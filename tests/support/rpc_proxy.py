@@ -59,6 +59,9 @@ class Faults:
     """Answer null to the first `receipt_lag` `eth_getTransactionReceipt` requests of each
     transaction hash, as a node whose receipt index lags its state does (anvil under load
     for a moment after mining; a load-balanced provider whose nodes are a block apart)."""
+    empty_calls: frozenset[str] = frozenset()
+    """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered "0x" (no
+    bytes), as a node that does not have the contract yet (behind, or a fresh deployment) does."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -300,6 +303,8 @@ class RpcFaultProxy:
                     result[-1]["data"] = 0
                     self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
+        if faults.empty_calls and any(c.get("method") == "eth_call" for c in calls):
+            raw = self._empty_calls(calls, raw, faults.empty_calls)
         if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
             raw = self._lag_receipts(calls, raw, faults.receipt_lag)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
@@ -317,6 +322,21 @@ class RpcFaultProxy:
                         _replace_with_error(payload, call, -32005, TOO_MANY_RESULTS, reply)
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
+
+    def _empty_calls(self, calls: list[Any], raw: bytes, selectors: frozenset[str]) -> bytes:
+        reply = orjson.loads(raw)
+        replies = reply if isinstance(reply, list) else [reply]
+        by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+        for call in calls:
+            if call.get("method") != "eth_call":
+                continue
+            params = call.get("params")
+            tx = params[0] if isinstance(params, list) and params and isinstance(params[0], dict) else {}
+            answer = by_id.get(call.get("id"))
+            if str(tx.get("data") or tx.get("input") or "")[:10].lower() in selectors and answer and "result" in answer:
+                answer["result"] = "0x"
+                self.stats.injected["empty_call"] += 1
+        return orjson.dumps(reply)
 
     def _lag_receipts(self, calls: list[Any], raw: bytes, lag: int) -> bytes:
         reply = orjson.loads(raw)

@@ -65,7 +65,7 @@ from chain.fees import FeePolicy, Fees, bump, includable, over_cap, price
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.nonces import reconcile
-from chain.receipts import Receipt, depth, fetch_receipts
+from chain.receipts import Receipt, depth, fetch_receipts, quantity
 from chain.signers import KeystoreSigner, Signer, SignerError
 from chain.stuck import is_due
 from chain.txs import FILLER_GAS, SignedTx, UnsignedTx, signed_call
@@ -422,7 +422,9 @@ class TxSender:
         for value in (latest, pending):
             if isinstance(value, Exception):
                 raise value
-        chain_latest, chain_pending = int(latest, 16), int(pending, 16)
+        # Checked like every reply (BadReply, an RpcError: the loop retries), never int() on it.
+        chain_latest = quantity(latest, "eth_getTransactionCount latest")
+        chain_pending = quantity(pending, "eth_getTransactionCount pending")
         async with self._pool.acquire() as conn:
             local = await txstore.next_nonce(conn, self.chain_id, self.address)
         held = [n for n, s in self.slots.items() if s.state == "pending"]
@@ -882,7 +884,12 @@ class TxSender:
                 self._on_head(await self._rpc.head())
             if self._reconcile_requested is not None:
                 trigger, self._reconcile_requested = self._reconcile_requested, None
-                await self._reconcile(trigger)
+                try:
+                    await self._reconcile(trigger)
+                except BaseException:
+                    # Not done: asked again when the loop comes back (`_guard` retries it).
+                    self._reconcile_requested = self._reconcile_requested or trigger
+                    raise
             if self.gate.is_open:
                 await self._maintain()
 

@@ -62,6 +62,9 @@ class Faults:
     empty_calls: frozenset[str] = frozenset()
     """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered "0x" (no
     bytes), as a node that does not have the contract yet (behind, or a fresh deployment) does."""
+    null_in_batches: frozenset[str] = frozenset()
+    """Methods answered with a null result when they come inside a batch request, as a
+    provider that mishandles batches does (the same request alone is answered properly)."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -303,6 +306,8 @@ class RpcFaultProxy:
                     result[-1]["data"] = 0
                     self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
+        if faults.null_in_batches and isinstance(payload, list):
+            raw = self._null_results(calls, raw, faults.null_in_batches)
         if faults.empty_calls and any(c.get("method") == "eth_call" for c in calls):
             raw = self._empty_calls(calls, raw, faults.empty_calls)
         if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
@@ -322,6 +327,16 @@ class RpcFaultProxy:
                         _replace_with_error(payload, call, -32005, TOO_MANY_RESULTS, reply)
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
+
+    def _null_results(self, calls: list[Any], raw: bytes, methods: frozenset[str]) -> bytes:
+        reply = orjson.loads(raw)
+        by_id = {r.get("id"): r for r in reply if isinstance(r, dict)} if isinstance(reply, list) else {}
+        for call in calls:
+            answer = by_id.get(call.get("id")) if call.get("method") in methods else None
+            if answer is not None and "result" in answer:
+                answer["result"] = None
+                self.stats.injected["null_in_batch"] += 1
+        return orjson.dumps(reply)
 
     def _empty_calls(self, calls: list[Any], raw: bytes, selectors: frozenset[str]) -> bytes:
         reply = orjson.loads(raw)

@@ -37,6 +37,7 @@ import structlog
 
 from chain.eth_rpc import EthRpc, Reverted
 from chain.keys import SecretKey
+from chain.receipts import BadReply
 from chain.sender import (
     BROADCAST_CHUNK,
     SenderOptions,
@@ -546,7 +547,12 @@ class ChainSender(TxSender):
             for item in slot.items:
                 self._refusals[item.id] = (slot.nonce, item)
             return
-        done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
+        try:
+            done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
+        except (ValueError, TypeError, AttributeError):
+            # A node's reply is hostile: logs that do not read are a malformed reply (the round
+            # fails, the receipt is read again), never an exception that ends the track loop.
+            raise BadReply("eth_getTransactionReceipt: logs that do not decode") from None
         slot.settled = {v.id for v in slot.items if (v.task_id, v.attempt) in done}
         for item in slot.items:
             if item.id not in slot.settled:

@@ -62,6 +62,9 @@ class Faults:
     empty_calls: frozenset[str] = frozenset()
     """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered "0x" (no
     bytes), as a node that does not have the contract yet (behind, or a fresh deployment) does."""
+    hostile_receipt_logs: int = 0
+    """The first this many `eth_getTransactionReceipt` answers holding logs get, in every log
+    with three topics or more, a third topic that is not hex (as a hostile node might answer)."""
     null_in_batches: frozenset[str] = frozenset()
     """Methods answered with a null result when they come inside a batch request, as a
     provider that mishandles batches does (the same request alone is answered properly)."""
@@ -306,6 +309,8 @@ class RpcFaultProxy:
                     result[-1]["data"] = 0
                     self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
+        if faults.hostile_receipt_logs and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
+            raw = self._hostile_receipt_logs(raw, faults.hostile_receipt_logs)
         if faults.null_in_batches and isinstance(payload, list):
             raw = self._null_results(calls, raw, faults.null_in_batches)
         if faults.empty_calls and any(c.get("method") == "eth_call" for c in calls):
@@ -327,6 +332,22 @@ class RpcFaultProxy:
                         _replace_with_error(payload, call, -32005, TOO_MANY_RESULTS, reply)
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
+
+    def _hostile_receipt_logs(self, raw: bytes, limit: int) -> bytes:
+        reply = orjson.loads(raw)
+        for answer in reply if isinstance(reply, list) else [reply]:
+            result = answer.get("result") if isinstance(answer, dict) else None
+            logs = result.get("logs") if isinstance(result, dict) else None
+            garbled = [log for log in logs or [] if isinstance(log, dict) and len(log.get("topics") or []) >= 3]
+            if not garbled:
+                continue
+            with self._lock:
+                if self.stats.injected["hostile_receipt_log"] >= limit:
+                    break
+                self.stats.injected["hostile_receipt_log"] += 1
+            for log in garbled:
+                log["topics"][2] = "0x" + "zz" * 32
+        return orjson.dumps(reply)
 
     def _null_results(self, calls: list[Any], raw: bytes, methods: frozenset[str]) -> bytes:
         reply = orjson.loads(raw)

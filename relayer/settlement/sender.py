@@ -540,7 +540,9 @@ class ChainSender(TxSender):
     def _set_settled(self, slot: VerdictSlot, receipt: dict[str, Any]) -> None:
         """Which items of a mined batch its logs show settled; the others are refusals to
         record (`_handle_refused_items`)."""
-        if int(receipt["status"], 16) != 1:
+        # The status as `_set_mined` read it from the checked receipt (one without `status` is
+        # a success there): the raw reply may lack the field.
+        if slot.receipt_status != 1:
             # A reverted batch settled nothing: each item is checked on its own, like the
             # items a mined batch refused (never all recorded `reverted` for the batch's fault).
             slot.settled = set()

@@ -1,7 +1,7 @@
-"""A packed batch's receipt whose logs a node garbled (a topic that is not hex) is refused
-like any malformed reply and read again, never an exception that ends the relayer: the
-batch's verdicts are confirmed once the node answers properly. On anvil + PostgreSQL + Kafka,
-through the fault proxy in front of anvil."""
+"""Receipts of packed batches as nodes may answer them, on anvil + PostgreSQL + Kafka through
+the fault proxy in front of anvil: logs a node garbled (a topic that is not hex) are refused
+like any malformed reply and read again, and a receipt without `status` is read as the
+receipt checks read it (a success); neither is an exception that ends the relayer."""
 
 from __future__ import annotations
 
@@ -26,11 +26,16 @@ from tests.support.rpc_proxy import Faults, RpcFaultProxy
 pytestmark = pytest.mark.timeout(240)
 
 
-async def test_a_batch_receipt_with_a_garbled_log_is_read_again_and_its_verdicts_confirmed(
-    relay: Relay, devnet: Devnet, database_url: str
+@pytest.mark.parametrize(
+    ("faults", "injected"),
+    [(Faults(hostile_receipt_logs=1), "hostile_receipt_log"), (Faults(strip_receipt_status=True), "stripped_status")],
+    ids=["garbled-log", "no-status"],
+)
+async def test_a_batch_receipt_as_a_node_may_answer_it_leaves_the_relayer_running_and_its_verdicts_confirmed(
+    relay: Relay, devnet: Devnet, database_url: str, faults: Faults, injected: str
 ) -> None:
     items = await relay.submitted(4)
-    with RpcFaultProxy(devnet.rpc_url, Faults(hostile_receipt_logs=1)) as proxy:
+    with RpcFaultProxy(devnet.rpc_url, faults) as proxy:
         env = relay.env()  # packed: the verdicts go out in batches
         chains = json.loads(env["ESCROWD_CHAINS"])
         chains[0]["rpc_urls"] = [proxy.url]
@@ -47,7 +52,7 @@ async def test_a_batch_receipt_with_a_garbled_log_is_read_again_and_its_verdicts
                 return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
 
             await wait_until(all_confirmed, timeout=90, what="the verdicts confirmed")
-            assert proxy.stats.injected["hostile_receipt_log"] == 1
+            assert proxy.stats.injected[injected] >= 1
             assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
             kinds = Counter(r["kind"] for r in await fetch(database_url, "SELECT kind FROM settlement_transactions"))
             assert kinds["batch"] >= 1

@@ -65,6 +65,9 @@ class Faults:
     hostile_receipt_logs: int = 0
     """The first this many `eth_getTransactionReceipt` answers holding logs get, in every log
     with three topics or more, a third topic that is not hex (as a hostile node might answer)."""
+    strip_receipt_status: bool = False
+    """Remove `status` from receipts, as nodes of chains from before EIP-658 answer (a receipt
+    without it is read as a success)."""
     null_in_batches: frozenset[str] = frozenset()
     """Methods answered with a null result when they come inside a batch request, as a
     provider that mishandles batches does (the same request alone is answered properly)."""
@@ -308,6 +311,13 @@ class RpcFaultProxy:
                 if isinstance(result, list) and result and self.stats.injected["hostile_log"] < faults.hostile_logs:
                     result[-1]["data"] = 0
                     self.stats.injected["hostile_log"] += 1
+            raw = orjson.dumps(reply)
+        if faults.strip_receipt_status and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, dict) and result.pop("status", None) is not None:
+                    self.stats.injected["stripped_status"] += 1
             raw = orjson.dumps(reply)
         if faults.hostile_receipt_logs and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
             raw = self._hostile_receipt_logs(raw, faults.hostile_receipt_logs)

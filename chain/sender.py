@@ -65,7 +65,7 @@ from chain.fees import FeePolicy, Fees, bump, includable, over_cap, price
 from chain.gate import SendGate
 from chain.keys import SecretKey
 from chain.nonces import reconcile
-from chain.receipts import Receipt, depth, fetch_receipts
+from chain.receipts import Receipt, depth, fetch_receipts, quantity
 from chain.signers import KeystoreSigner, Signer, SignerError
 from chain.stuck import is_due
 from chain.txs import FILLER_GAS, SignedTx, UnsignedTx, signed_call
@@ -353,7 +353,9 @@ class TxSender:
         """After the tracked states were committed."""
 
     async def _handle_reverted(self, slots: Sequence[Slot]) -> None:
-        """Newly mined transactions whose receipt says reverted (fillers excluded)."""
+        """Mined transactions whose receipt says reverted (fillers excluded), not handled yet:
+        set `reverted_handled` once a slot's outcome is recorded (a fault before that: the
+        next tracking round passes it again)."""
         for slot in slots:
             slot.reverted_handled = True
 
@@ -420,7 +422,9 @@ class TxSender:
         for value in (latest, pending):
             if isinstance(value, Exception):
                 raise value
-        chain_latest, chain_pending = int(latest, 16), int(pending, 16)
+        # Checked like every reply (BadReply, an RpcError: the loop retries), never int() on it.
+        chain_latest = quantity(latest, "eth_getTransactionCount latest")
+        chain_pending = quantity(pending, "eth_getTransactionCount pending")
         async with self._pool.acquire() as conn:
             local = await txstore.next_nonce(conn, self.chain_id, self.address)
         held = [n for n, s in self.slots.items() if s.state == "pending"]
@@ -784,9 +788,17 @@ class TxSender:
         ]
         if newly_mined:
             self._crash_at("after_mined")
-        reverted = [
-            s for s in newly_mined if s.receipt_status == 0 and s.kind != "filler" and not s.reverted_handled
-        ]
+        # Confirmed and reorged in memory only once the database has it: a round cut short
+        # (a dropped connection) is retried from the same states and writes them then.
+        confirming = {id(s) for s in confirmed}
+        updates = [
+            MinedUpdate(s.nonce, "confirmed" if id(s) in confirming else s.state, s.mined_hash, s.block_number,
+                        s.block_hash, s.receipt_status)
+            for s in {id(s): s for s in [*newly_mined, *confirmed]}.values()
+        ] + [MinedUpdate(s.nonce, "pending", None, None, None, None) for s in reorged]
+        async with self._pool.acquire() as conn, conn.transaction():
+            await txstore.update_slots(conn, self.chain_id, self.address, updates)
+            await self._record_tracked(conn, confirmed, reorged)
         for slot in confirmed:
             slot.state = "confirmed"
         for slot in reorged:
@@ -797,14 +809,15 @@ class TxSender:
             slot.resend_reason = "reorg"
             slot.reverted_handled = False
             self._on_reorged(slot)
-        updates = [
-            MinedUpdate(s.nonce, s.state, s.mined_hash, s.block_number, s.block_hash, s.receipt_status)
-            for s in {id(s): s for s in [*newly_mined, *confirmed, *reorged]}.values()
-        ]
-        async with self._pool.acquire() as conn, conn.transaction():
-            await txstore.update_slots(conn, self.chain_id, self.address, updates)
-            await self._record_tracked(conn, confirmed, reorged)
         self._tracked(confirmed, reorged)
+        # Every mined revert not handled yet, not only this round's: a round (or a handler) cut
+        # short by a transient fault leaves them to the next one.
+        reverted = [
+            s
+            for s in self.slots.values()
+            if s.state in ("mined", "confirmed") and s.receipt_status == 0 and s.kind != "filler"
+            and not s.reverted_handled
+        ]
         if reorged:
             self._m.reorgs.labels(self._label).inc()
             log.warning("reorg_dropped_transactions", chain_id=self.chain_id, nonces=[s.nonce for s in reorged])
@@ -871,7 +884,12 @@ class TxSender:
                 self._on_head(await self._rpc.head())
             if self._reconcile_requested is not None:
                 trigger, self._reconcile_requested = self._reconcile_requested, None
-                await self._reconcile(trigger)
+                try:
+                    await self._reconcile(trigger)
+                except BaseException:
+                    # Not done: asked again when the loop comes back (`_guard` retries it).
+                    self._reconcile_requested = self._reconcile_requested or trigger
+                    raise
             if self.gate.is_open:
                 await self._maintain()
 

@@ -309,11 +309,18 @@ class RemoteSigner:
             async with self._session.post(self._url, json=body) as response:
                 if response.status != 200:
                     raise SignerError(f"remote signer {method}: HTTP {response.status}")
-                raw = await response.content.read(MAX_REPLY_BYTES + 1)
+                # The whole body, bounded: `read(n)` returns what has arrived so far, and a long
+                # transaction's reply arrives in several pieces.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_any():
+                    size += len(chunk)
+                    if size > MAX_REPLY_BYTES:
+                        raise SignerError(f"remote signer {method}: reply too large")
+                    chunks.append(chunk)
+                raw = b"".join(chunks)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise SignerError(f"remote signer {method} failed: {type(exc).__name__}") from None
-        if len(raw) > MAX_REPLY_BYTES:
-            raise SignerError(f"remote signer {method}: reply too large")
         try:
             # The bounded decoder: a reply nested 100,000 deep overflowed the C stack (SIGSEGV)
             # or raised RecursionError, which no caller's fail-closed handling expects.

@@ -37,6 +37,7 @@ import structlog
 
 from chain.eth_rpc import EthRpc, Reverted
 from chain.keys import SecretKey
+from chain.receipts import BadReply
 from chain.sender import (
     BROADCAST_CHUNK,
     SenderOptions,
@@ -72,6 +73,7 @@ __all__ = [
     "SenderOptions",
     "VerdictSlot",
     "classify_send_error",
+    "judged_answer",
     "revert_outcome",
 ]
 
@@ -83,6 +85,18 @@ def revert_outcome(error: DecodedError) -> str:
     if error.name == "NotVerifier":
         return "key_refused"
     return "reverted"
+
+
+def judged_answer(reply: object) -> bool | None:
+    """An `isJudged` reply from a batch: whether the attempt is judged, or None when the reply
+    tells nothing (an error, or not one 32-byte word: a node without the escrow's code yet
+    answers "0x"). A node's reply is hostile: never an exception out of the send loops."""
+    if not isinstance(reply, str) or len(reply) != 66 or not reply.startswith("0x"):
+        return None
+    try:
+        return int(reply[2:], 16) != 0
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -187,9 +201,10 @@ class ChainSender(TxSender):
                 ]
             )
             for slot, reply in zip(verdict_slots, replies, strict=True):
-                if isinstance(reply, Exception):
+                answer = judged_answer(reply)
+                if answer is None:
                     due.remove(slot)  # cannot tell: do not send blind
-                elif int(str(reply), 16) != 0:
+                elif answer:
                     judged.add(slot.nonce)
         if judged:
             # By the slots screened, not `self.slots`: the tracker may have dropped one meanwhile.
@@ -376,9 +391,10 @@ class ChainSender(TxSender):
         ready: list[VerdictRow] = []
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         for row, result in zip(rows, results, strict=True):
-            if isinstance(result, Exception):
-                continue  # transient: stays queued for the next round
-            if int(str(result), 16) != 0:
+            answer = judged_answer(result)
+            if answer is None:
+                continue  # transient or malformed: stays queued for the next round
+            if answer:
                 outcomes.append((row, "already_judged", None))
             else:
                 ready.append(row)
@@ -524,14 +540,21 @@ class ChainSender(TxSender):
     def _set_settled(self, slot: VerdictSlot, receipt: dict[str, Any]) -> None:
         """Which items of a mined batch its logs show settled; the others are refusals to
         record (`_handle_refused_items`)."""
-        if int(receipt["status"], 16) != 1:
+        # The status as `_set_mined` read it from the checked receipt (one without `status` is
+        # a success there): the raw reply may lack the field.
+        if slot.receipt_status != 1:
             # A reverted batch settled nothing: each item is checked on its own, like the
             # items a mined batch refused (never all recorded `reverted` for the batch's fault).
             slot.settled = set()
             for item in slot.items:
                 self._refusals[item.id] = (slot.nonce, item)
             return
-        done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
+        try:
+            done = settled_attempts(list(receipt.get("logs") or []), slot.items[0].escrow, self.address) if slot.items else set()
+        except (ValueError, TypeError, AttributeError):
+            # A node's reply is hostile: logs that do not read are a malformed reply (the round
+            # fails, the receipt is read again), never an exception that ends the track loop.
+            raise BadReply("eth_getTransactionReceipt: logs that do not decode") from None
         slot.settled = {v.id for v in slot.items if (v.task_id, v.attempt) in done}
         for item in slot.items:
             if item.id not in slot.settled:
@@ -605,16 +628,17 @@ class ChainSender(TxSender):
             # A whole batch reverted: nothing settled, and the cause may be the batch's (its
             # gas) rather than any item's: `_set_settled` put every item among the refusals,
             # each checked alone and recorded or queued again (`_handle_refused_items`).
-            slot.reverted_handled = True
             data = await self._rpc.revert_data(slot.mined_hash or "")
             error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            slot.reverted_handled = True
             metrics.TX_REVERTED.labels(self._label, f"batch:{error.name}").inc()
             log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
         slots = [s for s in slots if s.kind != "batch"]
         outcomes: list[tuple[VerdictRow, str, DecodedError | None]] = []
         requeue: list[VerdictSlot] = []
+        # Each slot is marked handled only once its outcome is stored: an RPC or database fault
+        # on the way leaves them all to the next tracking round (recording again is idempotent).
         for slot in map(_vs, slots):
-            slot.reverted_handled = True
             data = await self._rpc.revert_data(slot.mined_hash or "")
             error = decode_revert(data) if data is not None else DecodedError("Reverted")
             kind = revert_outcome(error)
@@ -630,6 +654,9 @@ class ChainSender(TxSender):
                 for slot in requeue:
                     assert slot.verdict is not None
                     await store.requeue_verdict(conn, slot.verdict.id, "NotVerifier: key rotated; queued again")
+        for done in slots:
+            done.reverted_handled = True
+        if requeue:
             self.gate.close("the escrow refused our key (NotVerifier)")
             self._on_key_refused()
             log.warning("verdicts_requeued_key_refused", chain_id=self.chain_id, count=len(requeue))

@@ -275,3 +275,16 @@ async def test_remote_signer_answers_concurrent_requests(remote: RemoteSignerPro
             assert eip712.recover(eip712.digest(domain, MAIL, message), sig) == ADDRESS
     finally:
         await signer.aclose()
+
+
+async def test_remote_signer_reads_a_reply_that_arrives_in_pieces(remote: RemoteSignerProcess) -> None:
+    """A transaction with long calldata (a packed batch of verdicts) comes back as a reply of
+    many TCP segments: the whole body is read, not the first piece that arrived."""
+    signer = await open_signer(SignerSpec(kind="remote", remote_url=remote.url, address=ADDRESS), "test", _keystore)
+    try:
+        data = bytes(range(256)) * 80  # 20 KB of calldata: a reply of about 120 KB (the raw transaction, and its fields again)
+        tx = UnsignedTx(chain_id=1, nonce=7, to=ADDRESS, data=data, gas_limit=3_000_000, fees=Fees(10, 1))
+        signed = await signer.sign_transaction(tx)
+        assert Account.recover_transaction(signed.raw_hex) == ADDRESS
+    finally:
+        await signer.aclose()

@@ -59,6 +59,18 @@ class Faults:
     """Answer null to the first `receipt_lag` `eth_getTransactionReceipt` requests of each
     transaction hash, as a node whose receipt index lags its state does (anvil under load
     for a moment after mining; a load-balanced provider whose nodes are a block apart)."""
+    empty_calls: frozenset[str] = frozenset()
+    """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered "0x" (no
+    bytes), as a node that does not have the contract yet (behind, or a fresh deployment) does."""
+    hostile_receipt_logs: int = 0
+    """The first this many `eth_getTransactionReceipt` answers holding logs get, in every log
+    with three topics or more, a third topic that is not hex (as a hostile node might answer)."""
+    strip_receipt_status: bool = False
+    """Remove `status` from receipts, as nodes of chains from before EIP-658 answer (a receipt
+    without it is read as a success)."""
+    null_in_batches: frozenset[str] = frozenset()
+    """Methods answered with a null result when they come inside a batch request, as a
+    provider that mishandles batches does (the same request alone is answered properly)."""
     methods: frozenset[str] | None = None
     """Only requests containing one of these methods get error/timeout/slow faults (None: all)."""
     seed: int = 0
@@ -300,6 +312,19 @@ class RpcFaultProxy:
                     result[-1]["data"] = 0
                     self.stats.injected["hostile_log"] += 1
             raw = orjson.dumps(reply)
+        if faults.strip_receipt_status and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
+            reply = orjson.loads(raw)
+            for answer in reply if isinstance(reply, list) else [reply]:
+                result = answer.get("result") if isinstance(answer, dict) else None
+                if isinstance(result, dict) and result.pop("status", None) is not None:
+                    self.stats.injected["stripped_status"] += 1
+            raw = orjson.dumps(reply)
+        if faults.hostile_receipt_logs and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
+            raw = self._hostile_receipt_logs(raw, faults.hostile_receipt_logs)
+        if faults.null_in_batches and isinstance(payload, list):
+            raw = self._null_results(calls, raw, faults.null_in_batches)
+        if faults.empty_calls and any(c.get("method") == "eth_call" for c in calls):
+            raw = self._empty_calls(calls, raw, faults.empty_calls)
         if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
             raw = self._lag_receipts(calls, raw, faults.receipt_lag)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
@@ -317,6 +342,47 @@ class RpcFaultProxy:
                         _replace_with_error(payload, call, -32005, TOO_MANY_RESULTS, reply)
                     )
         return web.Response(status=status, body=raw, content_type="application/json")
+
+    def _hostile_receipt_logs(self, raw: bytes, limit: int) -> bytes:
+        reply = orjson.loads(raw)
+        for answer in reply if isinstance(reply, list) else [reply]:
+            result = answer.get("result") if isinstance(answer, dict) else None
+            logs = result.get("logs") if isinstance(result, dict) else None
+            garbled = [log for log in logs or [] if isinstance(log, dict) and len(log.get("topics") or []) >= 3]
+            if not garbled:
+                continue
+            with self._lock:
+                if self.stats.injected["hostile_receipt_log"] >= limit:
+                    break
+                self.stats.injected["hostile_receipt_log"] += 1
+            for log in garbled:
+                log["topics"][2] = "0x" + "zz" * 32
+        return orjson.dumps(reply)
+
+    def _null_results(self, calls: list[Any], raw: bytes, methods: frozenset[str]) -> bytes:
+        reply = orjson.loads(raw)
+        by_id = {r.get("id"): r for r in reply if isinstance(r, dict)} if isinstance(reply, list) else {}
+        for call in calls:
+            answer = by_id.get(call.get("id")) if call.get("method") in methods else None
+            if answer is not None and "result" in answer:
+                answer["result"] = None
+                self.stats.injected["null_in_batch"] += 1
+        return orjson.dumps(reply)
+
+    def _empty_calls(self, calls: list[Any], raw: bytes, selectors: frozenset[str]) -> bytes:
+        reply = orjson.loads(raw)
+        replies = reply if isinstance(reply, list) else [reply]
+        by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+        for call in calls:
+            if call.get("method") != "eth_call":
+                continue
+            params = call.get("params")
+            tx = params[0] if isinstance(params, list) and params and isinstance(params[0], dict) else {}
+            answer = by_id.get(call.get("id"))
+            if str(tx.get("data") or tx.get("input") or "")[:10].lower() in selectors and answer and "result" in answer:
+                answer["result"] = "0x"
+                self.stats.injected["empty_call"] += 1
+        return orjson.dumps(reply)
 
     def _lag_receipts(self, calls: list[Any], raw: bytes, lag: int) -> bytes:
         reply = orjson.loads(raw)

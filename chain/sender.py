@@ -71,6 +71,7 @@ from chain.stuck import is_due
 from chain.txs import FILLER_GAS, SignedTx, UnsignedTx, signed_call
 from chain.txstore import MinedUpdate, NewSlot, TxVersion, version_of
 from runtime.aio import wait_event
+from runtime.db import is_connection_error
 
 log = structlog.get_logger(__name__)
 
@@ -236,6 +237,13 @@ class SenderMetrics:
         for counter in (self.tx_replaced, self.reorgs, self.gaps_filled, self.fee_cap_reached):
             at_zero(counter, ids)
 
+
+
+def transient_fault(exc: BaseException) -> bool:
+    """A fault a sender's loop waits out: the node or the network, a signer that cannot answer,
+    or the database gone away, restarting or shutting down (`CannotConnectNowError` and
+    `AdminShutdownError` are not `PostgresConnectionError`s: a failover ended the sender)."""
+    return isinstance(exc, (RpcError, SignerError, asyncpg.PostgresConnectionError)) or is_connection_error(exc)
 
 class TxSender:
     """Sends one chain's transactions from one key: nonces, fees, replacement, receipts,
@@ -484,7 +492,9 @@ class TxSender:
             try:
                 await loop()
                 return
-            except (RpcError, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, SignerError) as exc:
+            except Exception as exc:
+                if not transient_fault(exc):
+                    raise
                 # A signer that cannot answer: nothing was stored or sent; try again later.
                 failures += 1
                 self.last_error = f"{name}: {type(exc).__name__}: {exc}"

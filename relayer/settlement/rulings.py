@@ -60,6 +60,7 @@ from chain.sender import (
     Slot,
     TxSender,
     classify_send_error,
+    transient_fault,
 )
 from chain.signers import Signer, SignerError, SignerSpec, open_signer
 from chain.stuck import stuck_action as stuck_action  # re-exported: the ruling rules' tests
@@ -318,22 +319,22 @@ class RulingSender(TxSender):
             health.mark(SENDER_PART, False)
             RULINGS.labels("signer_unavailable").inc()
             log.warning("ruling_signer_unavailable", error=str(exc)[:200])
-        except (RpcError, OSError, asyncpg.PostgresConnectionError) as exc:
+        except Exception as exc:  # the sending task must outlive any one round
             health.mark(SENDER_PART, False)
-            if isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
+            if not transient_fault(exc):
+                # Anything else (a database refusal, a bug) failed this round only: the sender
+                # stays not ready (alerting) and tries again, rather than dying silently while
+                # the process and its consumer stay up. The message may quote query arguments:
+                # only the type is logged.
+                RULINGS.labels("step_crashed").inc()
+                log.error("ruling_step_crashed", error_type=type(exc).__name__)
+            elif isinstance(exc, RpcError) and str(exc).startswith(MALFORMED_REPLY):
                 # The JSON-RPC client refused the reply's shape: the node lies, as above.
                 RULINGS.labels("bad_reply").inc()
                 log.warning("ruling_bad_reply", error=str(exc)[:200])
             else:
+                # The node, the network or the database (gone, restarting, shutting down).
                 log.warning("ruling_step_failed", error_type=type(exc).__name__)
-        except Exception as exc:  # the sending task must outlive any one round
-            # Anything else (a database refusal, a bug) failed this round only: the sender
-            # stays not ready (alerting) and tries again, rather than dying silently while
-            # the process and its consumer stay up. The message may quote query arguments:
-            # only the type is logged.
-            health.mark(SENDER_PART, False)
-            RULINGS.labels("step_crashed").inc()
-            log.error("ruling_step_crashed", error_type=type(exc).__name__)
 
     async def _read_head(self) -> Head:
         try:

@@ -115,8 +115,10 @@ def output_schema(terms: dict[str, Any] | None) -> dict[str, Any] | None:
     verifier = terms.get("verifier")
     if isinstance(verifier, dict) and verifier.get("kind") == "schema_validation":
         config = verifier.get("config")
-        if isinstance(config, dict) and isinstance(config.get("json_schema"), dict):
-            return dict(config["json_schema"])
+        # `schema`, as documented; `json_schema`, the field's own name, which the verifier takes too.
+        for name in ("schema", "json_schema"):
+            if isinstance(config, dict) and isinstance(config.get(name), dict):
+                return dict(config[name])
     return None
 
 

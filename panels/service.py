@@ -417,7 +417,16 @@ async def _schema_ok(conn: asyncpg.Connection, task: asyncpg.Record) -> tuple[bo
     output = payload["result"]
     if len(jsoncodec.dumps(output)) > MAX_SCHEMA_OUTPUT_BYTES:
         return False, ["$: output too large to check"]
-    violations = rules.schema_violations(output, schema)
+    import jsonschema
+    import referencing.exceptions
+
+    try:
+        violations = rules.schema_violations(output, schema)
+    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable) as exc:
+        # The poster's schema passed the registration check but cannot be evaluated (a `$ref`
+        # to nothing): its fault, never the agent's, and no reason to stop closing rounds.
+        log.warning("panel_schema_unusable", task_id=int(task["task_id"]), error_type=type(exc).__name__)
+        return True, []
     return not violations, violations
 
 

@@ -338,6 +338,36 @@ async def test_the_terms_output_schema_is_checked_first_and_shown_to_the_seats(p
     assert row["agent_share_bps"] == rules.agent_share_bps(row["consensus_ppm"], schema_ok=False) < 7_000
 
 
+async def test_a_terms_schema_that_cannot_be_evaluated_caps_nothing_and_stops_nothing(panel: Harness) -> None:
+    """A schema that passes the registration check but cannot be evaluated (a `$ref` to nothing)
+    is the poster's: the round closes as if there were none (no cap on the agent), and the
+    sweep goes on closing the other rounds. Raised out of the close, it failed every sweep, in
+    the idle hook and in each event's handler, so no round closed again."""
+    import json
+
+    terms = {"chainId": CHAIN, "escrow": ESCROW, "poster": POSTER.address, "verificationMode": "auto",
+             "verifier": {"kind": "schema_validation", "ref": "label", "config": {"schema": {"$ref": "#/$defs/gone"}}}}
+    await panel.conn.execute(
+        "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode, private, terms,"
+        " canonical) VALUES ($1, $2, $3, $4, 'auto', false, $5::jsonb, $5)",
+        "0x" + "ab" * 32, CHAIN, ESCROW, POSTER.address.lower(), json.dumps(terms),
+    )
+    await panel.conn.execute(
+        "INSERT INTO verification_requests (request_id, kind, chain_id, escrow_address, task_id, attempt,"
+        " evidence_hash, actor, payload, state) VALUES ('f-18', 'finalize', $1, $2, 18, 1, $3, $4, $5::jsonb, 'applied')",
+        CHAIN, ESCROW, EVIDENCE, AGENT.address.lower(), json.dumps({"result": {"answer": 42}}),
+    )
+    rid = await panel.dispute(18)
+    for s, quality in zip(await panel.seats(rid), (0.9, 0.95, 1.0), strict=True):
+        assert (await panel.attest(rid, s, quality, 1.0)).status_code == 201
+    assert await panel.close() == [rid]
+    row = await panel.conn.fetchrow(
+        "SELECT outcome, schema_ok, consensus_ppm, agent_share_bps FROM panel_rounds WHERE round_id = $1", rid
+    )
+    assert (row["outcome"], row["schema_ok"]) == ("ruling", True)
+    assert row["agent_share_bps"] == rules.agent_share_bps(row["consensus_ppm"], schema_ok=True)
+
+
 async def _manual_terms(panel: Harness, task_hash: str) -> None:
     await panel.conn.execute(
         "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode, private, terms,"

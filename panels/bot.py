@@ -240,10 +240,18 @@ async def _post_json(url: str, body: Any, seconds: float, api_key: str | None) -
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as session,
         session.post(url, data=json.dumps(body), headers=headers) as response,
     ):
-        raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
-        if response.status != 200 or len(raw) > MAX_RESPONSE_BYTES:
+        if response.status != 200:
             raise CannotJudge(f"scorer answered HTTP {response.status}")
-        return jsonbounds.loads(raw, max_bytes=None)
+        # The whole body, bounded: `read(n)` returns what has arrived so far, and a reply can
+        # arrive in several pieces.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise CannotJudge("the scorer's reply is too large")
+            chunks.append(chunk)
+        return jsonbounds.loads(b"".join(chunks), max_bytes=None)
 
 
 class VerifierBot:

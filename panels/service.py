@@ -115,8 +115,10 @@ def output_schema(terms: dict[str, Any] | None) -> dict[str, Any] | None:
     verifier = terms.get("verifier")
     if isinstance(verifier, dict) and verifier.get("kind") == "schema_validation":
         config = verifier.get("config")
-        if isinstance(config, dict) and isinstance(config.get("json_schema"), dict):
-            return dict(config["json_schema"])
+        # `schema`, as documented; `json_schema`, the field's own name, which the verifier takes too.
+        for name in ("schema", "json_schema"):
+            if isinstance(config, dict) and isinstance(config.get(name), dict):
+                return dict(config[name])
     return None
 
 
@@ -415,7 +417,16 @@ async def _schema_ok(conn: asyncpg.Connection, task: asyncpg.Record) -> tuple[bo
     output = payload["result"]
     if len(jsoncodec.dumps(output)) > MAX_SCHEMA_OUTPUT_BYTES:
         return False, ["$: output too large to check"]
-    violations = rules.schema_violations(output, schema)
+    import jsonschema
+    import referencing.exceptions
+
+    try:
+        violations = rules.schema_violations(output, schema)
+    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable) as exc:
+        # The poster's schema passed the registration check but cannot be evaluated (a `$ref`
+        # to nothing): its fault, never the agent's, and no reason to stop closing rounds.
+        log.warning("panel_schema_unusable", task_id=int(task["task_id"]), error_type=type(exc).__name__)
+        return True, []
     return not violations, violations
 
 

@@ -256,6 +256,11 @@ class JudgingPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, SignerError) and self._stopping.is_set():
+                # Stopped while waiting for the signer (`_signed`): no error of the job. Its
+                # claim stays held, and `run` hands the lease back on the way out.
+                bound.info("judging_job_handed_back", reason="stopping while the signer is away")
+                return
             error = f"{type(exc).__name__}: {safe_message(exc)}"[:300]
             bound.error("judging_job_failed", error_type=type(exc).__name__, error=error)
             await self._record_error(pool, row, error)

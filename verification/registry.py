@@ -405,15 +405,22 @@ class _EndpointVerifier:
             ) as response:
                 if response.status != 200:
                     raise VerificationError(self.name, f"HTTP {response.status}")
-                body = await response.content.read(_MAX_ENDPOINT_RESPONSE + 1)
+                # The whole body, bounded: `read(n)` returns what has arrived so far, and a
+                # streamed or long reply arrives in several pieces.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_any():
+                    size += len(chunk)
+                    if size > _MAX_ENDPOINT_RESPONSE:
+                        raise VerificationError(self.name, "response too large")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
         except TimeoutError:
             raise VerificationError(
                 self.name, f"no answer within {self.registry.endpoint_timeout:g} s"
             ) from None
         except aiohttp.ClientError as exc:
             raise VerificationError(self.name, f"unreachable: {type(exc).__name__}") from None
-        if len(body) > _MAX_ENDPOINT_RESPONSE:
-            raise VerificationError(self.name, "response too large")
         try:
             data = jsonbounds.loads(body, max_bytes=_MAX_ENDPOINT_RESPONSE)
         except ValueError:

@@ -840,7 +840,7 @@ async def _run_remote(
         error = data.get("error") if isinstance(data, dict) else None
         raise SandboxUnavailable(f"the sandbox runner answered HTTP {status}: {str(error)[:200]}")
     try:
-        return run_from_json(data)
+        return check_run(run_from_json(data), stages)
     except (ValueError, TypeError) as exc:
         raise SandboxUnavailable(f"the sandbox runner's answer is not a run: {exc}") from None
 
@@ -1135,12 +1135,18 @@ def run_to_json(run: SandboxRun) -> dict[str, Any]:
     }
 
 
+RUN_STAGES = frozenset({"ok", "compile", "load", "time_limit", "memory_limit", "blocked", "crashed", "isolate"})
+"""Every stage a run can end at (`SandboxRun.stage`)."""
+
+
 def run_from_json(data: Any) -> SandboxRun:
     """The wire JSON back into a run; ValueError when it is not one."""
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("stage"), str)
         or not isinstance(data.get("cases"), list)
+        or not all(isinstance(c, dict) and isinstance(c.get("ok"), bool) for c in data["cases"])
+        or not isinstance(data.get("limits") or {}, dict)
     ):
         raise ValueError("not a sandbox run")
     cases = tuple(
@@ -1163,3 +1169,17 @@ def run_from_json(data: Any) -> SandboxRun:
         stages_run=int(data.get("stagesRun", 1)),
         accounting="cgroup" if data.get("accounting") == "cgroup" else "pidns",
     )
+
+
+def check_run(run: SandboxRun, stages: Sequence[Stage]) -> SandboxRun:
+    """`run` when the harness could have made it of `stages` (a known end, no more outcomes than
+    the stages it ran have cases, all of them when it completed); ValueError otherwise: a reply
+    that is not such a run is the runner's fault, never the submission's."""
+    if run.stage not in RUN_STAGES:
+        raise ValueError(f"no run ends at stage {run.stage[:40]!r}")
+    if not 0 <= run.stages_run <= len(stages):
+        raise ValueError(f"{run.stages_run} stages run of {len(stages)}")
+    sent = sum(len(stage.args) for stage in stages[: run.stages_run])
+    if len(run.cases) > sent or (run.completed and len(run.cases) != sent):
+        raise ValueError(f"{len(run.cases)} outcomes for the {sent} cases of the stages run")
+    return run

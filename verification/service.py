@@ -29,7 +29,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from chain.keys import SecretKey
 from chain.signers import Signer, SignerSpec, open_signer
 from runtime.consumer import IdempotentConsumer
-from runtime.db import connect, migrate_url
+from runtime.db import connect, is_connection_error, migrate_url
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import register_secret
 from runtime.outbox import OutboxPublisher, enqueue
@@ -250,7 +250,11 @@ class RetryScheduler:
                 finally:
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=2)
-            except (OSError, TimeoutError) as exc:
+            except Exception as exc:
+                # The database going away in any shape (a dropped session, a restart, a
+                # shutdown: asyncpg's errors are not OSError) is waited out; anything else ends it.
+                if not is_connection_error(exc):
+                    raise
                 log.warning("retry_scheduler_reconnect", error=type(exc).__name__)
                 await asyncio.sleep(1.0)
 

@@ -41,6 +41,18 @@ async def test_a_deterministic_verdict_comes_back_typed(model_endpoint: ModelEnd
     assert sent["response_format"] == {"type": "json_object"}
 
 
+async def test_a_reply_in_pieces_is_read_whole(model_endpoint: ModelEndpoint) -> None:
+    """A reply whose body arrives in pieces (a streaming server, a long answer) is read to its
+    end: cut at the first piece it was "not JSON", a model error for an answer that was fine."""
+    client = model_endpoint.client()
+    model_endpoint.stub.script("pieces")
+    try:
+        answer = await client.ask(verifier_messages("List risks", "latency only", 'Mention "latency" and "fraud"'), VerifierAnswer)
+    finally:
+        await client.close()
+    assert answer.passed is False and answer.reasons == ["Missing: fraud"]
+
+
 @pytest.mark.parametrize(
     "behaviour",
     ["malformed", "prose", "extra_field", "too_many_reasons", "string_bool", "two_choices", "truncated", "huge"],

@@ -247,3 +247,43 @@ def test_a_plain_http_api_url_is_refused_unless_loopback(url: str, accepted: boo
     )
     assert done.returncode == 2, done.stderr
     assert "api_url" in done.stderr and ("22" * 32) not in done.stderr
+
+
+async def test_a_node_behind_the_api_defers_the_item_and_counts_no_try(run: Pipeline, tmp_path: Path) -> None:
+    """The verifier's node answers getTask from before the delivery (a provider some blocks
+    behind the indexer's): the attempt the API shows is not on its chain yet. That is its own
+    side's lag, not a mismatch: no try is reported (five such polls made the attempt "never
+    judged" for good); once the node has the block, the item is judged."""
+    from chain.abi import get_task_data
+    from tests.support.rpc_proxy import Faults, RpcFaultProxy
+
+    d = run.devnet
+    poster, agent, verifier = d.posters[0], d.agents[0], d.verifier_agents[0]
+    get_task = "0x" + get_task_data(0)[:4].hex()
+    stub = StubModel(slow_seconds=3.0)
+    model_runner, model_url = await start_stub(stub)
+    try:
+        with RpcFaultProxy(d.rpc_url) as node:
+            async with http_api(run) as api_url, verifier_process(
+                api_url, d, verifier, model_url, tmp_path / "verifier.log", run.database_url,
+                ESCROWD_VERIFIER_RPC_URL=node.url,
+            ) as proc:  # fmt: skip
+                task, _ = await post(run, poster, verifier, "lagging-node")
+                node.set_faults(Faults(stale_calls=frozenset({get_task}), stale_block=await run.chain(d.block_number)))
+                await deliver(run, task, agent, "The capital is Paris.")
+
+                async def polled_behind() -> bool:  # more polls than the tries that give up, or given up
+                    given_up = await run.conn.fetchval("SELECT never_judged FROM verifier_failures WHERE task_id = $1", task)
+                    return bool(given_up) or node.stats.injected["stale_call"] >= 8
+
+                await wait_for(polled_behind, 60, "the verifier polled the task on its lagging node")
+                failures = await run.conn.fetchrow("SELECT failures, last_error FROM verifier_failures WHERE task_id = $1", task)
+                assert failures is None, dict(failures)  # no try was counted against the attempt
+                node.set_faults(Faults())
+                row = await run.wait_result(task, 1, timeout=60, reported=True)
+                assert (row["source"], row["passed"]) == ("agent", True)
+                failures = await run.conn.fetchval("SELECT failures FROM verifier_failures WHERE task_id = $1", task)
+                assert failures is None  # no try was counted against the attempt
+                assert proc.poll() is None
+    finally:
+        await model_runner.cleanup()

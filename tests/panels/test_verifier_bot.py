@@ -50,7 +50,18 @@ async def server() -> AsyncIterator[tuple[str, list[Any]]]:
     async def broken(request: web.Request) -> web.Response:
         return web.json_response({"quality": 3, "confidence": 1})
 
-    async with serve_post({"/score": endpoint, "/v1/chat/completions": chat, "/broken": broken}) as url:
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        # A streaming server: the answer's body written in two pieces.
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b'{"quality": 0.75, ')
+        await asyncio.sleep(0.05)  # the first piece reaches the bot alone
+        await response.write(b'"confidence": 0.5}')
+        await response.write_eof()
+        return response
+
+    async with serve_post({"/score": endpoint, "/v1/chat/completions": chat, "/broken": broken, "/pieces": pieces}) as url:
         yield url, seen
 
 
@@ -71,6 +82,14 @@ async def test_scorers_of_every_kind(server: tuple[str, list[Any]]) -> None:
         auth, body = seen[-1]
         assert auth == "Bearer sk-test" and body["model"] == "small-model"
         assert json.loads(body["messages"][1]["content"]) == ASSIGNMENT
+
+
+async def test_a_scorer_reply_in_pieces_is_read_whole(server: tuple[str, list[Any]]) -> None:
+    """A reply that arrives in pieces is read to its end: cut at the first, it was not JSON and
+    every assignment a decline (confidence 0) of a scorer that had answered."""
+    url, _ = server
+    async with aiohttp.ClientSession() as session:
+        assert await _bot(f"endpoint:{url}/pieces", session).score(ASSIGNMENT) == (0.75, 0.5)
 
 
 async def test_cannot_judge_is_confidence_zero(server: tuple[str, list[Any]]) -> None:

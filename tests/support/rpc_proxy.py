@@ -62,6 +62,10 @@ class Faults:
     empty_calls: frozenset[str] = frozenset()
     """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered "0x" (no
     bytes), as a node that does not have the contract yet (behind, or a fresh deployment) does."""
+    stale_calls: frozenset[str] = frozenset()
+    """Selectors (`0x` + 8 hex digits, lower case) whose `eth_call`s are answered at
+    `stale_block` whatever block they ask for, as a node some blocks behind another does."""
+    stale_block: int = 0
     hostile_receipt_logs: int = 0
     """The first this many `eth_getTransactionReceipt` answers holding logs get, in every log
     with three topics or more, a third topic that is not hex (as a hostile node might answer)."""
@@ -281,6 +285,8 @@ class RpcFaultProxy:
             span = _get_logs_span(call)
             if span is not None:
                 self.stats.get_logs_spans.append(span)
+        if faults.stale_calls and any(c.get("method") == "eth_call" for c in calls):
+            body = self._stale_calls(payload, calls, faults.stale_calls, faults.stale_block)
         assert self._session is not None
         async with self._session.post(
             self.upstream_url, data=body, headers={"Content-Type": "application/json"}
@@ -368,6 +374,15 @@ class RpcFaultProxy:
                 answer["result"] = None
                 self.stats.injected["null_in_batch"] += 1
         return orjson.dumps(reply)
+
+    def _stale_calls(self, payload: Any, calls: list[Any], selectors: frozenset[str], block: int) -> bytes:
+        for call in calls:
+            params = call.get("params") if call.get("method") == "eth_call" else None
+            tx = params[0] if isinstance(params, list) and params and isinstance(params[0], dict) else None
+            if tx is not None and str(tx.get("data") or tx.get("input") or "")[:10].lower() in selectors:
+                call["params"] = [tx, hex(block)]
+                self.stats.injected["stale_call"] += 1
+        return orjson.dumps(payload)
 
     def _empty_calls(self, calls: list[Any], raw: bytes, selectors: frozenset[str]) -> bytes:
         reply = orjson.loads(raw)

@@ -126,9 +126,20 @@ async def endpoint() -> AsyncIterator[tuple[str, list[Any]]]:
         await asyncio.sleep(3)
         return web.json_response({"reward": 1.0})
 
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        # A detailed report streamed as it is written: the body arrives in several pieces.
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b'{"reward": 0.83, "detail": "')
+        await asyncio.sleep(0.05)
+        await response.write(b"x" * 200_000 + b'"}')
+        await response.write_eof()
+        return response
+
     app = web.Application()
     for path, handler in (("/ok", ok), ("/empty", empty), ("/text", text), ("/words", words),
-                          ("/bool", boolean), ("/error", error), ("/slow", slow)):  # fmt: skip
+                          ("/bool", boolean), ("/error", error), ("/slow", slow), ("/pieces", pieces)):  # fmt: skip
         app.router.add_post(path, handler)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
@@ -149,6 +160,15 @@ async def test_endpoint_posts_task_and_trajectory_and_reads_the_reward(
     outcome = await registry.verify(VerifierRef(kind="endpoint", ref=f"{base}/ok"), TASK, [{"content": "hi"}])
     assert outcome.reward == 0.83
     assert seen == [{"task": {"prompt": "What is 6 x 7?", "reference": "42"}, "trajectory": [{"content": "hi"}]}]
+    await registry.close()
+
+
+async def test_endpoint_reply_in_pieces_is_read_whole(registry: VerifierRegistry, endpoint: tuple[str, list[Any]]) -> None:
+    """A reply that arrives in several pieces (streamed, or long) is read to its end, not cut at
+    the first piece and refused as not JSON (a verifier that answered would never be heard)."""
+    base, _ = endpoint
+    outcome = await registry.verify(VerifierRef(kind="endpoint", ref=f"{base}/pieces"), TASK, "x")
+    assert outcome.reward == 0.83
     await registry.close()
 
 

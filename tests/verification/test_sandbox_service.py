@@ -112,3 +112,29 @@ def test_deployments_give_the_runner_no_secrets_and_no_egress() -> None:
     assert all("secret" not in v and "configMap" not in v for v in pod["volumes"])
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
     assert "Egress" in policy["spec"]["policyTypes"] and policy["spec"]["egress"] == []
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"stage": "ok", "cases": [], "stagesRun": 2},  # "ok", yet no case has an outcome
+        {"stage": "ok", "cases": ["3", "9"], "stagesRun": 2},  # cases that are not outcomes
+        {"stage": "ok", "cases": [{"ok": True, "value": 3}], "stagesRun": 2},  # a case missing
+        {"stage": "fine", "cases": [], "stagesRun": 0},  # no stage a run ends at
+        {"stage": "crashed", "cases": [{"ok": True, "value": 3}] * 3, "stagesRun": 2},  # more outcomes than cases
+    ],
+)
+async def test_a_runner_reply_that_is_not_a_run_cannot_answer(reply: dict[str, object]) -> None:
+    """A 200 from the runner that is not a run the harness could have made (a runner of another
+    version, a proxy's page) is "could not answer", never a FAIL scored 0 for the agent."""
+    from aiohttp import web
+
+    from tests.support.local_http import serve_post
+
+    async def run(_: web.Request) -> web.Response:
+        return web.json_response(reply)
+
+    async with serve_post({"/v1/run": run}) as url:
+        registry = default_registry(sandbox_settings=SandboxSettings(remote_url=url))
+        with pytest.raises(VerificationError, match="not a run"):
+            await registry.verify(SUITE, {}, "def solve(a, b):\n    return a + b\n")

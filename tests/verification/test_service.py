@@ -146,3 +146,45 @@ async def test_retry_scheduler_queues_due_retries_once(api: Api, chain: IndexedC
         assert await conn.fetchval("SELECT count(*) FROM verification_results WHERE task_id = 4") == 0
     finally:
         await conn.close()
+
+
+async def test_retry_scheduler_outlives_a_database_restart(
+    api: Api, chain: IndexedChain, who: dict[str, Who], database_url: str
+) -> None:
+    """A database restart closes the scheduler's session (as `pg_terminate_backend` does: the
+    server's admin shutdown): the loop reconnects and queues the retry once it is due. It caught
+    only OSError and TimeoutError, so the closed session ended the loop, and with it the
+    verification service."""
+    import asyncio
+
+    from verification.verifiers import default_registry
+
+    await finalized_task(api, chain, who, 5, "tests.verification.plugins.broken:score")
+    registry = default_registry(allowed_plugin_packages=["tests.verification.plugins"])
+    await drain(database_url, make_handler(registry=registry))  # could not answer: a retry, not due yet
+    scheduler = asyncio.create_task(RetryScheduler(database_url, topics.VERIFICATION_REQUESTS, poll_seconds=0.05).run())
+    conn = await connect(database_url)
+    try:
+        backend = None
+        while backend is None:  # the scheduler's session, once it has polled
+            assert not scheduler.done()
+            backend = await conn.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query LIKE '%retry_queued%'"
+            )
+            await asyncio.sleep(0.05)
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", backend)
+        while True:  # until it is gone: then only a new session can queue the retry
+            if not await conn.fetchval("SELECT 1 FROM pg_stat_activity WHERE pid = $1", backend):
+                break
+            await asyncio.sleep(0.05)
+        await conn.execute("UPDATE verification_requests SET next_retry_at = now() WHERE state = 'waiting_retry'")
+        state = None
+        while state != "retry_queued":
+            assert not scheduler.done(), scheduler.exception()
+            state = await conn.fetchval("SELECT state FROM verification_requests WHERE kind = 'finalize' AND task_id = 5")
+            await asyncio.sleep(0.05)
+    finally:
+        scheduler.cancel()
+        await asyncio.gather(scheduler, return_exceptions=True)
+        await conn.close()

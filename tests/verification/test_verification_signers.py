@@ -96,6 +96,44 @@ async def test_verdicts_signed_by_the_signer_and_an_outage_records_nothing_until
         local.stop()
 
 
+async def test_a_stop_while_the_signer_is_away_hands_the_judgement_back_unblamed(
+    feed: Feed, verifier: LatencyVerifier
+) -> None:
+    """SIGTERM while a judgement waits for the signer: its lease is handed back (queued, claimable
+    at once), not recorded as an error of ours (an error counts toward parking the job as
+    failed, so a few restarts during a signer outage would have left the task for an operator)."""
+    key = "0x" + secrets.token_hex(32)
+    local, spec = _local_signer("remote", key, Account.from_key(key).address)
+    process = VerificationProcess(_env(feed, spec)).start()
+    try:
+        await feed.task(1, verifier.url("v"))
+        await feed.submit(1, 1, passed=True)
+
+        async def judged() -> bool:
+            return bool(await feed.results())
+
+        await until(judged, "task 1's verdict", process)
+        local.stop()
+        await feed.task(2, verifier.url("v"))
+        await feed.submit(2, 1, passed=True)
+
+        async def waiting_for_signer() -> bool:
+            return "verification_signer_unavailable" in process.output(200_000)
+
+        await until(waiting_for_signer, "the judgement waiting for the signer", process)
+        assert process.terminate() == 0
+        assert feed.conn is not None
+        job = await feed.conn.fetchrow(
+            "SELECT state, errors, claim_token, not_before FROM verification_jobs WHERE task_id = 2"
+        )
+        assert job is not None
+        assert (job["state"], job["errors"], job["claim_token"], job["not_before"]) == ("queued", 0, None, None)
+        assert [int(r["task_id"]) for r in await feed.results()] == [1]
+    finally:
+        process.cleanup()
+        local.stop()
+
+
 async def test_a_signer_holding_another_key_stops_the_service_at_start(feed: Feed) -> None:
     key, other = "0x" + secrets.token_hex(32), "0x" + secrets.token_hex(32)
     local, spec = _local_signer("aws-kms", key, Account.from_key(other).address)

@@ -262,7 +262,16 @@ class ModelClient:
         try:
             async with self._session.post(self._url, json=body, headers=headers, timeout=timeout) as response:
                 status = response.status
-                raw = await response.content.read(limit + 1)
+                # The whole body, bounded: `read(n)` returns what has arrived so far, and a
+                # reply can arrive in several pieces.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_any():
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if size > limit:
+                        break  # parse_envelope refuses it by its size
+                raw = b"".join(chunks)
         except TimeoutError:
             raise ModelError(f"no answer within {self.settings.timeout_seconds:g} s", transient=True) from None
         except aiohttp.ClientError as exc:

@@ -43,6 +43,7 @@ Behaviour = Literal[
     "slow",  # answers after `slow_seconds`
     "held",  # answers (by the rule) once the test sets `release`
     "obey",  # answers with the result itself (a model that fell for an injection in it)
+    "pieces",  # the rule's answer, its body written in two pieces (as a streaming server sends it)
 ]
 
 _QUOTED = re.compile(r'"([^"\n]{1,80})"')
@@ -143,9 +144,18 @@ class StubModel:
             "finish_reason": "length" if behaviour == "truncated" else "stop",
         }
         choices = [choice, {**choice, "index": 1}] if behaviour == "two_choices" else [choice]
-        return web.json_response(
-            {"id": f"stub-{len(self.requests)}", "object": "chat.completion", "model": body.get("model"), "choices": choices}
-        )
+        reply = {"id": f"stub-{len(self.requests)}", "object": "chat.completion", "model": body.get("model"), "choices": choices}
+        if behaviour == "pieces":
+            raw = json.dumps(reply).encode()
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(raw[: len(raw) // 2])
+            await asyncio.sleep(0.05)  # the first piece reaches the client alone
+            await response.write(raw[len(raw) // 2 :])
+            await response.write_eof()
+            return response
+        return web.json_response(reply)
 
     def app(self) -> web.Application:
         """The aiohttp application."""

@@ -427,6 +427,10 @@ class VerifierAgent:
         except ValueError:
             # Its own node answered nonsense: not the agent's fault, no try is counted.
             raise RpcError("getTask did not answer one task") from None
+        if on_chain.attempts < entry.attempt:
+            # Its own node has not seen the delivery the API indexed (a node some blocks behind):
+            # not a mismatch to report, and no try counted; the next poll reads it again.
+            raise RpcError(f"the node has not seen attempt {entry.attempt} of task {entry.task_id} yet")
         try:
             grounds = check_item(entry, on_chain, self.address)
             status, reply = await self._read_json(f"/v1/briefs/{entry.task_hash.lower()}", MAX_BRIEF_REPLY_BYTES)

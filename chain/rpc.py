@@ -44,6 +44,7 @@ import orjson
 import structlog
 from prometheus_client import Counter, Histogram
 
+from runtime.httpbody import read_bounded
 from schemas import jsonbounds
 
 log = structlog.get_logger(__name__)
@@ -490,20 +491,9 @@ class RpcClient:
                     raise RpcRateLimited(f"{label}: HTTP 429 from {endpoint.name}")
                 if response.status >= 400:
                     raise RpcTransportError(f"{label}: HTTP {response.status} from {endpoint.name}")
-                length = response.content_length
-                if length is not None and length > self._max_reply:
-                    raise too_large(f"{label}: reply of {length} bytes from {endpoint.name}")
-                if length is not None:
-                    raw = await response.read()
-                else:
-                    chunks: list[bytes] = []
-                    size = 0
-                    async for chunk in response.content.iter_any():
-                        size += len(chunk)
-                        if size > self._max_reply:
-                            raise too_large(f"{label}: reply over {self._max_reply} bytes from {endpoint.name}")
-                        chunks.append(chunk)
-                    raw = b"".join(chunks)
+                raw = await read_bounded(response, self._max_reply)
+                if raw is None:
+                    raise too_large(f"{label}: reply over {self._max_reply} bytes from {endpoint.name}")
             try:
                 # orjson refuses nesting deeper than 1,024 levels without recursing in C.
                 return orjson.loads(raw)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chain.keys import SecretKey
 from chain.txs import SignedTx, UnsignedTx, signature_of
+from runtime.httpbody import read_bounded
 from schemas import eip712, jsonbounds
 
 SignerKind = Literal["keystore", "aws-kms", "remote"]
@@ -309,16 +310,9 @@ class RemoteSigner:
             async with self._session.post(self._url, json=body) as response:
                 if response.status != 200:
                     raise SignerError(f"remote signer {method}: HTTP {response.status}")
-                # The whole body, bounded: `read(n)` returns what has arrived so far, and a long
-                # transaction's reply arrives in several pieces.
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    if size > MAX_REPLY_BYTES:
-                        raise SignerError(f"remote signer {method}: reply too large")
-                    chunks.append(chunk)
-                raw = b"".join(chunks)
+                raw = await read_bounded(response, MAX_REPLY_BYTES)  # a long transaction's reply comes in pieces
+                if raw is None:
+                    raise SignerError(f"remote signer {method}: reply too large")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise SignerError(f"remote signer {method} failed: {type(exc).__name__}") from None
         try:

@@ -46,6 +46,7 @@ from pydantic import Field, SecretStr, model_validator
 from chain.abi import decode_task, get_task_data
 from chain.eth_rpc import EthRpc, Reverted, RpcError
 from runtime.aio import wait_event
+from runtime.httpbody import read_bounded
 from runtime.options import ConfigOption
 from runtime.settings import ServiceSettings, one_key_source
 from runtime.web.auth import Deployment, UnsignedRequest, sign_request
@@ -242,16 +243,10 @@ async def _post_json(url: str, body: Any, seconds: float, api_key: str | None) -
     ):
         if response.status != 200:
             raise CannotJudge(f"scorer answered HTTP {response.status}")
-        # The whole body, bounded: `read(n)` returns what has arrived so far, and a reply can
-        # arrive in several pieces.
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_any():
-            size += len(chunk)
-            if size > MAX_RESPONSE_BYTES:
-                raise CannotJudge("the scorer's reply is too large")
-            chunks.append(chunk)
-        return jsonbounds.loads(b"".join(chunks), max_bytes=None)
+        raw = await read_bounded(response, MAX_RESPONSE_BYTES)
+        if raw is None:
+            raise CannotJudge("the scorer's reply is too large")
+        return jsonbounds.loads(raw, max_bytes=None)
 
 
 class VerifierBot:

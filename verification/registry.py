@@ -41,6 +41,7 @@ import aiohttp
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runtime.httpbody import read_bounded
 from schemas import jsonbounds
 from schemas.task_terms import VerifierRef
 from verification.sandbox import DEFAULT_SETTINGS, SandboxSettings
@@ -405,16 +406,9 @@ class _EndpointVerifier:
             ) as response:
                 if response.status != 200:
                     raise VerificationError(self.name, f"HTTP {response.status}")
-                # The whole body, bounded: `read(n)` returns what has arrived so far, and a
-                # streamed or long reply arrives in several pieces.
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    if size > _MAX_ENDPOINT_RESPONSE:
-                        raise VerificationError(self.name, "response too large")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
+                body = await read_bounded(response, _MAX_ENDPOINT_RESPONSE)
+                if body is None:
+                    raise VerificationError(self.name, "response too large")
         except TimeoutError:
             raise VerificationError(
                 self.name, f"no answer within {self.registry.endpoint_timeout:g} s"

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import SettingsConfigDict
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from runtime.httpbody import read_bounded
 from runtime.logging import register_secret
 from runtime.settings import ServiceSettings
 from schemas import jsonbounds
@@ -262,16 +263,7 @@ class ModelClient:
         try:
             async with self._session.post(self._url, json=body, headers=headers, timeout=timeout) as response:
                 status = response.status
-                # The whole body, bounded: `read(n)` returns what has arrived so far, and a
-                # reply can arrive in several pieces.
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    chunks.append(chunk)
-                    if size > limit:
-                        break  # parse_envelope refuses it by its size
-                raw = b"".join(chunks)
+                raw = await read_bounded(response, limit)
         except TimeoutError:
             raise ModelError(f"no answer within {self.settings.timeout_seconds:g} s", transient=True) from None
         except aiohttp.ClientError as exc:
@@ -281,4 +273,6 @@ class ModelClient:
             raise ModelError(f"model answered HTTP {status}", transient=True)
         if status != 200:
             raise ModelError(f"model answered HTTP {status}")
+        if raw is None:
+            raise ModelError(f"reply larger than {limit} bytes")
         return parse_envelope(raw, max_bytes=limit)

@@ -1,0 +1,59 @@
+"""`runtime.httpbody.read_bounded` against a real local HTTP server: a body in pieces is read
+whole; a body over the bound is refused whether its length is declared or streamed, and
+nothing past the bound is taken as the body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from runtime.httpbody import read_bounded
+
+LIMIT = 1000
+
+
+async def _pieces(request: web.Request) -> web.StreamResponse:
+    size = int(request.query["size"])
+    response = web.StreamResponse()  # chunked: no Content-Length
+    await response.prepare(request)
+    sent = 0
+    while sent < size:
+        piece = min(97, size - sent)
+        await response.write(b"x" * piece)
+        await asyncio.sleep(0.001)  # each piece its own arrival
+        sent += piece
+    await response.write_eof()
+    return response
+
+
+async def _whole(request: web.Request) -> web.Response:
+    return web.Response(body=b"y" * int(request.query["size"]))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_get("/pieces", _pieces)
+    app.router.add_get("/whole", _whole)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("path", ["pieces", "whole"])
+@pytest.mark.parametrize(("size", "read"), [(0, True), (1, True), (LIMIT, True), (LIMIT + 1, False), (50 * LIMIT, False)])
+async def test_read_bounded(server: str, path: str, size: int, read: bool) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{server}/{path}?size={size}") as response:
+        body = await read_bounded(response, LIMIT)
+    if read:
+        assert body is not None and len(body) == size
+    else:
+        assert body is None

@@ -369,15 +369,17 @@ def relayer_env(
     trusted: Sequence[str],
     port: int | None = None,
     confirmations: int = 1,
+    rpc_url: str | None = None,
     **extra: Any,
 ) -> dict[str, str]:
-    """The relayer's settings as environment variables (also used for the subprocess)."""
+    """The relayer's settings as environment variables (also used for the subprocess;
+    `rpc_url`: another node than the devnet's, such as a fault proxy in front of it)."""
     import json
 
     chains = [
         {
             "chain_id": devnet.chain_id,
-            "rpc_urls": [devnet.rpc_url],
+            "rpc_urls": [rpc_url or devnet.rpc_url],
             "ws_url": devnet.ws_url,
             "escrow_addresses": [devnet.escrow_address],
             "confirmations": confirmations,
@@ -413,11 +415,11 @@ class Relay:
     indexer: IndexerRun | LogIndexer
     service_signer: Actor
 
-    def env(self, **extra: Any) -> dict[str, str]:
+    def env(self, *, rpc_url: str | None = None, **extra: Any) -> dict[str, str]:
         """`relayer_env` for this test, trusting the service signer (`extra`: further settings)."""
         return relayer_env(
             devnet=self.devnet, database_url=self.database_url, kafka_bootstrap=self.kafka_bootstrap,
-            topic_prefix=self.topic_prefix, trusted=[self.service_signer.address], **extra,
+            topic_prefix=self.topic_prefix, trusted=[self.service_signer.address], rpc_url=rpc_url, **extra,
         )  # fmt: skip
 
     async def submitted(self, count: int, *, prefix: str = "r", timeout: float = 30.0) -> list[Submitted]:
@@ -434,12 +436,43 @@ class Relay:
         """`signed(items)` on the verdicts topic of `env`."""
         await publish(self.kafka_bootstrap, env["ESCROWD_VERDICTS_TOPIC"], self.signed(items))
 
-    async def start(self, **extra: Any) -> tuple[RelayerRun, dict[str, str]]:
+    async def start(self, *, rpc_url: str | None = None, **extra: Any) -> tuple[RelayerRun, dict[str, str]]:
         """A relayer on `env(**extra)`, started in the test's event loop (stop it), and that env."""
-        env = self.env(**extra)
+        env = self.env(rpc_url=rpc_url, **extra)
         run = RelayerRun(settings_from_env(env))
         await run.start()
         return run, env
+
+    async def all_confirmed(self, run: RelayerRun, items: Sequence[Submitted]) -> bool:
+        """Mine a block; whether every verdict of `items` is confirmed (the relayer still running)."""
+        run.check_alive()
+        await on_chain(self.devnet.mine)
+        statuses = await verdict_statuses(self.database_url)
+        return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
+
+    async def all_sent(self, run: RelayerRun, items: Sequence[Submitted]) -> bool:
+        """Whether every verdict of `items` is signed and in the pool (the relayer still running)."""
+        run.check_alive()
+        statuses = await verdict_statuses(self.database_url)
+        return len(statuses) == len(items) and set(statuses.values()) == {"sent"}
+
+    async def dispute_ahead(self, task_id: int, poster: Actor) -> None:
+        """The poster disputes the task with a tip above the relayer's, mined in the next block
+        (automine off before, back on after): the verdict for it reverts."""
+        await on_chain(
+            self.devnet.rpc,
+            "eth_sendTransaction",
+            {
+                "from": poster.address,
+                "to": self.devnet.escrow_address,
+                "data": self.devnet._codec.encode_call("raiseDispute", [task_id]),
+                "gas": hex(300_000),
+                "maxPriorityFeePerGas": hex(200 * 10**9),
+                "maxFeePerGas": hex(400 * 10**9),
+            },
+        )
+        await on_chain(self.devnet.rpc, "evm_mine")
+        await on_chain(self.devnet.rpc, "evm_setAutomine", True)
 
 
 @pytest.fixture

@@ -114,28 +114,9 @@ async def test_a_refused_item_is_recorded_and_the_others_confirmed(
         await on_chain(devnet.rpc, "evm_setAutomine", False)
         await relay.send_verdicts(env, items)
 
-        async def all_sent() -> bool:
-            run.check_alive()
-            statuses = await verdict_statuses(database_url)
-            return len(statuses) == len(items) and set(statuses.values()) == {"sent"}
-
-        await wait_until(all_sent, timeout=60, what="every verdict signed and in the pool")
+        await wait_until(lambda: relay.all_sent(run, items), timeout=60, what="every verdict signed and in the pool")
         # The poster disputes one task with a higher tip: it is mined before the batches.
-        poster = devnet.posters[3 % len(devnet.posters)]
-        await on_chain(
-            devnet.rpc,
-            "eth_sendTransaction",
-            {
-                "from": poster.address,
-                "to": devnet.escrow_address,
-                "data": devnet._codec.encode_call("raiseDispute", [disputed.task_id]),
-                "gas": hex(300_000),
-                "maxPriorityFeePerGas": hex(200 * 10**9),
-                "maxFeePerGas": hex(400 * 10**9),
-            },
-        )
-        await on_chain(devnet.rpc, "evm_mine")
-        await on_chain(devnet.rpc, "evm_setAutomine", True)
+        await relay.dispute_ahead(disputed.task_id, devnet.posters[3 % len(devnet.posters)])
 
         async def settled() -> bool:
             run.check_alive()

@@ -5,17 +5,13 @@ properly. On anvil + PostgreSQL + Kafka, through the fault proxy in front of anv
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from chain.txs import is_judged_data
 from escrowd.devnet import Devnet
 from tests.settlement.conftest import (
     Relay,
-    RelayerRun,
     on_chain,
-    settings_from_env,
     verdict_events,
     verdict_statuses,
     wait_until,
@@ -33,12 +29,9 @@ async def test_an_empty_is_judged_answer_holds_the_verdict_and_keeps_the_relayer
     items = await relay.submitted(2)
     with RpcFaultProxy(devnet.rpc_url, Faults(empty_calls=frozenset({IS_JUDGED}))) as proxy:
         # Without the preflight simulation every round reads `isJudged` of each verdict first.
-        env = relay.env(relayer_settle_batch_size=0, relayer_preflight_simulation="false")
-        chains = json.loads(env["ESCROWD_CHAINS"])
-        chains[0]["rpc_urls"] = [proxy.url]
-        env["ESCROWD_CHAINS"] = json.dumps(chains)
-        run = RelayerRun(settings_from_env(env))
-        await run.start()
+        run, env = await relay.start(
+            rpc_url=proxy.url, relayer_settle_batch_size=0, relayer_preflight_simulation="false"
+        )
         try:
             await relay.send_verdicts(env, items)
 
@@ -51,13 +44,7 @@ async def test_an_empty_is_judged_answer_holds_the_verdict_and_keeps_the_relayer
             assert set((await verdict_statuses(database_url)).values()) == {"queued"}  # nothing sent blind
             proxy.set_faults(Faults())  # the node caught up
 
-            async def all_confirmed() -> bool:
-                run.check_alive()
-                await on_chain(devnet.mine)
-                statuses = await verdict_statuses(database_url)
-                return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
-
-            await wait_until(all_confirmed, timeout=90, what="the verdicts confirmed")
+            await wait_until(lambda: relay.all_confirmed(run, items), timeout=90, what="the verdicts confirmed")
             assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
         finally:
             await run.stop()

@@ -5,7 +5,6 @@ receipt checks read it (a success); neither is an exception that ends the relaye
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
@@ -13,12 +12,9 @@ import pytest
 from escrowd.devnet import Devnet
 from tests.settlement.conftest import (
     Relay,
-    RelayerRun,
     fetch,
     on_chain,
-    settings_from_env,
     verdict_events,
-    verdict_statuses,
     wait_until,
 )
 from tests.support.rpc_proxy import Faults, RpcFaultProxy
@@ -36,22 +32,11 @@ async def test_a_batch_receipt_as_a_node_may_answer_it_leaves_the_relayer_runnin
 ) -> None:
     items = await relay.submitted(4)
     with RpcFaultProxy(devnet.rpc_url, faults) as proxy:
-        env = relay.env()  # packed: the verdicts go out in batches
-        chains = json.loads(env["ESCROWD_CHAINS"])
-        chains[0]["rpc_urls"] = [proxy.url]
-        env["ESCROWD_CHAINS"] = json.dumps(chains)
-        run = RelayerRun(settings_from_env(env))
-        await run.start()
+        run, env = await relay.start(rpc_url=proxy.url)  # packed: the verdicts go out in batches
         try:
             await relay.send_verdicts(env, items)
-
-            async def all_confirmed() -> bool:
-                run.check_alive()  # a garbled receipt must not end the relayer
-                await on_chain(devnet.mine)
-                statuses = await verdict_statuses(database_url)
-                return len(statuses) == len(items) and set(statuses.values()) == {"confirmed"}
-
-            await wait_until(all_confirmed, timeout=90, what="the verdicts confirmed")
+            # `all_confirmed` checks the relayer is alive: a garbled receipt must not end it.
+            await wait_until(lambda: relay.all_confirmed(run, items), timeout=90, what="the verdicts confirmed")
             assert proxy.stats.injected[injected] >= 1
             assert await on_chain(verdict_events, devnet) == {(i.task_id, 1): 1 for i in items}
             kinds = Counter(r["kind"] for r in await fetch(database_url, "SELECT kind FROM settlement_transactions"))

@@ -14,10 +14,8 @@ import pytest
 from escrowd.devnet import Devnet
 from tests.settlement.conftest import (
     Relay,
-    RelayerRun,
     fetch,
     on_chain,
-    settings_from_env,
     verdict_statuses,
     wait_until,
 )
@@ -34,39 +32,16 @@ async def test_a_revert_whose_trace_failed_once_is_recorded_when_the_node_answer
     items = await relay.submitted(2)
     disputed, other = items
     with RpcFaultProxy(devnet.rpc_url, TRACE_DOWN) as proxy:
-        env = relay.env(relayer_settle_batch_size=0)  # single sends: one transaction per verdict
-        chains = json.loads(env["ESCROWD_CHAINS"])
-        chains[0]["rpc_urls"] = [proxy.url]
-        env["ESCROWD_CHAINS"] = json.dumps(chains)
-        run = RelayerRun(settings_from_env(env))
-        await run.start()
+        run, env = await relay.start(rpc_url=proxy.url, relayer_settle_batch_size=0)  # one transaction per verdict
         try:
             await on_chain(devnet.rpc, "evm_setAutomine", False)
             await relay.send_verdicts(env, items)
 
-            async def all_sent() -> bool:
-                run.check_alive()
-                statuses = await verdict_statuses(database_url)
-                return len(statuses) == len(items) and set(statuses.values()) == {"sent"}
-
-            await wait_until(all_sent, timeout=60, what="both verdicts signed and in the pool")
+            await wait_until(lambda: relay.all_sent(run, items), timeout=60, what="both verdicts signed and in the pool")
             # The poster disputes one task with a higher tip: mined first, its verdict reverts.
             task = await on_chain(devnet.get_task, disputed.task_id)
             poster = next(p for p in devnet.posters if p.address.lower() == task.poster.lower())
-            await on_chain(
-                devnet.rpc,
-                "eth_sendTransaction",
-                {
-                    "from": poster.address,
-                    "to": devnet.escrow_address,
-                    "data": devnet._codec.encode_call("raiseDispute", [disputed.task_id]),
-                    "gas": hex(300_000),
-                    "maxPriorityFeePerGas": hex(200 * 10**9),
-                    "maxFeePerGas": hex(400 * 10**9),
-                },
-            )
-            await on_chain(devnet.rpc, "evm_mine")
-            await on_chain(devnet.rpc, "evm_setAutomine", True)
+            await relay.dispute_ahead(disputed.task_id, poster)
 
             async def trace_refused() -> bool:
                 run.check_alive()

@@ -7,35 +7,22 @@ done once the provider answers properly: the request is not dropped by the faile
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
-from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from chain.eth_rpc import EthRpc
 from chain.fees import Fees
-from chain.gate import SendGate
 from chain.keys import SecretKey
-from chain.sender import CallFailed, CallSender, SenderMetrics, SenderOptions
+from chain.sender import CallFailed
 from chain.signers import KeystoreSigner
 from chain.txs import UnsignedTx
 from escrowd.devnet import Devnet
-from runtime.db import create_pool
+from tests.support.call_sender import running_call_sender
 from tests.support.rpc_proxy import Faults, RpcFaultProxy
 
 pytestmark = pytest.mark.timeout(300)
 
 NULL_COUNTS = Faults(null_in_batches=frozenset({"eth_getTransactionCount"}))
-
-
-async def _until(condition, runner: asyncio.Task[None], what: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll `condition` (a coroutine function) while the sender keeps running."""
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            if runner.done():
-                raise AssertionError(f"the sender stopped while waiting for {what}: {runner.exception()!r}")
-            await asyncio.sleep(0.05)
 
 
 async def test_a_malformed_count_during_a_reconciliation_is_retried_and_the_reconciliation_done(
@@ -44,29 +31,11 @@ async def test_a_malformed_count_during_a_reconciliation_is_retried_and_the_reco
     wallet = devnet.spare[2]
     key = SecretKey.from_hex(wallet.private_key)
     with RpcFaultProxy(devnet.rpc_url) as proxy:
-        rpc = EthRpc([proxy.url], chain_id=devnet.chain_id)
-        pool = await create_pool(database_url, max_size=4)
-        sender = CallSender(
-            chain_id=devnet.chain_id, key=key, rpc=rpc, pool=pool, gate=SendGate(open_=True),
-            options=SenderOptions(recheck_interval=0.3, replace_after=3_600.0),
-            metrics=SenderMetrics.create("test_sender_reconcile", "the test", CollectorRegistry()),
-            confirmations=1, poll_interval=0.1,
-        )  # fmt: skip
-        runner = asyncio.create_task(sender.run())
-        automine = True
-        try:
-            started = asyncio.create_task(sender.started.wait())
-            await asyncio.wait({started, runner}, return_when=asyncio.FIRST_COMPLETED)
-            assert not runner.done(), runner.exception()
-            await asyncio.to_thread(devnet.rpc, "evm_setAutomine", False)
-            automine = False
-            nonce = await sender.send(devnet.spare[1].address, b"", 21_000)
-
-            async def broadcast() -> bool:
-                slot = sender.slots[nonce]
-                return not slot.in_flight and slot.last_broadcast is not None
-
-            await _until(broadcast, runner, "the broadcast")
+        async with running_call_sender(
+            devnet, database_url, key, rpc_url=proxy.url, name="test_sender_reconcile", recheck_interval=0.3
+        ) as running:
+            sender = running.sender
+            nonce = await running.send_unmined(devnet.spare[1].address)
             # Another holder of the key replaces our transaction in the pool, at twice its fees.
             ours = sender.slots[nonce].latest.fees
             other = await KeystoreSigner(key).sign_transaction(UnsignedTx(
@@ -82,25 +51,15 @@ async def test_a_malformed_count_during_a_reconciliation_is_retried_and_the_reco
                 async def refused() -> bool:
                     return proxy.stats.injected["null_in_batch"] >= 4  # two tries, two counts each
 
-                await _until(refused, runner, "the reconciliation's counts answered null")
+                await running.until(refused, "the reconciliation's counts answered null")
                 assert waiting.done() and isinstance(waiting.exception(), CallFailed)  # the nonce was lost
                 proxy.set_faults(Faults())  # the provider answers properly again
 
                 async def reconciled() -> bool:
                     return any(e["event"] == "nonces_reconciled" and e.get("trigger") == "nonce_lost" for e in logs)
 
-                await _until(reconciled, runner, "the reconciliation after the lost nonce")
-            await asyncio.to_thread(devnet.rpc, "evm_setAutomine", True)
-            automine = True
+                await running.until(reconciled, "the reconciliation after the lost nonce")
+            await running.set_automine(True)
             later = await sender.send(devnet.spare[1].address, b"", 21_000)
             assert later == nonce + 1
             await asyncio.wait_for(sender.confirmed(later), 60)
-            assert not runner.done()
-        finally:
-            if not automine:
-                await asyncio.to_thread(devnet.rpc, "evm_setAutomine", True)
-            runner.cancel()
-            with contextlib.suppress(BaseException):
-                await runner
-            await pool.close()
-            await rpc.close()

@@ -303,13 +303,10 @@ async def test_a_busy_event_stream_still_closes_due_rounds(panel: Harness) -> No
     assert await panel.conn.fetchval("SELECT outcome FROM panel_rounds WHERE round_id = $1", rid) == "ruling"
 
 
-async def test_the_terms_output_schema_is_checked_first_and_shown_to_the_seats(panel: Harness) -> None:
-    """The output schema is where the terms keep it (`verifier.config.schema`, as documented and
-    as the schema_validation verifier reads it): the seats are shown it, and output that
-    violates it is capped below the accept band whatever the panel says."""
+async def delivered_under_schema(panel: Harness, task_id: int, schema: Any, result: Any) -> None:
+    """Terms whose schema_validation verifier names `schema`, and the task's delivered `result`."""
     import json
 
-    schema = {"type": "object", "required": ["answer"]}
     terms = {"chainId": CHAIN, "escrow": ESCROW, "poster": POSTER.address, "verificationMode": "auto",
              "verifier": {"kind": "schema_validation", "ref": "label", "config": {"schema": schema}}}
     await panel.conn.execute(
@@ -319,9 +316,17 @@ async def test_the_terms_output_schema_is_checked_first_and_shown_to_the_seats(p
     )
     await panel.conn.execute(
         "INSERT INTO verification_requests (request_id, kind, chain_id, escrow_address, task_id, attempt,"
-        " evidence_hash, actor, payload, state) VALUES ('f-17', 'finalize', $1, $2, 17, 1, $3, $4, $5::jsonb, 'applied')",
-        CHAIN, ESCROW, EVIDENCE, AGENT.address.lower(), json.dumps({"result": {"wrong": 1}}),
+        " evidence_hash, actor, payload, state) VALUES ($1, 'finalize', $2, $3, $4, 1, $5, $6, $7::jsonb, 'applied')",
+        f"f-{task_id}", CHAIN, ESCROW, task_id, EVIDENCE, AGENT.address.lower(), json.dumps({"result": result}),
     )
+
+
+async def test_the_terms_output_schema_is_checked_first_and_shown_to_the_seats(panel: Harness) -> None:
+    """The output schema is where the terms keep it (`verifier.config.schema`, as documented and
+    as the schema_validation verifier reads it): the seats are shown it, and output that
+    violates it is capped below the accept band whatever the panel says."""
+    schema = {"type": "object", "required": ["answer"]}
+    await delivered_under_schema(panel, 17, schema, {"wrong": 1})
     rid = await panel.dispute(17)
     seats = await panel.seats(rid)
     seat_who = next(v for v in VERIFIERS if v.address.lower() == seats[0])
@@ -343,20 +348,7 @@ async def test_a_terms_schema_that_cannot_be_evaluated_caps_nothing_and_stops_no
     is the poster's: the round closes as if there were none (no cap on the agent), and the
     sweep goes on closing the other rounds. Raised out of the close, it failed every sweep, in
     the idle hook and in each event's handler, so no round closed again."""
-    import json
-
-    terms = {"chainId": CHAIN, "escrow": ESCROW, "poster": POSTER.address, "verificationMode": "auto",
-             "verifier": {"kind": "schema_validation", "ref": "label", "config": {"schema": {"$ref": "#/$defs/gone"}}}}
-    await panel.conn.execute(
-        "INSERT INTO task_terms (task_hash, chain_id, escrow_address, poster, verification_mode, private, terms,"
-        " canonical) VALUES ($1, $2, $3, $4, 'auto', false, $5::jsonb, $5)",
-        "0x" + "ab" * 32, CHAIN, ESCROW, POSTER.address.lower(), json.dumps(terms),
-    )
-    await panel.conn.execute(
-        "INSERT INTO verification_requests (request_id, kind, chain_id, escrow_address, task_id, attempt,"
-        " evidence_hash, actor, payload, state) VALUES ('f-18', 'finalize', $1, $2, 18, 1, $3, $4, $5::jsonb, 'applied')",
-        CHAIN, ESCROW, EVIDENCE, AGENT.address.lower(), json.dumps({"result": {"answer": 42}}),
-    )
+    await delivered_under_schema(panel, 18, {"$ref": "#/$defs/gone"}, {"answer": 42})
     rid = await panel.dispute(18)
     for s, quality in zip(await panel.seats(rid), (0.9, 0.95, 1.0), strict=True):
         assert (await panel.attest(rid, s, quality, 1.0)).status_code == 201

@@ -55,6 +55,7 @@ import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench.services import with_services
 from escrowd.devnet import Devnet, deploy_devnet
 from escrowd.harness import (
     IndexerProcess,
@@ -72,8 +73,8 @@ from runtime.kafka import TopicSpec, ensure_topics, make_producer, start_produce
 from runtime.logging import configure_logging
 from runtime.outbox import KeyPartitioner, send_batches, unpublished
 from runtime.services.anvil import AnvilProcess, anvil_binary
-from runtime.services.kafka import KafkaService, start_kafka
-from runtime.services.postgres import PostgresService, start_postgres
+from runtime.services.kafka import KafkaService
+from runtime.services.postgres import PostgresService
 from schemas.events import message_key
 
 ETL_PYTHON = Path("/root/.pyenv/versions/3.10.13/bin/python")
@@ -1149,15 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     configure_logging(json=True)  # structlog to stderr: stdout carries only the result
-    pg = start_postgres(prefix="escrowd_bench")
-    try:
-        kafka = start_kafka()
-        try:
-            result = asyncio.run(run(args, pg, kafka))
-        finally:
-            kafka.stop()
-    finally:
-        pg.stop()
+    result = with_services(lambda pg, kafka: run(args, pg, kafka))
     print(orjson.dumps(result).decode(), flush=True)
     return 0
 

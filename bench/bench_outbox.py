@@ -44,12 +44,13 @@ import asyncpg
 import orjson
 
 from bench.bench_indexer import fresh_database
+from bench.services import with_services
 from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics
 from runtime.logging import configure_logging
 from runtime.outbox import OutboxMessage, copy_into_outbox, enqueue
-from runtime.services.kafka import KafkaService, start_kafka
-from runtime.services.postgres import PostgresService, start_postgres
+from runtime.services.kafka import KafkaService
+from runtime.services.postgres import PostgresService
 from schemas.cloudevents import cloudevent_headers, iso_time
 from schemas.events import message_key
 
@@ -296,15 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.tree / "runtime" / "outbox.py").is_file():
         parser.error(f"{args.tree} is not a checkout of this project (git worktree add {BASELINE} cd74ee1~1)")
     configure_logging(json=True)
-    pg = start_postgres(prefix="escrowd_bench")
-    try:
-        kafka = start_kafka()
-        try:
-            result = asyncio.run(run(args, pg, kafka))
-        finally:
-            kafka.stop()
-    finally:
-        pg.stop()
+    result = with_services(lambda pg, kafka: run(args, pg, kafka))
     print(orjson.dumps(result).decode(), flush=True)
     return 0
 

@@ -12,7 +12,6 @@ and the wall time of the publish.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import secrets
 import statistics
@@ -23,6 +22,7 @@ from typing import Any
 import orjson
 
 from bench.bench_indexer import fresh_database
+from bench.services import with_services
 from indexer.decode import DecodedLog
 from indexer.reorg import BlockRef
 from indexer.store import IndexerStore
@@ -30,8 +30,8 @@ from runtime.db import connect
 from runtime.kafka import TopicSpec, ensure_topics, make_producer
 from runtime.logging import configure_logging
 from runtime.outbox import OutboxPublisher
-from runtime.services.kafka import KafkaService, start_kafka
-from runtime.services.postgres import PostgresService, start_postgres
+from runtime.services.kafka import KafkaService
+from runtime.services.postgres import PostgresService
 from schemas.events import event_id
 
 
@@ -113,15 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each path (default 4)")
     args = parser.parse_args(argv)
     configure_logging(json=True)
-    pg = start_postgres(prefix="escrowd_bench")
-    try:
-        kafka = start_kafka()
-        try:
-            result = asyncio.run(run(args, pg, kafka))
-        finally:
-            kafka.stop()
-    finally:
-        pg.stop()
+    result = with_services(lambda pg, kafka: run(args, pg, kafka))
     print(orjson.dumps(result).decode(), flush=True)
     return 0
 

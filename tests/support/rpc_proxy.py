@@ -334,9 +334,7 @@ class RpcFaultProxy:
         if faults.receipt_lag and any(c.get("method") == "eth_getTransactionReceipt" for c in calls):
             raw = self._lag_receipts(calls, raw, faults.receipt_lag)
         if faults.max_logs is not None and any(c.get("method") == "eth_getLogs" for c in calls):
-            reply = orjson.loads(raw)
-            replies = reply if isinstance(reply, list) else [reply]
-            by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+            reply, by_id = _replies_by_id(raw)
             for call in calls:
                 if call.get("method") != "eth_getLogs":
                     continue
@@ -366,8 +364,7 @@ class RpcFaultProxy:
         return orjson.dumps(reply)
 
     def _null_results(self, calls: list[Any], raw: bytes, methods: frozenset[str]) -> bytes:
-        reply = orjson.loads(raw)
-        by_id = {r.get("id"): r for r in reply if isinstance(r, dict)} if isinstance(reply, list) else {}
+        reply, by_id = _replies_by_id(raw, batches_only=True)
         for call in calls:
             answer = by_id.get(call.get("id")) if call.get("method") in methods else None
             if answer is not None and "result" in answer:
@@ -385,9 +382,7 @@ class RpcFaultProxy:
         return orjson.dumps(payload)
 
     def _empty_calls(self, calls: list[Any], raw: bytes, selectors: frozenset[str]) -> bytes:
-        reply = orjson.loads(raw)
-        replies = reply if isinstance(reply, list) else [reply]
-        by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+        reply, by_id = _replies_by_id(raw)
         for call in calls:
             if call.get("method") != "eth_call":
                 continue
@@ -400,9 +395,7 @@ class RpcFaultProxy:
         return orjson.dumps(reply)
 
     def _lag_receipts(self, calls: list[Any], raw: bytes, lag: int) -> bytes:
-        reply = orjson.loads(raw)
-        replies = reply if isinstance(reply, list) else [reply]
-        by_id = {r.get("id"): r for r in replies if isinstance(r, dict)}
+        reply, by_id = _replies_by_id(raw)
         for call in calls:
             if call.get("method") != "eth_getTransactionReceipt" or not call.get("params"):
                 continue
@@ -506,3 +499,11 @@ def _replace_with_error(
                 )
             )
     return out
+
+
+def _replies_by_id(raw: bytes, *, batches_only: bool = False) -> tuple[Any, dict[Any, dict[str, Any]]]:
+    """A reply as sent (to edit and re-encode) and its answers by request id (none for a
+    single reply when `batches_only`)."""
+    reply = orjson.loads(raw)
+    replies = reply if isinstance(reply, list) else [] if batches_only else [reply]
+    return reply, {r.get("id"): r for r in replies if isinstance(r, dict)}

@@ -193,12 +193,57 @@ class SchemaValidation(_Configured[SchemaValidationConfig]):
         return _passfail(True, {"stage": "VALUES"})
 
 
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+"""Keywords whose values are instances, not schemas: a `$ref` key in them is data."""
+
+
+def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
+    """The `$ref`s of a schema that do not resolve within it. Nothing is fetched, so a remote
+    reference never resolves; references below a nested `$id` (another base URI) are left to
+    the evaluation."""
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    root = DRAFT202012.create_resource(dict(schema))
+    base = root.id() or ""
+    resolver = Registry().with_resource(base, root).resolver(base)
+    missing: list[str] = []
+
+    def walk(node: Any, top: bool) -> None:
+        if isinstance(node, dict):
+            if not top and "$id" in node:
+                return
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                try:
+                    resolver.lookup(ref)
+                except Unresolvable:
+                    missing.append(ref)
+            for key, value in node.items():
+                if key not in _DATA_KEYWORDS:
+                    walk(value, False)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, False)
+
+    walk(schema, True)
+    return missing
+
+
 def _schema_validation(registry: VerifierRegistry, ref: VerifierRef) -> ResolvedVerifier:
     config: SchemaValidationConfig = _config(SchemaValidationConfig, ref)
     try:
         jsonschema.Draft202012Validator.check_schema(config.json_schema)
     except jsonschema.exceptions.SchemaError as exc:
         raise VerifierConfigError(f"schema is not a valid JSON Schema: {exc.message}"[:300]) from None
+    # A `$ref` to nothing passes the schema check and raises at every evaluation: the job
+    # would be retried until an operator is paged, for the poster's mistake.
+    missing = unresolvable_refs(config.json_schema)
+    if missing:
+        raise VerifierConfigError(
+            f"schema $ref {missing[0][:100]!r} does not resolve within the schema (remote schemas are not fetched)"
+        )
     return SchemaValidation(describe(ref), config)
 
 

@@ -98,6 +98,33 @@ async def test_a_registry_verifier_counts_as_a_real_check(api: Api, who: dict[st
     assert response.status_code == 400 and code(response) == "VERIFIER_CONFIG_INVALID"
 
 
+@pytest.mark.parametrize(
+    ("schema", "accepted"),
+    [
+        ({"$defs": {"a": {"type": "integer"}}, "properties": {"n": {"$ref": "#/$defs/a"}}}, True),
+        ({"$defs": {"a": {"$anchor": "num", "type": "integer"}}, "items": {"$ref": "#num"}}, True),
+        ({"$ref": "#/$defs/gone"}, False),
+        ({"properties": {"n": {"$ref": "#nowhere"}}}, False),
+        ({"$ref": "https://schemas.example/output.json"}, False),  # never fetched: it can never resolve
+    ],
+    ids=["pointer", "anchor", "pointer-to-nothing", "unknown-anchor", "remote"],
+)
+async def test_a_schema_whose_references_do_not_resolve_is_refused(
+    api: Api, who: dict[str, Who], schema: dict[str, Any], accepted: bool
+) -> None:
+    """A schema_validation verifier's schema must resolve every `$ref` within itself: one that
+    does not passes the schema check but raises at every evaluation, so the job would be
+    retried until an operator is paged, for the poster's mistake."""
+    verifier = {"kind": "schema_validation", "ref": "out", "config": {"schema": schema}}
+    body = terms_body(who["poster"], verificationMode="auto", verifier=verifier)
+    response = await api.call("POST", "/v1/terms", body, as_=who["poster"])
+    if accepted:
+        assert response.status_code == 201, response.text
+    else:
+        assert response.status_code == 400 and code(response) == "VERIFIER_CONFIG_INVALID", response.text
+        assert "$ref" in response.json()["error"]["message"]
+
+
 async def test_nested_quantifier_regex_is_refused(api: Api, who: dict[str, Who]) -> None:
     """`(a+)+` is 400 REGEX_PATTERN_UNUSABLE."""
     body = terms_body(who["poster"], verificationMode="auto", verificationCriteria={"regex_pattern": "(a+)+$"})

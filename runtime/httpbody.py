@@ -13,13 +13,12 @@ import aiohttp
 
 async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The whole body, or None as soon as it is known to exceed `limit` bytes (by its
-    Content-Length, or by what has been read: nothing past the bound is read)."""
+    Content-Length, or by what has been read, inflated: nothing past the bound is read)."""
     length = response.content_length
-    if length is not None:
-        if length > limit:
-            return None
-        body = await response.read()  # exactly Content-Length bytes
-        return body if len(body) <= limit else None
+    if length is not None and length > limit:
+        return None
+    # Read in pieces even when the length is declared: it counts the bytes on the wire, and a
+    # compressed body (Content-Encoding, which aiohttp inflates) can be a thousand times that.
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_any():

@@ -5,6 +5,8 @@ nothing past the bound is taken as the body."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -57,3 +59,46 @@ async def test_read_bounded(server: str, path: str, size: int, read: bool) -> No
         assert body is not None and len(body) == size
     else:
         assert body is None
+
+
+_BOMB = gzip.compress(b"z" * (64 * 1024 * 1024), 9)  # 64 MiB of body in about 64 KB on the wire
+
+
+async def _gzip(request: web.Request) -> web.StreamResponse:
+    if request.query.get("chunked"):
+        response = web.StreamResponse(headers={"Content-Encoding": "gzip"})
+        await response.prepare(request)
+        await response.write(_BOMB)
+        await response.write_eof()
+        return response
+    return web.Response(body=_BOMB, headers={"Content-Encoding": "gzip"})  # Content-Length: the compressed size
+
+
+@pytest.mark.parametrize("chunked", ["", "1"])
+async def test_a_compressed_body_is_bounded_as_it_inflates(chunked: str) -> None:
+    """A Content-Length under the bound counts compressed bytes: the body it inflates to is
+    refused as soon as it passes the bound, never inflated whole into memory first."""
+    app = web.Application()
+    app.router.add_get("/gzip", _gzip)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    limit = 128 * 1024
+    assert len(_BOMB) < limit
+    try:
+        tracemalloc.start()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/gzip?chunked={chunked}") as response,
+            ):
+                body = await read_bounded(response, limit)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        await runner.cleanup()
+    assert body is None
+    assert peak < 16 * 1024 * 1024, f"{peak} bytes held to refuse a body over {limit}"

@@ -193,41 +193,39 @@ class SchemaValidation(_Configured[SchemaValidationConfig]):
         return _passfail(True, {"stage": "VALUES"})
 
 
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-"""Keywords whose values are instances, not schemas: a `$ref` key in them is data."""
-
-
 def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
-    """The `$ref`s of a schema that do not resolve within it. Nothing is fetched, so a remote
-    reference never resolves; references below a nested `$id` (another base URI) are left to
-    the evaluation."""
-    from referencing import Registry
+    """The `$ref`s and `$dynamicRef`s of a schema that do not resolve within it. Nothing is
+    fetched, so a remote reference never resolves; references below a nested `$id` (another
+    base URI) are left to the evaluation.
+
+    The walk follows the keywords that hold schemas (`properties`' values, `items`, ...), as the
+    evaluation does: a property named `const` is a schema, an unknown keyword's value is data."""
+    from referencing import Registry, Resource
     from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
     root = DRAFT202012.create_resource(dict(schema))
     base = root.id() or ""
-    resolver = Registry().with_resource(base, root).resolver(base)
+    # Crawled once here: a lookup that misses in an uncrawled registry crawls the whole schema
+    # again, so thousands of references to nothing took minutes.
+    resolver = Registry().with_resource(base, root).crawl().resolver(base)
     missing: list[str] = []
 
-    def walk(node: Any, top: bool) -> None:
-        if isinstance(node, dict):
-            if not top and "$id" in node:
-                return
-            ref = node.get("$ref")
+    def walk(resource: Resource[Any], top: bool) -> None:
+        node = resource.contents
+        if not isinstance(node, dict) or (not top and "$id" in node):
+            return
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = node.get(keyword)
             if isinstance(ref, str):
                 try:
                     resolver.lookup(ref)
                 except Unresolvable:
                     missing.append(ref)
-            for key, value in node.items():
-                if key not in _DATA_KEYWORDS:
-                    walk(value, False)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, False)
+        for sub in resource.subresources():
+            walk(sub, False)
 
-    walk(schema, True)
+    walk(root, True)
     return missing
 
 

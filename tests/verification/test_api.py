@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any
 
 import pytest
@@ -106,8 +107,15 @@ async def test_a_registry_verifier_counts_as_a_real_check(api: Api, who: dict[st
         ({"$ref": "#/$defs/gone"}, False),
         ({"properties": {"n": {"$ref": "#nowhere"}}}, False),
         ({"$ref": "https://schemas.example/output.json"}, False),  # never fetched: it can never resolve
+        # A property named like a data keyword is a schema all the same, and evaluated.
+        ({"properties": {"const": {"$ref": "#/$defs/gone"}}}, False),
+        ({"properties": {"enum": {"items": {"$ref": "#nowhere"}}}}, False),
+        ({"$dynamicRef": "#nowhere"}, False),
+        # A keyword no evaluation reads holds data, whatever its keys.
+        ({"x-example": {"$ref": "#/$defs/gone"}, "type": "object"}, True),
     ],
-    ids=["pointer", "anchor", "pointer-to-nothing", "unknown-anchor", "remote"],
+    ids=["pointer", "anchor", "pointer-to-nothing", "unknown-anchor", "remote", "property-named-const",
+         "property-named-enum", "dynamic-ref", "unknown-keyword"],
 )
 async def test_a_schema_whose_references_do_not_resolve_is_refused(
     api: Api, who: dict[str, Who], schema: dict[str, Any], accepted: bool
@@ -123,6 +131,20 @@ async def test_a_schema_whose_references_do_not_resolve_is_refused(
     else:
         assert response.status_code == 400 and code(response) == "VERIFIER_CONFIG_INVALID", response.text
         assert "$ref" in response.json()["error"]["message"]
+
+
+async def test_many_unresolvable_references_are_refused_at_once(api: Api, who: dict[str, Who]) -> None:
+    """Checking a schema's references is linear in the schema: thousands of references that do
+    not resolve (a body well under the size limit) are refused at once, not after a walk of the
+    whole schema for each of them on the API's event loop."""
+    schema = {"anyOf": [{"$ref": f"r{i}"} for i in range(3000)]}
+    verifier = {"kind": "schema_validation", "ref": "out", "config": {"schema": schema}}
+    body = terms_body(who["poster"], verificationMode="auto", verifier=verifier)
+    started = time.monotonic()
+    response = await api.call("POST", "/v1/terms", body, as_=who["poster"])
+    elapsed = time.monotonic() - started
+    assert response.status_code == 400 and code(response) == "VERIFIER_CONFIG_INVALID", response.text
+    assert elapsed < 3.0, f"{elapsed:.1f} s to refuse the schema"
 
 
 async def test_nested_quantifier_regex_is_refused(api: Api, who: dict[str, Who]) -> None:

@@ -422,9 +422,15 @@ async def _schema_ok(conn: asyncpg.Connection, task: asyncpg.Record) -> tuple[bo
 
     try:
         violations = rules.schema_violations(output, schema)
-    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable) as exc:
+    except (
+        jsonschema.exceptions.SchemaError,
+        jsonschema.exceptions.UnknownType,
+        referencing.exceptions.Unresolvable,
+        RecursionError,
+    ) as exc:
         # The poster's schema passed the registration check but cannot be evaluated (a `$ref`
-        # to nothing): its fault, never the agent's, and no reason to stop closing rounds.
+        # to nothing, or one back to itself that never descends into the output): its fault,
+        # never the agent's, and no reason to stop closing rounds.
         log.warning("panel_schema_unusable", task_id=int(task["task_id"]), error_type=type(exc).__name__)
         return True, []
     return not violations, violations

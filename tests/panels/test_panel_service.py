@@ -6,6 +6,7 @@ verifier times out with no weight and no fee."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +23,7 @@ from runtime.consumer import IdempotentConsumer, InboundMessage
 from runtime.db import connect
 from schemas import panels as msg
 from schemas.events import event_id
+from schemas.jsonbounds import cap_recursion_limit
 from tests.verification.conftest import Api, Who, api_settings, running_api
 
 CHAIN = 31337
@@ -343,16 +345,28 @@ async def test_the_terms_output_schema_is_checked_first_and_shown_to_the_seats(p
     assert row["agent_share_bps"] == rules.agent_share_bps(row["consensus_ppm"], schema_ok=False) < 7_000
 
 
-async def test_a_terms_schema_that_cannot_be_evaluated_caps_nothing_and_stops_nothing(panel: Harness) -> None:
+@pytest.mark.parametrize(
+    "schema",
+    [{"$ref": "#/$defs/gone"}, {"$ref": "#"}, {"$defs": {"a": {"anyOf": [{"$ref": "#"}]}}, "allOf": [{"$ref": "#/$defs/a"}]}],
+    ids=["ref-to-nothing", "ref-to-itself", "ref-cycle"],
+)
+async def test_a_terms_schema_that_cannot_be_evaluated_caps_nothing_and_stops_nothing(panel: Harness, schema: Any) -> None:
     """A schema that passes the registration check but cannot be evaluated (a `$ref` to nothing)
     is the poster's: the round closes as if there were none (no cap on the agent), and the
     sweep goes on closing the other rounds. Raised out of the close, it failed every sweep, in
     the idle hook and in each event's handler, so no round closed again."""
-    await delivered_under_schema(panel, 18, {"$ref": "#/$defs/gone"}, {"answer": 42})
+    await delivered_under_schema(panel, 18, schema, {"answer": 42})
     rid = await panel.dispute(18)
     for s, quality in zip(await panel.seats(rid), (0.9, 0.95, 1.0), strict=True):
         assert (await panel.attest(rid, s, quality, 1.0)).status_code == 201
-    assert await panel.close() == [rid]
+    # The limit every service runs under (escrowd's entry point caps it): a schema that refers
+    # to itself without descending into the output recurses until RecursionError.
+    limit = sys.getrecursionlimit()
+    cap_recursion_limit()
+    try:
+        assert await panel.close() == [rid]
+    finally:
+        sys.setrecursionlimit(limit)
     row = await panel.conn.fetchrow(
         "SELECT outcome, schema_ok, consensus_ppm, agent_share_bps FROM panel_rounds WHERE round_id = $1", rid
     )

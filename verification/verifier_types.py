@@ -18,6 +18,7 @@ same answer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -229,6 +230,75 @@ def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
     return missing
 
 
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas")
+"""Keywords that apply their schemas to the same instance (with `$ref` and `$dynamicRef`)."""
+
+
+def refers_to_itself(schema: Mapping[str, Any]) -> bool:
+    """Whether a schema reaches itself through references and keywords applied to the same
+    instance (`{"$ref": "#"}`, `{"anyOf": [{"$ref": "#"}]}`): such a schema passes every
+    static check and recurses at evaluation until RecursionError. A cycle that descends into
+    the instance (`items`, `properties`) ends with the instance, and is fine. Nodes below a
+    nested `$id` are left to the evaluation, as in `unresolvable_refs`."""
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    root = DRAFT202012.create_resource(dict(schema))
+    base = root.id() or ""
+    resolver = Registry().with_resource(base, root).crawl().resolver(base)
+
+    def next_in_place(node: dict[str, Any]) -> list[Any]:
+        found: list[Any] = []
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = node.get(keyword)
+            if isinstance(ref, str):
+                with contextlib.suppress(Unresolvable):  # refused by `unresolvable_refs`
+                    found.append(resolver.lookup(ref).contents)
+        for keyword in _IN_PLACE:
+            value = node.get(keyword)
+            if isinstance(value, list):
+                found.extend(value)
+            elif isinstance(value, dict):
+                found.extend(value.values() if keyword == "dependentSchemas" else [value])
+        return [n for n in found if isinstance(n, dict) and (n is root.contents or "$id" not in n)]
+
+    # Every schema node, each the start of an in-place walk: found by the keywords that hold
+    # schemas, and by references (a reference may point into data, which is then a schema).
+    nodes: dict[int, dict[str, Any]] = {}
+    pending: list[Any] = [root.contents]
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict) or id(node) in nodes or (node is not root.contents and "$id" in node):
+            continue
+        nodes[id(node)] = node
+        pending.extend(sub.contents for sub in DRAFT202012.create_resource(node).subresources())
+        pending.extend(next_in_place(node))
+
+    # Depth-first, without recursion (the chains are the poster's): grey while on the path.
+    done: set[int] = set()
+    on_path: set[int] = set()
+    for start in nodes.values():
+        if id(start) in done:
+            continue
+        stack: list[tuple[dict[str, Any], list[Any]]] = [(start, next_in_place(start))]
+        on_path.add(id(start))
+        while stack:
+            node, children = stack[-1]
+            if not children:
+                stack.pop()
+                on_path.discard(id(node))
+                done.add(id(node))
+                continue
+            child = children.pop()
+            if id(child) in on_path:
+                return True
+            if id(child) not in done:
+                on_path.add(id(child))
+                stack.append((child, next_in_place(child)))
+    return False
+
+
 def _schema_validation(registry: VerifierRegistry, ref: VerifierRef) -> ResolvedVerifier:
     config: SchemaValidationConfig = _config(SchemaValidationConfig, ref)
     try:
@@ -242,6 +312,10 @@ def _schema_validation(registry: VerifierRegistry, ref: VerifierRef) -> Resolved
         raise VerifierConfigError(
             f"schema $ref {missing[0][:100]!r} does not resolve within the schema (remote schemas are not fetched)"
         )
+    # Nor may it reach itself without descending into the output: a RecursionError at every
+    # evaluation, the same retries for the same mistake.
+    if refers_to_itself(config.json_schema):
+        raise VerifierConfigError("schema refers back to itself without descending into the output (a $ref cycle)")
     return SchemaValidation(describe(ref), config)
 
 

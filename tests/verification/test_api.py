@@ -113,9 +113,15 @@ async def test_a_registry_verifier_counts_as_a_real_check(api: Api, who: dict[st
         ({"$dynamicRef": "#nowhere"}, False),
         # A keyword no evaluation reads holds data, whatever its keys.
         ({"x-example": {"$ref": "#/$defs/gone"}, "type": "object"}, True),
+        # A reference back to itself on the same output recurses until RecursionError at every
+        # evaluation; one that descends into the output (a tree) ends with it.
+        ({"$ref": "#"}, False),
+        ({"$defs": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#"}]}}, "allOf": [{"$ref": "#/$defs/a"}]}, False),
+        ({"$defs": {"node": {"type": "object", "properties": {"children": {"items": {"$ref": "#/$defs/node"}}}}},
+          "$ref": "#/$defs/node"}, True),
     ],
     ids=["pointer", "anchor", "pointer-to-nothing", "unknown-anchor", "remote", "property-named-const",
-         "property-named-enum", "dynamic-ref", "unknown-keyword"],
+         "property-named-enum", "dynamic-ref", "unknown-keyword", "ref-to-itself", "ref-cycle", "tree"],
 )
 async def test_a_schema_whose_references_do_not_resolve_is_refused(
     api: Api, who: dict[str, Who], schema: dict[str, Any], accepted: bool

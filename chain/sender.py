@@ -149,6 +149,7 @@ class Slot:
     block_hash: str | None = None
     receipt_status: int | None = None
     reverted_handled: bool = False
+    revert_unread_since: float | None = None  # monotonic time the first read of why it reverted failed
 
     @property
     def latest(self) -> TxVersion:
@@ -176,6 +177,7 @@ class SenderOptions:
     batch_gas_per_item: int = 60_000
     batch_gas_base: int = 360_000  # the escrow's BATCH_ITEM_GAS (313k) for the last item, the intrinsic gas
     allowed_to: frozenset[str] | None = None  # lower-case destinations allowed (None: any)
+    revert_reason_patience: float = 300.0  # seconds a revert's reason may stay unreadable before it is recorded without
 
 
 RESEND_REASONS = ("reorg", "transient", "nonce_lost", "nonce_too_low", "nonce_too_high")
@@ -832,7 +834,17 @@ class TxSender:
             self._m.reorgs.labels(self._label).inc()
             log.warning("reorg_dropped_transactions", chain_id=self.chain_id, nonces=[s.nonce for s in reorged])
         if reverted:
-            await self._handle_reverted(reverted)
+            try:
+                await self._handle_reverted(reverted)
+            except Exception as exc:
+                if not transient_fault(exc):
+                    raise
+                # The node could not say why (its trace refused) or the database blinked: the
+                # reverts wait for the next round; the rest of this one (lost nonces, refused
+                # items, pruning, gauges) goes on at its own pace, without the loop's backoff.
+                self.last_error = f"reverts: {type(exc).__name__}: {exc}"[:300]
+                log.warning("reverts_handling_deferred", chain_id=self.chain_id, count=len(reverted),
+                            error=self.last_error)  # fmt: skip
         if lost:
             await self._handle_lost(lost)
         await self._after_track()
@@ -860,6 +872,7 @@ class TxSender:
             n
             for n, s in self.slots.items()
             if s.state == "confirmed" and s.block_number is not None and s.block_number < horizon
+            and (s.receipt_status != 0 or s.reverted_handled or s.kind == "filler")  # a revert waits for its handling
         ]:
             del self.slots[nonce]
 

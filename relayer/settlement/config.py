@@ -132,6 +132,9 @@ class RelayerSettings(ServiceSettings):
     relayer_replace_after_seconds: float = Field(
         default=30.0, gt=0, description="An unmined tx with no chain progress this long is replaced"
     )
+    relayer_revert_reason_patience_seconds: float = Field(
+        default=300.0, ge=0, description="How long a reverted verdict waits for the node to trace why before it is recorded without the reason"
+    )
     relayer_track_interval: float = Field(
         default=0.02, ge=0, description="Least seconds between two receipt rounds (coalesces fast blocks)"
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,7 +36,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from chain.eth_rpc import EthRpc, Reverted
+from chain.eth_rpc import EthRpc, Reverted, RpcError
 from chain.keys import SecretKey
 from chain.receipts import BadReply
 from chain.sender import (
@@ -628,8 +629,7 @@ class ChainSender(TxSender):
             # A whole batch reverted: nothing settled, and the cause may be the batch's (its
             # gas) rather than any item's: `_set_settled` put every item among the refusals,
             # each checked alone and recorded or queued again (`_handle_refused_items`).
-            data = await self._rpc.revert_data(slot.mined_hash or "")
-            error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            error = await self._revert_error(slot)
             slot.reverted_handled = True
             metrics.TX_REVERTED.labels(self._label, f"batch:{error.name}").inc()
             log.warning("batch_reverted", chain_id=self.chain_id, nonce=slot.nonce, items=len(slot.items), error=str(error))
@@ -639,8 +639,7 @@ class ChainSender(TxSender):
         # Each slot is marked handled only once its outcome is stored: an RPC or database fault
         # on the way leaves them all to the next tracking round (recording again is idempotent).
         for slot in map(_vs, slots):
-            data = await self._rpc.revert_data(slot.mined_hash or "")
-            error = decode_revert(data) if data is not None else DecodedError("Reverted")
+            error = await self._revert_error(slot)
             kind = revert_outcome(error)
             assert slot.verdict is not None
             if kind == "key_refused" and not await self._key_trusted(slot.verdict.escrow):
@@ -660,6 +659,24 @@ class ChainSender(TxSender):
             self.gate.close("the escrow refused our key (NotVerifier)")
             self._on_key_refused()
             log.warning("verdicts_requeued_key_refused", chain_id=self.chain_id, count=len(requeue))
+
+    async def _revert_error(self, slot: Slot) -> DecodedError:
+        """Why the slot's transaction reverted, from the node's trace; a plain `Reverted` when the
+        node cannot trace, or has failed to for `revert_reason_patience` seconds (a provider that
+        refuses its debug namespace, a trace it garbles): the outcome is then recorded without
+        its reason rather than waiting for it forever."""
+        try:
+            data = await self._rpc.revert_data(slot.mined_hash or "")
+        except RpcError as exc:
+            now = time.monotonic()
+            if slot.revert_unread_since is None:
+                slot.revert_unread_since = now
+            if now - slot.revert_unread_since < self._opt.revert_reason_patience:
+                raise
+            log.warning("revert_reason_unavailable", chain_id=self.chain_id, nonce=slot.nonce,
+                        seconds=round(now - slot.revert_unread_since, 1), error=str(exc)[:200])  # fmt: skip
+            data = None
+        return decode_revert(data) if data is not None else DecodedError("Reverted")
 
     async def _key_trusted(self, escrow: str) -> bool:
         raw = await self._rpc.eth_call(escrow, marketplace_verifier_data())

@@ -128,6 +128,7 @@ class Relayer:
                 simulate=s.relayer_preflight_simulation,
                 settle_batch=s.relayer_settle_batch_size,
                 settle_batch_min=s.relayer_settle_batch_min,
+                revert_reason_patience=s.relayer_revert_reason_patience_seconds,
             )
             for chain in s.chains:
                 self.senders[chain.chain_id] = ChainSender(

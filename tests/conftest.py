@@ -54,6 +54,9 @@ SLOW_FIRST = (
     "tests/api/test_schemathesis.py",
     "tests/verification/test_verification_signers.py",
     "tests/api/test_bridge_health_rows.py",
+    "tests/agents/test_verifier_checks.py",
+    "tests/consumers/test_retry_paths.py",
+    "tests/settlement/test_relay_revert_retry.py",
 )
 
 

@@ -48,6 +48,7 @@ async def test_a_failed_preparation_is_retried_and_the_message_handled_once(
     consumer = IdempotentConsumer(
         name="prepare-retry", topics=[topic], bootstrap=kafka_bootstrap, database_url=database_url,
         handler=handler, dlq_topic=f"{topic}.dlq",
+        session_timeout_ms=3000,  # the retry leaves the group and joins again: the old member's session ends sooner
     )  # fmt: skip
     producer = make_producer(kafka_bootstrap)
     await producer.start()

@@ -149,7 +149,6 @@ class Slot:
     block_hash: str | None = None
     receipt_status: int | None = None
     reverted_handled: bool = False
-    revert_unread_since: float | None = None  # monotonic time the first read of why it reverted failed
 
     @property
     def latest(self) -> TxVersion:

@@ -194,6 +194,18 @@ class SchemaValidation(_Configured[SchemaValidationConfig]):
         return _passfail(True, {"stage": "VALUES"})
 
 
+def _local_resolver(schema: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The schema as a 2020-12 resource and a resolver over it alone (nothing is fetched),
+    crawled once: a lookup that misses in an uncrawled registry crawls the whole schema again,
+    so thousands of references to nothing took minutes."""
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012
+
+    root = DRAFT202012.create_resource(dict(schema))
+    base = root.id() or ""
+    return root, Registry().with_resource(base, root).crawl().resolver(base)
+
+
 def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
     """The `$ref`s and `$dynamicRef`s of a schema that do not resolve within it. Nothing is
     fetched, so a remote reference never resolves; references below a nested `$id` (another
@@ -201,15 +213,10 @@ def unresolvable_refs(schema: Mapping[str, Any]) -> list[str]:
 
     The walk follows the keywords that hold schemas (`properties`' values, `items`, ...), as the
     evaluation does: a property named `const` is a schema, an unknown keyword's value is data."""
-    from referencing import Registry, Resource
+    from referencing import Resource
     from referencing.exceptions import Unresolvable
-    from referencing.jsonschema import DRAFT202012
 
-    root = DRAFT202012.create_resource(dict(schema))
-    base = root.id() or ""
-    # Crawled once here: a lookup that misses in an uncrawled registry crawls the whole schema
-    # again, so thousands of references to nothing took minutes.
-    resolver = Registry().with_resource(base, root).crawl().resolver(base)
+    root, resolver = _local_resolver(schema)
     missing: list[str] = []
 
     def walk(resource: Resource[Any], top: bool) -> None:
@@ -240,13 +247,10 @@ def refers_to_itself(schema: Mapping[str, Any]) -> bool:
     static check and recurses at evaluation until RecursionError. A cycle that descends into
     the instance (`items`, `properties`) ends with the instance, and is fine. Nodes below a
     nested `$id` are left to the evaluation, as in `unresolvable_refs`."""
-    from referencing import Registry
     from referencing.exceptions import Unresolvable
     from referencing.jsonschema import DRAFT202012
 
-    root = DRAFT202012.create_resource(dict(schema))
-    base = root.id() or ""
-    resolver = Registry().with_resource(base, root).crawl().resolver(base)
+    root, resolver = _local_resolver(schema)
 
     def next_in_place(node: dict[str, Any]) -> list[Any]:
         found: list[Any] = []

@@ -107,6 +107,7 @@ class VerdictSlot(Slot):
     verdict: VerdictRow | None = None
     items: list[VerdictRow] = field(default_factory=list)  # a batch slot's verdicts, in calldata order
     settled: set[int] | None = None  # a mined batch: ids of the items its logs show settled
+    revert_unread_since: float | None = None  # monotonic time the first read of why it reverted failed
 
 
 def _vs(slot: Slot) -> VerdictSlot:
@@ -660,7 +661,7 @@ class ChainSender(TxSender):
             self._on_key_refused()
             log.warning("verdicts_requeued_key_refused", chain_id=self.chain_id, count=len(requeue))
 
-    async def _revert_error(self, slot: Slot) -> DecodedError:
+    async def _revert_error(self, slot: VerdictSlot) -> DecodedError:
         """Why the slot's transaction reverted, from the node's trace; a plain `Reverted` when the
         node cannot trace, or has failed to for `revert_reason_patience` seconds (a provider that
         refuses its debug namespace, a trace it garbles): the outcome is then recorded without

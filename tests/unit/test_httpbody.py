@@ -42,6 +42,7 @@ async def server() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/pieces", _pieces)
     app.router.add_get("/whole", _whole)
+    app.router.add_get("/gzip", _gzip)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -79,30 +80,20 @@ async def _gzip(request: web.Request) -> web.StreamResponse:
 
 
 @pytest.mark.parametrize("chunked", ["", "1"])
-async def test_a_compressed_body_is_bounded_as_it_inflates(chunked: str) -> None:
+async def test_a_compressed_body_is_bounded_as_it_inflates(server: str, chunked: str) -> None:
     """A Content-Length under the bound counts compressed bytes: the body it inflates to is
     refused as soon as it passes the bound, never inflated whole into memory first."""
-    app = web.Application()
-    app.router.add_get("/gzip", _gzip)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     limit = 128 * 1024
     assert len(_bomb()) < limit
+    tracemalloc.start()
     try:
-        tracemalloc.start()
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(f"http://127.0.0.1:{port}/gzip?chunked={chunked}") as response,
-            ):
-                body = await read_bounded(response, limit)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{server}/gzip?chunked={chunked}") as response,
+        ):
+            body = await read_bounded(response, limit)
+        _, peak = tracemalloc.get_traced_memory()
     finally:
-        await runner.cleanup()
+        tracemalloc.stop()
     assert body is None
     assert peak < 16 * 1024 * 1024, f"{peak} bytes held to refuse a body over {limit}"
